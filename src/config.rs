@@ -1,0 +1,459 @@
+//! Architecture configuration: one [`ArchConfig`] describes every supported decoder family as
+//! data (norm style, biases, q/k-norm, soft-capping, per-layer sliding windows, RoPE), so the
+//! model code in [`crate::model`] never branches on the family name.
+//!
+//! Hugging Face `config.json` comes in two dialects, both read here: transformers 4.x
+//! (`rope_theta`/`rope_scaling` at the top level, no `layer_types`) and 5.x (`rope_parameters`,
+//! `layer_types`, possibly keyed per layer type).
+use crate::{Error, Result};
+use serde_json::Value;
+use std::path::Path;
+
+/// Decoder family. Differences between families are expressed by the fields of
+/// [`ArchConfig`]; this enum only records provenance and selects defaults when parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// LLaMA, Mistral, SmolLM2 (optionally with a sliding window).
+    Llama,
+    /// Qwen2 / Qwen2.5: q/k/v biases.
+    Qwen2,
+    /// Qwen3: q/k RMSNorm, no biases.
+    Qwen3,
+    /// Gemma-2: embedding scaling, sandwich norms, soft-capping, alternating windows.
+    Gemma2,
+    /// Gemma-3 (text): Gemma-2 layout with q/k norms, local/global RoPE, 5:1 window pattern.
+    Gemma3,
+}
+
+impl Arch {
+    /// Map a Hugging Face `architectures[0]` or `model_type` string to a family.
+    pub fn from_hf_name(name: &str) -> Result<Arch> {
+        let n = name.to_ascii_lowercase();
+        let arch = match n.as_str() {
+            "llamaforcausallm" | "llama" | "mistralforcausallm" | "mistral" => Arch::Llama,
+            "qwen2forcausallm" | "qwen2" => Arch::Qwen2,
+            "qwen3forcausallm" | "qwen3" => Arch::Qwen3,
+            "gemma2forcausallm" | "gemma2" => Arch::Gemma2,
+            "gemma3forcausallm" | "gemma3_text" | "gemma3" => Arch::Gemma3,
+            _ => return Err(Error::UnknownArch(name.to_string())),
+        };
+        Ok(arch)
+    }
+}
+
+/// Gated-MLP activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Activation {
+    /// `x * sigmoid(x)`.
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+    /// Exact GELU (erf).
+    Gelu,
+}
+
+impl Activation {
+    fn parse(s: &str) -> Result<Activation> {
+        match s {
+            "silu" | "swish" => Ok(Activation::Silu),
+            "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" => Ok(Activation::GeluTanh),
+            "gelu" => Ok(Activation::Gelu),
+            other => Err(Error::Config(format!("unsupported activation `{other}`"))),
+        }
+    }
+}
+
+/// How RoPE frequencies are scaled.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f64 },
+    /// Llama-3 frequency-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// RoPE parameters for one kind of layer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Rope {
+    /// Base frequency θ.
+    pub theta: f64,
+    /// Frequency scaling.
+    pub scaling: RopeScaling,
+}
+
+/// Attention span of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum LayerKind {
+    /// Causal attention over the whole history.
+    Full,
+    /// Causal attention over the last `window` positions (applied as a mask; the cache keeps
+    /// the full history so snapshots stay valid).
+    Sliding { window: usize },
+}
+
+/// Everything the generic decoder needs to know about a checkpoint.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ArchConfig {
+    /// Family the checkpoint came from.
+    pub arch: Arch,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Residual-stream width.
+    pub hidden_size: usize,
+    /// Gated-MLP inner width.
+    pub intermediate_size: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (GQA when fewer than query heads).
+    pub num_key_value_heads: usize,
+    /// Per-head width.
+    pub head_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// MLP activation.
+    pub activation: Activation,
+    /// RoPE used by full-attention layers.
+    pub rope: Rope,
+    /// RoPE used by sliding-window layers when it differs (Gemma-3's local base frequency).
+    pub rope_local: Option<Rope>,
+    /// Span of each layer; its length is the number of layers.
+    pub layer_types: Vec<LayerKind>,
+    /// q/k/v projections carry biases (Qwen2).
+    pub attention_bias: bool,
+    /// RMSNorm over each query/key head before RoPE (Qwen3, Gemma-3).
+    pub qk_norm: bool,
+    /// Norm weights are stored as offsets from one: `x * (1 + w)` (Gemma).
+    pub norm_weight_offset: bool,
+    /// Multiply embeddings by `sqrt(hidden_size)` (Gemma).
+    pub scale_embeddings: bool,
+    /// Extra norms after attention and after the MLP (Gemma-2/3 sandwich layout).
+    pub sandwich_norms: bool,
+    /// Attention scores are scaled by this (default `1/sqrt(head_dim)`).
+    pub softmax_scale: f64,
+    /// `tanh` soft-capping of attention scores.
+    pub attn_logit_softcapping: Option<f64>,
+    /// `tanh` soft-capping of output logits.
+    pub final_logit_softcapping: Option<f64>,
+    /// The LM head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Longest position the checkpoint was trained for (informational).
+    pub max_position_embeddings: usize,
+    /// Beginning-of-sequence token id, if any.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence token ids.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ArchConfig {
+    /// Number of decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layer_types.len()
+    }
+
+    /// Query heads per key/value head.
+    pub fn gqa_group(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// The RoPE parameters a layer uses.
+    pub fn rope_for(&self, kind: LayerKind) -> &Rope {
+        match (kind, &self.rope_local) {
+            (LayerKind::Sliding { .. }, Some(local)) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// Read a Hugging Face `config.json`.
+    pub fn from_hf_file(path: &Path) -> Result<ArchConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("{}: invalid JSON: {e}", path.display())))?;
+        Self::from_hf_json(&value)
+            .map_err(|e| Error::Config(format!("{}: {}", path.display(), strip_prefix(&e))))
+    }
+
+    /// Parse a Hugging Face config object (either dialect).
+    pub fn from_hf_json(v: &Value) -> Result<ArchConfig> {
+        let name = v
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .or_else(|| v.get("model_type").and_then(Value::as_str))
+            .ok_or_else(|| Error::Config("neither `architectures` nor `model_type` given".into()))?;
+        let arch = Arch::from_hf_name(name)?;
+        let c = Fields(v);
+        let hidden_size = c.usize("hidden_size")?;
+        let num_attention_heads = c.usize("num_attention_heads")?;
+        let num_key_value_heads = c.opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
+        let head_dim = c.opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+        let num_layers = c.usize("num_hidden_layers")?;
+        if num_attention_heads == 0 || num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+            return Err(Error::Config(format!(
+                "num_attention_heads ({num_attention_heads}) must be a positive multiple of num_key_value_heads ({num_key_value_heads})"
+            )));
+        }
+        let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+        let act_name = v
+            .get("hidden_activation")
+            .and_then(Value::as_str)
+            .or_else(|| v.get("hidden_act").and_then(Value::as_str))
+            .unwrap_or(if gemma { "gelu_pytorch_tanh" } else { "silu" });
+        let (rope, rope_local) = parse_rope(v, arch)?;
+        let layer_types = parse_layer_types(v, arch, num_layers)?;
+        let softmax_scale = match c.opt_f64("query_pre_attn_scalar")? {
+            Some(s) if gemma => 1.0 / s.sqrt(),
+            _ => 1.0 / (head_dim as f64).sqrt(),
+        };
+        let eos_token_ids = match v.get("eos_token_id") {
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            _ => vec![],
+        };
+        let cfg = ArchConfig {
+            arch,
+            vocab_size: c.usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: c.usize("intermediate_size")?,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps: c.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+            activation: Activation::parse(act_name)?,
+            rope,
+            rope_local,
+            layer_types,
+            attention_bias: c.opt_bool("attention_bias")?.unwrap_or(arch == Arch::Qwen2),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            norm_weight_offset: gemma,
+            scale_embeddings: gemma,
+            sandwich_norms: gemma,
+            softmax_scale,
+            attn_logit_softcapping: c.opt_f64("attn_logit_softcapping")?,
+            final_logit_softcapping: c.opt_f64("final_logit_softcapping")?,
+            tie_word_embeddings: c.opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
+            max_position_embeddings: c.opt_usize("max_position_embeddings")?.unwrap_or(4096),
+            bos_token_id: c.opt_usize("bos_token_id")?.map(|x| x as u32),
+            eos_token_ids,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reject internally inconsistent configurations.
+    pub fn validate(&self) -> Result<()> {
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.head_dim == 0 || self.layer_types.is_empty() {
+            return Err(Error::Config("vocab_size, hidden_size, head_dim and the layer count must be positive".into()));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(Error::Config(format!("head_dim {} must be even for RoPE", self.head_dim)));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(Error::Config("num_attention_heads must be a multiple of num_key_value_heads".into()));
+        }
+        Ok(())
+    }
+}
+
+fn strip_prefix(e: &Error) -> String {
+    let s = e.to_string();
+    s.strip_prefix("config: ").map(str::to_string).unwrap_or(s)
+}
+
+/// Typed accessors over a JSON object that report the offending key.
+struct Fields<'a>(&'a Value);
+
+impl Fields<'_> {
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| Error::Config(format!("`{key}` must be a non-negative integer, got {x}"))),
+        }
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?
+            .ok_or_else(|| Error::Config(format!("missing `{key}`")))
+    }
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| Error::Config(format!("`{key}` must be a number, got {x}"))),
+        }
+    }
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| Error::Config(format!("`{key}` must be a boolean, got {x}"))),
+        }
+    }
+}
+
+fn parse_scaling(obj: Option<&Value>) -> Result<RopeScaling> {
+    let Some(obj) = obj.filter(|o| !o.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = obj
+        .get("rope_type")
+        .or_else(|| obj.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let f = Fields(obj);
+    let need = |k: &str| f.opt_f64(k)?.ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")));
+    Ok(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "llama3" => RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: need("low_freq_factor")?,
+            high_freq_factor: need("high_freq_factor")?,
+            original_max_position_embeddings: need("original_max_position_embeddings")?,
+        },
+        other => return Err(Error::Config(format!("unsupported rope scaling `{other}`"))),
+    })
+}
+
+/// RoPE for full layers, and for sliding layers where it differs (Gemma-3).
+fn parse_rope(v: &Value, arch: Arch) -> Result<(Rope, Option<Rope>)> {
+    let default_theta = 10_000.0;
+    // transformers 5.x: `rope_parameters`, either flat or keyed by layer type.
+    if let Some(params) = v.get("rope_parameters").filter(|p| p.is_object()) {
+        let one = |p: &Value| -> Result<Rope> {
+            Ok(Rope {
+                theta: Fields(p).opt_f64("rope_theta")?.unwrap_or(default_theta),
+                scaling: parse_scaling(Some(p))?,
+            })
+        };
+        if let Some(full) = params.get("full_attention") {
+            let local = params.get("sliding_attention").map(one).transpose()?;
+            return Ok((one(full)?, local));
+        }
+        return Ok((one(params)?, None));
+    }
+    // transformers 4.x: top-level keys.
+    let f = Fields(v);
+    let rope = Rope {
+        theta: f.opt_f64("rope_theta")?.unwrap_or(default_theta),
+        scaling: parse_scaling(v.get("rope_scaling"))?,
+    };
+    let local = match arch {
+        Arch::Gemma3 => Some(Rope {
+            theta: f.opt_f64("rope_local_base_freq")?.unwrap_or(10_000.0),
+            scaling: RopeScaling::None,
+        }),
+        _ => None,
+    };
+    Ok((rope, local))
+}
+
+fn parse_layer_types(v: &Value, arch: Arch, n: usize) -> Result<Vec<LayerKind>> {
+    let f = Fields(v);
+    let window = f.opt_usize("sliding_window")?;
+    let use_sw = f.opt_bool("use_sliding_window")?;
+    if let Some(Value::Array(types)) = v.get("layer_types") {
+        if types.len() != n {
+            return Err(Error::Config(format!(
+                "`layer_types` has {} entries for {n} layers",
+                types.len()
+            )));
+        }
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(LayerKind::Full),
+                Some("sliding_attention") => match window {
+                    Some(w) if use_sw != Some(false) => Ok(LayerKind::Sliding { window: w }),
+                    Some(_) => Ok(LayerKind::Full),
+                    None => Err(Error::Config("`sliding_attention` layer without `sliding_window`".into())),
+                },
+                _ => Err(Error::Config(format!("unsupported layer type {t}"))),
+            })
+            .collect();
+    }
+    Ok((0..n)
+        .map(|i| match (arch, window) {
+            (Arch::Gemma2, Some(w)) if i % 2 == 0 => LayerKind::Sliding { window: w },
+            (Arch::Gemma3, Some(w)) => {
+                let pattern = f.opt_usize("sliding_window_pattern").ok().flatten().unwrap_or(6);
+                if (i + 1) % pattern != 0 {
+                    LayerKind::Sliding { window: w }
+                } else {
+                    LayerKind::Full
+                }
+            }
+            (Arch::Llama, Some(w)) => LayerKind::Sliding { window: w },
+            (Arch::Qwen2 | Arch::Qwen3, Some(w)) if use_sw == Some(true) => {
+                let max_window_layers = f.opt_usize("max_window_layers").ok().flatten().unwrap_or(n);
+                if i >= max_window_layers {
+                    LayerKind::Sliding { window: w }
+                } else {
+                    LayerKind::Full
+                }
+            }
+            _ => LayerKind::Full,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reads_both_rope_dialects_identically() -> Result<()> {
+        let v4 = json!({"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16,
+            "intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 2, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}});
+        let mut v5 = v4.clone();
+        let obj = v5.as_object_mut().unwrap();
+        obj.remove("rope_theta");
+        obj.remove("rope_scaling");
+        obj.insert("rope_parameters".into(), json!({"rope_type": "llama3", "rope_theta": 500000.0,
+            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}));
+        obj.insert("layer_types".into(), json!(["full_attention", "full_attention"]));
+        assert_eq!(ArchConfig::from_hf_json(&v4)?, ArchConfig::from_hf_json(&v5)?);
+        Ok(())
+    }
+
+    #[test]
+    fn gemma2_uses_query_pre_attn_scalar_and_alternates_windows() -> Result<()> {
+        let v = json!({"architectures": ["Gemma2ForCausalLM"], "vocab_size": 32, "hidden_size": 16,
+            "intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "num_hidden_layers": 4, "query_pre_attn_scalar": 24, "sliding_window": 6,
+            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0});
+        let c = ArchConfig::from_hf_json(&v)?;
+        assert_eq!(c.softmax_scale, 1.0 / 24f64.sqrt());
+        assert_eq!(c.layer_types[0], LayerKind::Sliding { window: 6 });
+        assert_eq!(c.layer_types[1], LayerKind::Full);
+        assert!(c.norm_weight_offset && c.scale_embeddings && c.sandwich_norms && c.tie_word_embeddings);
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_unknown_architecture_and_bad_fields() {
+        let v = json!({"architectures": ["GPT2LMHeadModel"]});
+        assert!(matches!(ArchConfig::from_hf_json(&v), Err(Error::UnknownArch(_))));
+        let v = json!({"architectures": ["LlamaForCausalLM"], "vocab_size": "many"});
+        let err = ArchConfig::from_hf_json(&v).unwrap_err().to_string();
+        assert!(err.contains("vocab_size"), "{err}");
+    }
+}
