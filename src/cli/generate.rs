@@ -1,0 +1,90 @@
+//! `kvcredit generate`: quick generation from a prompt or token ids.
+use anyhow::{Context, bail};
+use kvcredit::ExecPolicy;
+use kvcredit::generate::{GenerateOptions, generate, generate_nocache};
+use kvcredit::runtime::{self, Dtype, ModelSource};
+use kvcredit::sampling::Sampling;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a Hugging Face directory.
+    #[arg(long)]
+    model: String,
+    /// Prompt text (needs a tokenizer).
+    #[arg(long, conflicts_with = "ids")]
+    prompt: Option<String>,
+    /// Prompt token ids, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    ids: Option<Vec<i64>>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
+    /// Sampling temperature; 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Seed of the sampling noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Weights/activations dtype.
+    #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
+    dtype: Dtype,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Execution policy.
+    #[arg(long, value_enum, default_value_t = ExecPolicy::Stock)]
+    policy: ExecPolicy,
+    /// Recompute the whole sequence every step instead of using the KV cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let device = runtime::parse_device(&a.device)?;
+    let source = ModelSource::resolve(&a.model)?;
+    let model = runtime::load(&source, a.dtype, device)?;
+    let prompt: Vec<i64> = match (&a.prompt, &a.ids) {
+        (_, Some(ids)) => ids.clone(),
+        (Some(text), None) => {
+            let tok = model.tokenizer.as_ref().context("this model has no tokenizer; pass --ids")?;
+            let enc = tok.encode(text.as_str(), true).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+            enc.get_ids().iter().map(|&x| x as i64).collect()
+        }
+        (None, None) => bail!("give --prompt or --ids"),
+    };
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: if a.temperature > 0.0 {
+            Sampling::Temperature { temperature: a.temperature }
+        } else {
+            Sampling::Greedy
+        },
+        seed: a.seed,
+        stop_tokens: model.decoder.config().eos_token_ids.iter().map(|&x| x as i64).collect(),
+        policy: a.policy,
+    };
+    let out = if a.no_cache {
+        generate_nocache(&model.decoder, &prompt, &opts)?
+    } else {
+        generate(&model.decoder, &prompt, &opts)?
+    };
+    if let Some(tok) = &model.tokenizer {
+        let ids: Vec<u32> = out.tokens.iter().map(|&x| x as u32).collect();
+        let text = tok.decode(&ids, false).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+        println!("{text}");
+    }
+    println!("tokens: {:?}", out.tokens);
+    let n = out.tokens.len().max(1) as f64;
+    println!(
+        "prompt {} tokens in {:.3} s; {} new tokens in {:.3} s ({:.1} tok/s) [{} {} {}]",
+        prompt.len(),
+        out.prefill_secs,
+        out.tokens.len(),
+        out.decode_secs,
+        n / out.decode_secs.max(1e-9),
+        a.dtype,
+        a.device,
+        a.policy
+    );
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! Execution policy: how the decoder's reductions (matmuls, attention, norms) are executed.
+//!
+//! The policy is picked once per run and handed to [`crate::model::Decoder::forward`]; model
+//! code calls the ops here and never branches on the policy itself.
+use tch::{Kind, Tensor};
+
+mod stock;
+
+/// How reductions are executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecPolicy {
+    /// Plain libtorch kernels: fastest, but a token's numerics depend on batch shape.
+    #[default]
+    Stock,
+    /// Fixed-shape, fixed-order reductions: a token's logits and KV rows do not depend on
+    /// how many tokens or sequences share the forward pass.
+    BatchInvariant,
+}
+
+impl std::fmt::Display for ExecPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExecPolicy::Stock => "stock",
+            ExecPolicy::BatchInvariant => "batch_invariant",
+        })
+    }
+}
+
+/// Parameters of one attention call, shared by all policies.
+pub struct AttnParams<'a> {
+    /// Multiplier applied to `q·k`.
+    pub scale: f64,
+    /// `tanh` soft-capping of scores, if any.
+    pub softcap: Option<f64>,
+    /// Additive mask broadcastable to `[B, Hkv, group, T, L]` (0 keeps, dtype-min drops).
+    pub mask: &'a Tensor,
+}
+
+impl ExecPolicy {
+    /// `x @ w^T + b` over the last dimension of `x`.
+    pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+        match self {
+            ExecPolicy::Stock => stock::linear(x, w, b),
+            ExecPolicy::BatchInvariant => stock::linear(x, w, b),
+        }
+    }
+
+    /// Grouped-query attention. `q`: `[B, Hq, T, D]`; `k`, `v`: `[B, Hkv, L, D]`.
+    /// Returns `[B, Hq, T, D]`.
+    pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
+        match self {
+            ExecPolicy::Stock => stock::attention(q, k, v, p),
+            ExecPolicy::BatchInvariant => stock::attention(q, k, v, p),
+        }
+    }
+
+    /// Root-mean-square of the last dimension, computed in fp32: returns `x / rms(x)` in fp32.
+    pub fn rms_normalize(&self, x: &Tensor, eps: f64) -> Tensor {
+        let xf = x.to_kind(Kind::Float);
+        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        xf * (var + eps).rsqrt()
+    }
+}

@@ -1,0 +1,102 @@
+//! Self-attention of one layer: fused q/k/v projection (optional biases), optional q/k RMSNorm,
+//! RoPE, cache write, grouped-query attention through the execution policy, output projection.
+use super::norm::RmsNorm;
+use super::rope;
+use crate::Result;
+use crate::exec::{AttnParams, ExecPolicy};
+use crate::kv_cache::KvCache;
+use tch::Tensor;
+
+/// Attention weights and shape of one layer.
+pub struct Attention {
+    /// `[(Hq + 2 Hkv) * D, hidden]`: q rows, then k, then v.
+    qkv: Tensor,
+    qkv_bias: Option<Tensor>,
+    o: Tensor,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    scale: f64,
+    softcap: Option<f64>,
+}
+
+/// Per-forward inputs shared by all layers of one kind.
+pub struct LayerInputs<'a> {
+    /// RoPE cosines `[B, 1, T, D]`.
+    pub cos: &'a Tensor,
+    /// RoPE sines `[B, 1, T, D]`.
+    pub sin: &'a Tensor,
+    /// Additive mask `[B, 1, 1, T, L]`.
+    pub mask: &'a Tensor,
+    /// Absolute positions `[B, T]` (where new K/V rows are written).
+    pub positions: &'a Tensor,
+}
+
+impl Attention {
+    /// Build from checkpoint tensors (q/k/v fused here).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        bias: Option<(Tensor, Tensor, Tensor)>,
+        o: Tensor,
+        qk_norm: Option<(RmsNorm, RmsNorm)>,
+        shape: (i64, i64, i64),
+        scale: f64,
+        softcap: Option<f64>,
+    ) -> Attention {
+        let (heads, kv_heads, head_dim) = shape;
+        let (q_norm, k_norm) = match qk_norm {
+            Some((qn, kn)) => (Some(qn), Some(kn)),
+            None => (None, None),
+        };
+        Attention {
+            qkv: Tensor::cat(&[q, k, v], 0),
+            qkv_bias: bias.map(|(bq, bk, bv)| Tensor::cat(&[bq, bk, bv], 0)),
+            o,
+            q_norm,
+            k_norm,
+            heads,
+            kv_heads,
+            head_dim,
+            scale,
+            softcap,
+        }
+    }
+
+    /// Attend `x` (`[B, T, hidden]`) over the cache of `layer` plus the new tokens.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        layer: usize,
+        cache: &mut KvCache,
+        inputs: &LayerInputs,
+        policy: &ExecPolicy,
+    ) -> Result<Tensor> {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
+        let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref());
+        let parts = qkv.split_with_sizes([hq * d, hkv * d, hkv * d], -1);
+        let mut q = parts[0].view([b, t, hq, d]);
+        let mut k = parts[1].view([b, t, hkv, d]);
+        let v = parts[2].view([b, t, hkv, d]).transpose(1, 2);
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q, policy);
+            k = kn.forward(&k, policy);
+        }
+        let q = rope::apply(&q.transpose(1, 2), inputs.cos, inputs.sin);
+        let k = rope::apply(&k.transpose(1, 2), inputs.cos, inputs.sin);
+        let (k_all, v_all) = cache.write(layer, &k, &v, inputs.positions)?;
+        let params = AttnParams {
+            scale: self.scale,
+            softcap: self.softcap,
+            mask: inputs.mask,
+        };
+        let out = policy.attention(&q, &k_all, &v_all, &params);
+        let out = out.transpose(1, 2).reshape([b, t, hq * d]);
+        Ok(policy.linear(&out, &self.o, None))
+    }
+}

@@ -1,0 +1,38 @@
+//! Gated MLP: `down(act(gate(x)) * up(x))`, with gate and up fused into one projection.
+use crate::config::Activation;
+use crate::exec::ExecPolicy;
+use tch::Tensor;
+
+/// Gated MLP of one layer.
+pub struct Mlp {
+    /// `[2 * intermediate, hidden]`: gate rows then up rows.
+    gate_up: Tensor,
+    down: Tensor,
+    intermediate: i64,
+    activation: Activation,
+}
+
+impl Mlp {
+    /// Fuse the checkpoint's `gate_proj` and `up_proj` weights.
+    pub fn new(gate: &Tensor, up: &Tensor, down: Tensor, activation: Activation) -> Mlp {
+        Mlp {
+            intermediate: gate.size()[0],
+            gate_up: Tensor::cat(&[gate, up], 0),
+            down,
+            activation,
+        }
+    }
+
+    /// Apply to `x` (`[B, T, hidden]`).
+    pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Tensor {
+        let gu = policy.linear(x, &self.gate_up, None);
+        let gate = gu.narrow(-1, 0, self.intermediate);
+        let up = gu.narrow(-1, self.intermediate, self.intermediate);
+        let act = match self.activation {
+            Activation::Silu => gate.silu(),
+            Activation::GeluTanh => gate.gelu("tanh"),
+            Activation::Gelu => gate.gelu("none"),
+        };
+        policy.linear(&(act * up), &self.down, None)
+    }
+}

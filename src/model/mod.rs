@@ -1,0 +1,342 @@
+//! One generic decoder-only transformer in libtorch covering the LLaMA family (LLaMA, Mistral
+//! with sliding windows, SmolLM2), Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm), Gemma-2
+//! (embedding scaling, sandwich norms, soft-capping, alternating windows,
+//! `query_pre_attn_scalar`) and Gemma-3 (q/k norms, local/global RoPE).
+//!
+//! Reference implementation: Hugging Face transformers' `modeling_{llama,mistral,qwen2,qwen3,
+//! gemma2,gemma3}.py` (eager attention). Family differences live in [`ArchConfig`] as data.
+//!
+//! Prefill (many tokens per row) and decode (one token per row) are the same call,
+//! [`Decoder::forward`]; a full recompute without cache is a forward over a fresh cache.
+mod attention;
+mod mlp;
+mod norm;
+mod rope;
+pub mod weights;
+
+use crate::config::{ArchConfig, LayerKind};
+use crate::exec::ExecPolicy;
+use crate::kv_cache::{KvCache, KvShape};
+use crate::{Error, Result};
+use attention::{Attention, LayerInputs};
+use mlp::Mlp;
+use norm::RmsNorm;
+use rope::RopeTable;
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+pub use weights::Weights;
+
+/// Which positions to compute logits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogitsAt {
+    /// Every position: `[B, T, V]`.
+    All,
+    /// The last position of every row: `[B, 1, V]`.
+    Last,
+    /// One position per row (index into the T new tokens): `[B, 1, V]`.
+    PerRow(Vec<i64>),
+}
+
+/// Residual-stream states captured during a forward pass.
+#[derive(Default)]
+pub struct Trace {
+    /// Residual stream after each layer, `[B, T, hidden]` each, in layer order.
+    pub residual: Vec<Tensor>,
+}
+
+struct Layer {
+    kind: LayerKind,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    /// Gemma sandwich norms: (pre-MLP, post-MLP).
+    ffn_norms: Option<(RmsNorm, RmsNorm)>,
+    attn: Attention,
+    mlp: Mlp,
+}
+
+/// A loaded decoder. Immutable: the KV cache is passed in by the caller.
+pub struct Decoder {
+    cfg: ArchConfig,
+    embed: Tensor,
+    embed_scale: Option<Tensor>,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    rope_full: RopeTable,
+    rope_local: Option<RopeTable>,
+    kind: Kind,
+    device: Device,
+}
+
+impl Decoder {
+    /// Load a Hugging Face directory (`config.json` + safetensors).
+    pub fn load_hf_dir(dir: &Path, kind: Kind, device: Device) -> Result<Decoder> {
+        let cfg_path = dir.join("config.json");
+        if !cfg_path.exists() {
+            return Err(Error::Config(format!("{}: no config.json", dir.display())));
+        }
+        let cfg = ArchConfig::from_hf_file(&cfg_path)?;
+        let weights = Weights::from_safetensors_dir(dir, kind, device)?;
+        Decoder::from_weights(cfg, weights)
+    }
+
+    /// Build from a configuration and checkpoint tensors named by Hugging Face keys.
+    pub fn from_weights(cfg: ArchConfig, mut w: Weights) -> Result<Decoder> {
+        cfg.validate()?;
+        let _guard = tch::no_grad_guard();
+        let (kind, device) = (w.kind, w.device);
+        let (h, inter, v) = (cfg.hidden_size as i64, cfg.intermediate_size as i64, cfg.vocab_size as i64);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads as i64,
+            cfg.num_key_value_heads as i64,
+            cfg.head_dim as i64,
+        );
+        let eps = cfg.rms_norm_eps;
+        let off = cfg.norm_weight_offset;
+        let norm = |w: &mut Weights, key: &str, n: i64| -> Result<RmsNorm> {
+            let kind = if off { Kind::Float } else { w.kind };
+            Ok(RmsNorm::new(w.take_as(key, &[n], kind)?, eps, off))
+        };
+        let embed = w.take("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::with_capacity(cfg.num_layers());
+        for (i, &kind_i) in cfg.layer_types.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let bias = if cfg.attention_bias {
+                Some((
+                    w.take(&format!("{a}.q_proj.bias"), &[hq * d])?,
+                    w.take(&format!("{a}.k_proj.bias"), &[hkv * d])?,
+                    w.take(&format!("{a}.v_proj.bias"), &[hkv * d])?,
+                ))
+            } else {
+                None
+            };
+            let qk_norm = if cfg.qk_norm {
+                Some((norm(&mut w, &format!("{a}.q_norm.weight"), d)?, norm(&mut w, &format!("{a}.k_norm.weight"), d)?))
+            } else {
+                None
+            };
+            let attn = Attention::new(
+                &w.take(&format!("{a}.q_proj.weight"), &[hq * d, h])?,
+                &w.take(&format!("{a}.k_proj.weight"), &[hkv * d, h])?,
+                &w.take(&format!("{a}.v_proj.weight"), &[hkv * d, h])?,
+                bias,
+                w.take(&format!("{a}.o_proj.weight"), &[h, hq * d])?,
+                qk_norm,
+                (hq, hkv, d),
+                cfg.softmax_scale,
+                cfg.attn_logit_softcapping,
+            );
+            let mlp = Mlp::new(
+                &w.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
+                &w.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
+                w.take(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+                cfg.activation,
+            );
+            let ffn_norms = if cfg.sandwich_norms {
+                Some((
+                    norm(&mut w, &format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+                    norm(&mut w, &format!("{p}.post_feedforward_layernorm.weight"), h)?,
+                ))
+            } else {
+                None
+            };
+            layers.push(Layer {
+                kind: kind_i,
+                input_norm: norm(&mut w, &format!("{p}.input_layernorm.weight"), h)?,
+                post_attn_norm: norm(&mut w, &format!("{p}.post_attention_layernorm.weight"), h)?,
+                ffn_norms,
+                attn,
+                mlp,
+            });
+        }
+        let final_norm = norm(&mut w, "model.norm.weight", h)?;
+        let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
+            w.take("lm_head.weight", &[v, h])?
+        } else if cfg.tie_word_embeddings {
+            // Some tied checkpoints still store a copy; it must not be left unused.
+            if w.contains("lm_head.weight") {
+                let _ = w.take("lm_head.weight", &[v, h])?;
+            }
+            embed.shallow_clone()
+        } else {
+            return Err(Error::Weights("missing tensor `lm_head.weight` (embeddings are not tied)".into()));
+        };
+        let unused = w.unused();
+        if !unused.is_empty() {
+            return Err(Error::Weights(format!(
+                "{} checkpoint tensors were not used (first: `{}`): wrong architecture?",
+                unused.len(),
+                unused[0]
+            )));
+        }
+        let embed_scale = cfg
+            .scale_embeddings
+            .then(|| Tensor::from((cfg.hidden_size as f64).sqrt()).to_kind(kind).to_device(device));
+        Ok(Decoder {
+            rope_full: RopeTable::new(&cfg.rope, cfg.head_dim, device),
+            rope_local: cfg.rope_local.as_ref().map(|r| RopeTable::new(r, cfg.head_dim, device)),
+            cfg,
+            embed,
+            embed_scale,
+            layers,
+            norm: final_norm,
+            lm_head,
+            kind,
+            device,
+        })
+    }
+
+    /// The architecture this decoder was built from.
+    pub fn config(&self) -> &ArchConfig {
+        &self.cfg
+    }
+
+    /// Element type of weights and activations.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Device the weights live on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Shape of this model's KV cache.
+    pub fn kv_shape(&self) -> KvShape {
+        KvShape {
+            layers: self.cfg.num_layers(),
+            kv_heads: self.cfg.num_key_value_heads as i64,
+            head_dim: self.cfg.head_dim as i64,
+        }
+    }
+
+    /// An empty cache for `batch` rows and about `capacity` positions.
+    pub fn new_cache(&self, batch: usize, capacity: i64) -> Result<KvCache> {
+        KvCache::new(self.kv_shape(), batch, capacity, self.kind, self.device)
+    }
+
+    /// Feed `tokens` (`[B, T]`, int64) after each row's cached positions, append their K/V to
+    /// `cache`, and return logits (in the run dtype) at the requested positions.
+    pub fn forward(&self, tokens: &Tensor, cache: &mut KvCache, policy: &ExecPolicy, at: &LogitsAt) -> Result<Tensor> {
+        self.forward_traced(tokens, cache, policy, at, None)
+    }
+
+    /// [`Self::forward`], optionally recording the residual stream after every layer.
+    pub fn forward_traced(
+        &self,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+        policy: &ExecPolicy,
+        at: &LogitsAt,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Tensor> {
+        let _guard = tch::no_grad_guard();
+        let dims = tokens.size();
+        if dims.len() != 2 || dims[0] as usize != cache.batch() {
+            return Err(Error::KvCache(format!(
+                "tokens of shape {dims:?} do not match a cache of {} rows",
+                cache.batch()
+            )));
+        }
+        let (b, t) = (dims[0], dims[1]);
+        let tokens = tokens.f_to_device(self.device)?;
+        let (lo, hi) = (tokens.f_min()?.int64_value(&[]), tokens.f_max()?.int64_value(&[]));
+        if lo < 0 || hi >= self.cfg.vocab_size as i64 {
+            return Err(Error::Spec(format!(
+                "token ids must lie in 0..{} (got {lo}..={hi})",
+                self.cfg.vocab_size
+            )));
+        }
+        cache.reserve(t)?;
+        let lens = Tensor::from_slice(cache.lens()).to_device(self.device);
+        let positions = lens.view([b, 1]) + Tensor::arange(t, (Kind::Int64, self.device)).view([1, t]);
+        let key_len = cache.lens().iter().copied().max().unwrap_or(0) + t;
+        let keys = Tensor::arange(key_len, (Kind::Int64, self.device)).view([1, 1, key_len]);
+        let qpos = positions.view([b, t, 1]);
+        let causal = keys.le_tensor(&qpos);
+        let min = match self.kind {
+            Kind::Half => f64::from(half::f16::MIN),
+            Kind::BFloat16 => f64::from(half::bf16::MIN),
+            _ => f64::from(f32::MIN),
+        };
+        let to_mask = |allowed: &Tensor| {
+            Tensor::zeros([b, 1, 1, t, key_len], (self.kind, self.device))
+                .masked_fill(&allowed.logical_not().view([b, 1, 1, t, key_len]), min)
+        };
+        let full_mask = to_mask(&causal);
+        let mut window_masks: Vec<(usize, Tensor)> = Vec::new();
+        for kind in &self.cfg.layer_types {
+            if let LayerKind::Sliding { window } = *kind
+                && !window_masks.iter().any(|(w, _)| *w == window)
+            {
+                let recent = keys.gt_tensor(&(&qpos - window as i64));
+                window_masks.push((window, to_mask(&causal.logical_and(&recent))));
+            }
+        }
+        let (cos, sin) = self.rope_full.cos_sin(&positions, self.kind);
+        let local = self.rope_local.as_ref().map(|r| r.cos_sin(&positions, self.kind));
+
+        let mut h = Tensor::f_embedding(&self.embed, &tokens, -1, false, false)?;
+        if let Some(s) = &self.embed_scale {
+            h = h * s;
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (mask, (cos, sin)) = match layer.kind {
+                LayerKind::Full => (&full_mask, (&cos, &sin)),
+                LayerKind::Sliding { window } => {
+                    let m = &window_masks.iter().find(|(w, _)| *w == window).expect("mask built above").1;
+                    (m, local.as_ref().map(|(c, s)| (c, s)).unwrap_or((&cos, &sin)))
+                }
+            };
+            let inputs = LayerInputs {
+                cos,
+                sin,
+                mask,
+                positions: &positions,
+            };
+            let x = layer.input_norm.forward(&h, policy);
+            let a = layer.attn.forward(&x, i, cache, &inputs, policy)?;
+            h = match &layer.ffn_norms {
+                Some((pre, post)) => {
+                    let h = h + layer.post_attn_norm.forward(&a, policy);
+                    let m = layer.mlp.forward(&pre.forward(&h, policy), policy);
+                    &h + post.forward(&m, policy)
+                }
+                None => {
+                    let h = h + a;
+                    let m = layer.mlp.forward(&layer.post_attn_norm.forward(&h, policy), policy);
+                    h + m
+                }
+            };
+            if let Some(tr) = trace.as_deref_mut() {
+                tr.residual.push(h.shallow_clone());
+            }
+        }
+        cache.advance(t);
+        let h = match at {
+            LogitsAt::All => h,
+            LogitsAt::Last => h.narrow(1, t - 1, 1),
+            LogitsAt::PerRow(idx) => {
+                if idx.len() as i64 != b || idx.iter().any(|&i| i < 0 || i >= t) {
+                    return Err(Error::Spec(format!("per-row logit positions {idx:?} out of range 0..{t}")));
+                }
+                let idx = Tensor::from_slice(idx).to_device(self.device).view([b, 1, 1]);
+                h.gather(1, &idx.expand([b, 1, self.cfg.hidden_size as i64], false), false)
+            }
+        };
+        let h = self.norm.forward(&h, policy);
+        let mut logits = policy.linear(&h, &self.lm_head, None);
+        if let Some(cap) = self.cfg.final_logit_softcapping {
+            logits = (logits / cap).tanh() * cap;
+        }
+        Ok(logits)
+    }
+
+    /// Logits of every position of `tokens` (`[B, T]`) computed from scratch (cache-OFF).
+    pub fn forward_full(&self, tokens: &Tensor, policy: &ExecPolicy) -> Result<Tensor> {
+        let dims = tokens.size();
+        let mut cache = self.new_cache(dims[0] as usize, dims[1])?;
+        self.forward(tokens, &mut cache, policy, &LogitsAt::All)
+    }
+}

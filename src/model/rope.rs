@@ -1,0 +1,62 @@
+//! Rotary position embeddings (half-rotation layout, as in Hugging Face), with linear and
+//! Llama-3 frequency scaling. Angles are computed in fp32 from the absolute positions of the
+//! tokens in each forward pass, so a token's rotation never depends on its batch neighbours.
+use crate::config::{Rope, RopeScaling};
+use tch::{Device, Kind, Tensor};
+
+/// Inverse frequencies for one RoPE configuration, kept on the run device.
+pub struct RopeTable {
+    inv_freq: Tensor,
+}
+
+impl RopeTable {
+    /// Inverse frequencies `1 / θ^(2i/d)`, scaled as the configuration asks.
+    pub fn new(rope: &Rope, head_dim: usize, device: Device) -> RopeTable {
+        let d = head_dim as f64;
+        let base: Vec<f64> = (0..head_dim / 2).map(|i| 1.0 / rope.theta.powf(2.0 * i as f64 / d)).collect();
+        let scaled: Vec<f32> = base
+            .iter()
+            .map(|&f| match rope.scaling {
+                RopeScaling::None => f,
+                RopeScaling::Linear { factor } => f / factor,
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings: old,
+                } => {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    let low_wavelen = old / low_freq_factor;
+                    let high_wavelen = old / high_freq_factor;
+                    if wavelen > low_wavelen {
+                        f / factor
+                    } else if wavelen < high_wavelen {
+                        f
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                }
+            } as f32)
+            .collect();
+        RopeTable {
+            inv_freq: Tensor::from_slice(&scaled).to_device(device),
+        }
+    }
+
+    /// `(cos, sin)` of shape `[B, 1, T, D]` in `kind` for absolute `positions` `[B, T]`.
+    pub fn cos_sin(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
+        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    }
+}
+
+/// Rotate `x` (`[B, H, T, D]`) by the given angles.
+pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let half = x.size()[3] / 2;
+    let x1 = x.narrow(3, 0, half);
+    let x2 = x.narrow(3, half, half);
+    let rotated = Tensor::cat(&[&x2.neg(), &x1], 3);
+    x * cos + rotated * sin
+}

@@ -1,0 +1,102 @@
+//! Run-time choices shared by every command: device, dtype, and where a model comes from.
+use crate::model::Decoder;
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind};
+
+/// Floating-point type of weights and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// IEEE single precision.
+    Fp32,
+    /// IEEE half precision.
+    Fp16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl Dtype {
+    /// The libtorch kind.
+    pub fn kind(self) -> Kind {
+        match self {
+            Dtype::Fp32 => Kind::Float,
+            Dtype::Fp16 => Kind::Half,
+            Dtype::Bf16 => Kind::BFloat16,
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Fp16 => "fp16",
+            Dtype::Bf16 => "bf16",
+        })
+    }
+}
+
+/// Parse `cpu`, `cuda` or `cuda:N`, checking that CUDA is really available.
+pub fn parse_device(s: &str) -> Result<Device> {
+    let dev = match s {
+        "cpu" => return Ok(Device::Cpu),
+        "cuda" => Device::Cuda(0),
+        _ => match s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) => Device::Cuda(n),
+            None => return Err(Error::Spec(format!("unknown device `{s}` (use cpu, cuda or cuda:N)"))),
+        },
+    };
+    let n = tch::Cuda::device_count() as usize;
+    match dev {
+        Device::Cuda(i) if i < n => Ok(dev),
+        _ => Err(Error::Spec(format!(
+            "device `{s}` requested but libtorch sees {n} CUDA device(s)"
+        ))),
+    }
+}
+
+/// Where a model comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A Hugging Face directory (`config.json`, safetensors, optional `tokenizer.json`).
+    HfDir(PathBuf),
+}
+
+impl ModelSource {
+    /// Resolve a command-line model argument.
+    pub fn resolve(arg: &str) -> Result<ModelSource> {
+        let path = Path::new(arg);
+        if path.is_dir() {
+            return Ok(ModelSource::HfDir(path.to_path_buf()));
+        }
+        Err(Error::Spec(format!("model `{arg}`: not a directory")))
+    }
+}
+
+/// A model ready to run, with its tokenizer when one was found.
+pub struct LoadedModel {
+    /// The decoder.
+    pub decoder: Decoder,
+    /// Tokenizer, if the source had one.
+    pub tokenizer: Option<tokenizers::Tokenizer>,
+}
+
+/// Load a model from its source.
+pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<LoadedModel> {
+    match source {
+        ModelSource::HfDir(dir) => {
+            let decoder = Decoder::load_hf_dir(dir, dtype.kind(), device)?;
+            let tok_path = dir.join("tokenizer.json");
+            let tokenizer = if tok_path.exists() {
+                Some(
+                    tokenizers::Tokenizer::from_file(&tok_path)
+                        .map_err(|e| Error::Tokenizer(format!("{}: {e}", tok_path.display())))?,
+                )
+            } else {
+                None
+            };
+            Ok(LoadedModel { decoder, tokenizer })
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Shared helpers for the integration tests.
+#![allow(dead_code)]
+use kvcredit::{Decoder, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+/// Root of the Hugging Face parity fixtures.
+pub fn hf_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+/// Every fixture directory (sorted), failing loudly when none exist.
+pub fn fixture_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(hf_fixtures())
+        .expect("tests/fixtures/hf exists (run tests/gen_fixtures.py)")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("config.json").exists())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "no fixtures under tests/fixtures/hf");
+    dirs
+}
+
+/// The reference tensors of a fixture by name.
+pub fn reference(dir: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(dir.join("reference.safetensors"))
+        .expect("reference.safetensors readable")
+        .into_iter()
+        .collect()
+}
+
+/// Load a fixture model on the CPU in `kind`.
+pub fn load(dir: &Path, kind: Kind) -> Result<Decoder> {
+    Decoder::load_hf_dir(dir, kind, Device::Cpu)
+}
+
+/// Largest absolute difference of two tensors, in f64.
+pub fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
+}
+
+/// Token ids of a `[1, T]` int64 tensor.
+pub fn ids(t: &Tensor) -> Vec<i64> {
+    Vec::<i64>::try_from(t.reshape([-1])).expect("int64 ids")
+}
+
+/// A fixture's name.
+pub fn name(dir: &Path) -> String {
+    dir.file_name().unwrap().to_string_lossy().into_owned()
+}
