@@ -9,7 +9,10 @@ fn torch_lib_dir() -> Option<PathBuf> {
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let out = std::process::Command::new(python)
-        .args(["-c", "import torch, os; print(os.path.dirname(torch.__file__))"])
+        .args([
+            "-c",
+            "import torch, os; print(os.path.dirname(torch.__file__))",
+        ])
         .output()
         .ok()?;
     let dir = String::from_utf8(out.stdout).ok()?;

@@ -187,15 +187,24 @@ impl ArchConfig {
             .and_then(|a| a.get(0))
             .and_then(Value::as_str)
             .or_else(|| v.get("model_type").and_then(Value::as_str))
-            .ok_or_else(|| Error::Config("neither `architectures` nor `model_type` given".into()))?;
+            .ok_or_else(|| {
+                Error::Config("neither `architectures` nor `model_type` given".into())
+            })?;
         let arch = Arch::from_hf_name(name)?;
         let c = Fields(v);
         let hidden_size = c.usize("hidden_size")?;
         let num_attention_heads = c.usize("num_attention_heads")?;
-        let num_key_value_heads = c.opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads);
-        let head_dim = c.opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+        let num_key_value_heads = c
+            .opt_usize("num_key_value_heads")?
+            .unwrap_or(num_attention_heads);
+        let head_dim = c
+            .opt_usize("head_dim")?
+            .unwrap_or(hidden_size / num_attention_heads);
         let num_layers = c.usize("num_hidden_layers")?;
-        if num_attention_heads == 0 || num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+        if num_attention_heads == 0
+            || num_key_value_heads == 0
+            || num_attention_heads % num_key_value_heads != 0
+        {
             return Err(Error::Config(format!(
                 "num_attention_heads ({num_attention_heads}) must be a positive multiple of num_key_value_heads ({num_key_value_heads})"
             )));
@@ -213,7 +222,11 @@ impl ArchConfig {
             _ => 1.0 / (head_dim as f64).sqrt(),
         };
         let eos_token_ids = match v.get("eos_token_id") {
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
             _ => vec![],
         };
@@ -249,14 +262,25 @@ impl ArchConfig {
 
     /// Reject internally inconsistent configurations.
     pub fn validate(&self) -> Result<()> {
-        if self.vocab_size == 0 || self.hidden_size == 0 || self.head_dim == 0 || self.layer_types.is_empty() {
-            return Err(Error::Config("vocab_size, hidden_size, head_dim and the layer count must be positive".into()));
+        if self.vocab_size == 0
+            || self.hidden_size == 0
+            || self.head_dim == 0
+            || self.layer_types.is_empty()
+        {
+            return Err(Error::Config(
+                "vocab_size, hidden_size, head_dim and the layer count must be positive".into(),
+            ));
         }
         if self.head_dim % 2 != 0 {
-            return Err(Error::Config(format!("head_dim {} must be even for RoPE", self.head_dim)));
+            return Err(Error::Config(format!(
+                "head_dim {} must be even for RoPE",
+                self.head_dim
+            )));
         }
         if self.num_attention_heads % self.num_key_value_heads != 0 {
-            return Err(Error::Config("num_attention_heads must be a multiple of num_key_value_heads".into()));
+            return Err(Error::Config(
+                "num_attention_heads must be a multiple of num_key_value_heads".into(),
+            ));
         }
         Ok(())
     }
@@ -274,10 +298,9 @@ impl Fields<'_> {
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(x) => x
-                .as_u64()
-                .map(|n| Some(n as usize))
-                .ok_or_else(|| Error::Config(format!("`{key}` must be a non-negative integer, got {x}"))),
+            Some(x) => x.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                Error::Config(format!("`{key}` must be a non-negative integer, got {x}"))
+            }),
         }
     }
     fn usize(&self, key: &str) -> Result<usize> {
@@ -314,10 +337,15 @@ fn parse_scaling(obj: Option<&Value>) -> Result<RopeScaling> {
         .and_then(Value::as_str)
         .unwrap_or("default");
     let f = Fields(obj);
-    let need = |k: &str| f.opt_f64(k)?.ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")));
+    let need = |k: &str| {
+        f.opt_f64(k)?
+            .ok_or_else(|| Error::Config(format!("rope scaling `{kind}` needs `{k}`")))
+    };
     Ok(match kind {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: need("factor")? },
+        "linear" => RopeScaling::Linear {
+            factor: need("factor")?,
+        },
         "llama3" => RopeScaling::Llama3 {
             factor: need("factor")?,
             low_freq_factor: need("low_freq_factor")?,
@@ -379,7 +407,9 @@ fn parse_layer_types(v: &Value, arch: Arch, n: usize) -> Result<Vec<LayerKind>> 
                 Some("sliding_attention") => match window {
                     Some(w) if use_sw != Some(false) => Ok(LayerKind::Sliding { window: w }),
                     Some(_) => Ok(LayerKind::Full),
-                    None => Err(Error::Config("`sliding_attention` layer without `sliding_window`".into())),
+                    None => Err(Error::Config(
+                        "`sliding_attention` layer without `sliding_window`".into(),
+                    )),
                 },
                 _ => Err(Error::Config(format!("unsupported layer type {t}"))),
             })
@@ -389,7 +419,11 @@ fn parse_layer_types(v: &Value, arch: Arch, n: usize) -> Result<Vec<LayerKind>> 
         .map(|i| match (arch, window) {
             (Arch::Gemma2, Some(w)) if i % 2 == 0 => LayerKind::Sliding { window: w },
             (Arch::Gemma3, Some(w)) => {
-                let pattern = f.opt_usize("sliding_window_pattern").ok().flatten().unwrap_or(6);
+                let pattern = f
+                    .opt_usize("sliding_window_pattern")
+                    .ok()
+                    .flatten()
+                    .unwrap_or(6);
                 if (i + 1) % pattern != 0 {
                     LayerKind::Sliding { window: w }
                 } else {
@@ -398,7 +432,8 @@ fn parse_layer_types(v: &Value, arch: Arch, n: usize) -> Result<Vec<LayerKind>> 
             }
             (Arch::Llama, Some(w)) => LayerKind::Sliding { window: w },
             (Arch::Qwen2 | Arch::Qwen3, Some(w)) if use_sw == Some(true) => {
-                let max_window_layers = f.opt_usize("max_window_layers").ok().flatten().unwrap_or(n);
+                let max_window_layers =
+                    f.opt_usize("max_window_layers").ok().flatten().unwrap_or(n);
                 if i >= max_window_layers {
                     LayerKind::Sliding { window: w }
                 } else {
@@ -426,11 +461,20 @@ mod tests {
         let obj = v5.as_object_mut().unwrap();
         obj.remove("rope_theta");
         obj.remove("rope_scaling");
-        obj.insert("rope_parameters".into(), json!({"rope_type": "llama3", "rope_theta": 500000.0,
+        obj.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "llama3", "rope_theta": 500000.0,
             "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192}));
-        obj.insert("layer_types".into(), json!(["full_attention", "full_attention"]));
-        assert_eq!(ArchConfig::from_hf_json(&v4)?, ArchConfig::from_hf_json(&v5)?);
+            "original_max_position_embeddings": 8192}),
+        );
+        obj.insert(
+            "layer_types".into(),
+            json!(["full_attention", "full_attention"]),
+        );
+        assert_eq!(
+            ArchConfig::from_hf_json(&v4)?,
+            ArchConfig::from_hf_json(&v5)?
+        );
         Ok(())
     }
 
@@ -444,14 +488,19 @@ mod tests {
         assert_eq!(c.softmax_scale, 1.0 / 24f64.sqrt());
         assert_eq!(c.layer_types[0], LayerKind::Sliding { window: 6 });
         assert_eq!(c.layer_types[1], LayerKind::Full);
-        assert!(c.norm_weight_offset && c.scale_embeddings && c.sandwich_norms && c.tie_word_embeddings);
+        assert!(
+            c.norm_weight_offset && c.scale_embeddings && c.sandwich_norms && c.tie_word_embeddings
+        );
         Ok(())
     }
 
     #[test]
     fn rejects_unknown_architecture_and_bad_fields() {
         let v = json!({"architectures": ["GPT2LMHeadModel"]});
-        assert!(matches!(ArchConfig::from_hf_json(&v), Err(Error::UnknownArch(_))));
+        assert!(matches!(
+            ArchConfig::from_hf_json(&v),
+            Err(Error::UnknownArch(_))
+        ));
         let v = json!({"architectures": ["LlamaForCausalLM"], "vocab_size": "many"});
         let err = ArchConfig::from_hf_json(&v).unwrap_err().to_string();
         assert!(err.contains("vocab_size"), "{err}");

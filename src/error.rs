@@ -20,7 +20,9 @@ pub enum Error {
     #[error("config: {0}")]
     Config(String),
     /// The checkpoint names an architecture kvcredit does not implement.
-    #[error("config: unknown architecture `{0}` (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)")]
+    #[error(
+        "config: unknown architecture `{0}` (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)"
+    )]
     UnknownArch(String),
     /// Weights are missing, truncated, or have the wrong shape or dtype.
     #[error("weights: {0}")]

@@ -36,7 +36,9 @@ pub struct Generation {
 /// Fail on NaN/inf logits with a clear message.
 pub fn check_finite(logits: &Tensor, what: &str) -> Result<()> {
     if logits.f_isfinite()?.f_all()?.int64_value(&[]) == 0 {
-        return Err(Error::NonFinite(format!("non-finite logits during {what} (dtype overflow? try --dtype fp32 or bf16)")));
+        return Err(Error::NonFinite(format!(
+            "non-finite logits during {what} (dtype overflow? try --dtype fp32 or bf16)"
+        )));
     }
     Ok(())
 }
@@ -83,7 +85,11 @@ pub fn generate(model: &Decoder, prompt: &[i64], opts: &GenerateOptions) -> Resu
 }
 
 /// Generate without a cache: every step is a full forward over prompt and generated tokens.
-pub fn generate_nocache(model: &Decoder, prompt: &[i64], opts: &GenerateOptions) -> Result<Generation> {
+pub fn generate_nocache(
+    model: &Decoder,
+    prompt: &[i64],
+    opts: &GenerateOptions,
+) -> Result<Generation> {
     if prompt.is_empty() {
         return Err(Error::Spec("empty prompt".into()));
     }
@@ -93,7 +99,9 @@ pub fn generate_nocache(model: &Decoder, prompt: &[i64], opts: &GenerateOptions)
     for step in 0..opts.max_new_tokens {
         let ids = Tensor::from_slice(&seq).view([1, -1]);
         let mut cache = model.new_cache(1, seq.len() as i64)?;
-        let logits = model.forward(&ids, &mut cache, &opts.policy, &LogitsAt::Last)?.view([1, -1]);
+        let logits = model
+            .forward(&ids, &mut cache, &opts.policy, &LogitsAt::Last)?
+            .view([1, -1]);
         check_finite(&logits, "generation")?;
         let next = sampling::select(&logits, opts.sampling, &[key(opts, step)])?[0];
         tokens.push(next);

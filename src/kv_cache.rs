@@ -48,7 +48,13 @@ pub struct Snapshot {
 
 impl KvCache {
     /// An empty cache for `batch` rows with room for `capacity` positions (it grows on demand).
-    pub fn new(shape: KvShape, batch: usize, capacity: i64, kind: Kind, device: Device) -> Result<KvCache> {
+    pub fn new(
+        shape: KvShape,
+        batch: usize,
+        capacity: i64,
+        kind: Kind,
+        device: Device,
+    ) -> Result<KvCache> {
         let capacity = capacity.max(1);
         let layers = (0..shape.layers)
             .map(|_| {
@@ -142,7 +148,13 @@ impl KvCache {
 
     /// Write `k`, `v` (`[B, Hkv, T, D]`) for `layer` at each row's current length and return
     /// views of the valid prefix `[B, Hkv, max_len + T, D]`. Lengths advance in [`Self::advance`].
-    pub(crate) fn write(&mut self, layer: usize, k: &Tensor, v: &Tensor, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn write(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+        positions: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let t = k.size()[2];
         let uniform = self.lens.windows(2).all(|w| w[0] == w[1]);
         let start = self.lens.first().copied().unwrap_or(0);
@@ -171,11 +183,17 @@ impl KvCache {
     /// a row back to an earlier snapshot. Lengths may only shrink or stay.
     pub fn truncate(&mut self, lens: &[i64]) -> Result<()> {
         if lens.len() != self.lens.len() {
-            return Err(Error::KvCache(format!("{} lengths for {} rows", lens.len(), self.lens.len())));
+            return Err(Error::KvCache(format!(
+                "{} lengths for {} rows",
+                lens.len(),
+                self.lens.len()
+            )));
         }
         for (cur, &new) in self.lens.iter_mut().zip(lens) {
             if new > *cur || new < 0 {
-                return Err(Error::KvCache(format!("cannot set length {new} on a row of length {cur}")));
+                return Err(Error::KvCache(format!(
+                    "cannot set length {new} on a row of length {cur}"
+                )));
             }
             *cur = new;
         }
@@ -194,12 +212,23 @@ impl KvCache {
                 )));
             }
         }
-        let mut out = KvCache::new(source.shape, snaps.len(), longest + extra, source.kind, source.device)?;
+        let mut out = KvCache::new(
+            source.shape,
+            snaps.len(),
+            longest + extra,
+            source.kind,
+            source.device,
+        )?;
         if longest > 0 {
-            let rows = Tensor::from_slice(&snaps.iter().map(|s| s.row as i64).collect::<Vec<_>>()).to_device(source.device);
+            let rows = Tensor::from_slice(&snaps.iter().map(|s| s.row as i64).collect::<Vec<_>>())
+                .to_device(source.device);
             for (dst, src) in out.layers.iter_mut().zip(&source.layers) {
-                dst.k.narrow(2, 0, longest).f_copy_(&src.k.index_select(0, &rows).narrow(2, 0, longest))?;
-                dst.v.narrow(2, 0, longest).f_copy_(&src.v.index_select(0, &rows).narrow(2, 0, longest))?;
+                dst.k
+                    .narrow(2, 0, longest)
+                    .f_copy_(&src.k.index_select(0, &rows).narrow(2, 0, longest))?;
+                dst.v
+                    .narrow(2, 0, longest)
+                    .f_copy_(&src.v.index_select(0, &rows).narrow(2, 0, longest))?;
             }
         }
         out.lens = snaps.iter().map(|s| s.len).collect();
@@ -220,7 +249,8 @@ impl KvCache {
                     .contiguous();
                 let n = part.numel() * self.kind.elt_size_in_bytes();
                 let mut bytes = vec![0u8; n];
-                part.f_view_dtype(Kind::Uint8)?.f_copy_data_u8(&mut bytes, n)?;
+                part.f_view_dtype(Kind::Uint8)?
+                    .f_copy_data_u8(&mut bytes, n)?;
                 h.update(&bytes);
             }
         }
@@ -230,10 +260,18 @@ impl KvCache {
     /// Flip one bit of the stored keys of `row` at `pos` in `layer` (for tests of the
     /// fingerprint check).
     pub fn corrupt_for_test(&mut self, layer: usize, row: usize, pos: i64) -> Result<()> {
-        let cell = self.layers[layer].k.narrow(0, row as i64, 1).narrow(2, pos, 1);
+        let cell = self.layers[layer]
+            .k
+            .narrow(0, row as i64, 1)
+            .narrow(2, pos, 1);
         let flipped = cell.f_neg()?;
-        let nudged = flipped.f_where_self(&cell.f_eq(0.0)?.logical_not(), &cell.f_add_scalar(1.0)?)?;
-        self.layers[layer].k.narrow(0, row as i64, 1).narrow(2, pos, 1).f_copy_(&nudged)?;
+        let nudged =
+            flipped.f_where_self(&cell.f_eq(0.0)?.logical_not(), &cell.f_add_scalar(1.0)?)?;
+        self.layers[layer]
+            .k
+            .narrow(0, row as i64, 1)
+            .narrow(2, pos, 1)
+            .f_copy_(&nudged)?;
         Ok(())
     }
 }

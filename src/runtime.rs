@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use tch::{Device, Kind};
 
 /// Floating-point type of weights and activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// IEEE single precision.
@@ -42,9 +44,16 @@ pub fn parse_device(s: &str) -> Result<Device> {
     let dev = match s {
         "cpu" => return Ok(Device::Cpu),
         "cuda" => Device::Cuda(0),
-        _ => match s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+        _ => match s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
             Some(n) => Device::Cuda(n),
-            None => return Err(Error::Spec(format!("unknown device `{s}` (use cpu, cuda or cuda:N)"))),
+            None => {
+                return Err(Error::Spec(format!(
+                    "unknown device `{s}` (use cpu, cuda or cuda:N)"
+                )));
+            }
         },
     };
     let n = tch::Cuda::device_count() as usize;

@@ -47,9 +47,17 @@ fn splitmix64(mut z: u64) -> u64 {
 impl NoiseKey {
     /// 64-bit digest of the key.
     pub fn digest(&self) -> u64 {
-        [self.problem, self.pivot, self.branch, self.sample, self.step]
-            .iter()
-            .fold(splitmix64(self.seed), |acc, &x| splitmix64(acc ^ splitmix64(x)))
+        [
+            self.problem,
+            self.pivot,
+            self.branch,
+            self.sample,
+            self.step,
+        ]
+        .iter()
+        .fold(splitmix64(self.seed), |acc, &x| {
+            splitmix64(acc ^ splitmix64(x))
+        })
     }
 }
 
@@ -112,12 +120,20 @@ pub struct StepInfo {
 
 /// Log-probability, top-2 margin and runner-up of each row for the chosen tokens.
 pub fn step_info(logits: &Tensor, chosen: &[i64]) -> Result<Vec<StepInfo>> {
-    let logp = logits.f_to_kind(Kind::Float)?.f_log_softmax(-1, Kind::Float)?;
+    let logp = logits
+        .f_to_kind(Kind::Float)?
+        .f_log_softmax(-1, Kind::Float)?;
     let (top, idx) = logp.f_topk(2, -1, true, true)?;
     let top: Vec<f32> = Vec::try_from(top.to_device(Device::Cpu).reshape([-1]))?;
     let idx: Vec<i64> = Vec::try_from(idx.to_device(Device::Cpu).reshape([-1]))?;
-    let ch = Tensor::from_slice(chosen).to_device(logp.device()).view([-1, 1]);
-    let lp: Vec<f32> = Vec::try_from(logp.f_gather(1, &ch, false)?.to_device(Device::Cpu).reshape([-1]))?;
+    let ch = Tensor::from_slice(chosen)
+        .to_device(logp.device())
+        .view([-1, 1]);
+    let lp: Vec<f32> = Vec::try_from(
+        logp.f_gather(1, &ch, false)?
+            .to_device(Device::Cpu)
+            .reshape([-1]),
+    )?;
     Ok(chosen
         .iter()
         .enumerate()
@@ -164,8 +180,13 @@ mod tests {
         let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0]).view([1, 3]);
         let mut counts = [0usize; 3];
         for s in 0..3000 {
-            let k = NoiseKey { sample: s, ..key(0) };
-            counts[select(&logits, Sampling::Temperature { temperature: 1.0 }, &[k])?[0] as usize] += 1;
+            let k = NoiseKey {
+                sample: s,
+                ..key(0)
+            };
+            counts
+                [select(&logits, Sampling::Temperature { temperature: 1.0 }, &[k])?[0] as usize] +=
+                1;
         }
         let p2 = counts[2] as f64 / 3000.0;
         // softmax([0,1,2])[2] = 0.665; 3000 draws give sd 0.009.

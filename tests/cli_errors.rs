@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn kvcredit(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit")).args(args).output().expect("binary runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit"))
+        .args(args)
+        .output()
+        .expect("binary runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -41,7 +44,13 @@ fn assert_clean_error(args: &[&str], needle: &str) {
 }
 
 fn gen_args(dir: &Path) -> Vec<String> {
-    vec!["generate".into(), "--model".into(), dir.display().to_string(), "--ids".into(), "1,2,3".into()]
+    vec![
+        "generate".into(),
+        "--model".into(),
+        dir.display().to_string(),
+        "--ids".into(),
+        "1,2,3".into(),
+    ]
 }
 
 fn run_gen(dir: &Path, needle: &str) {
@@ -52,14 +61,21 @@ fn run_gen(dir: &Path, needle: &str) {
 
 #[test]
 fn missing_model_directory_is_a_clear_error() {
-    assert_clean_error(&["generate", "--model", "/nonexistent/model", "--ids", "1"], "/nonexistent/model");
+    assert_clean_error(
+        &["generate", "--model", "/nonexistent/model", "--ids", "1"],
+        "/nonexistent/model",
+    );
 }
 
 #[test]
 fn unknown_architecture_is_a_clear_error() {
     let dir = copy_fixture("llama", "unknown-arch");
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    std::fs::write(dir.join("config.json"), cfg.replace("LlamaForCausalLM", "GPTNeoXForCausalLM")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "GPTNeoXForCausalLM"),
+    )
+    .unwrap();
     run_gen(&dir, "unknown architecture `GPTNeoXForCausalLM`");
 }
 
@@ -109,7 +125,13 @@ fn missing_shard_is_a_clear_error() {
 fn out_of_vocabulary_ids_are_a_clear_error() {
     let dir = common::hf_fixtures().join("llama");
     assert_clean_error(
-        &["generate", "--model", dir.to_str().unwrap(), "--ids", "1,999999"],
+        &[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--ids",
+            "1,999999",
+        ],
         "token ids must lie in",
     );
 }
@@ -117,7 +139,15 @@ fn out_of_vocabulary_ids_are_a_clear_error() {
 #[test]
 fn generate_runs_on_a_fixture_model() {
     let dir = common::hf_fixtures().join("llama");
-    let (code, out, err) = kvcredit(&["generate", "--model", dir.to_str().unwrap(), "--ids", "1,2,3", "--max-new-tokens", "5"]);
+    let (code, out, err) = kvcredit(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "5",
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("5 new tokens"), "{out}");
 }

@@ -16,10 +16,22 @@ fn config_derived_values_match_transformers() -> Result<()> {
         let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
         let exp: serde_json::Value = serde_json::from_str(&text).unwrap();
         let n = name(&dir);
-        assert_eq!(cfg.num_layers() as u64, exp["num_layers"].as_u64().unwrap(), "{n}");
-        assert_eq!(cfg.head_dim as u64, exp["head_dim"].as_u64().unwrap(), "{n}");
+        assert_eq!(
+            cfg.num_layers() as u64,
+            exp["num_layers"].as_u64().unwrap(),
+            "{n}"
+        );
+        assert_eq!(
+            cfg.head_dim as u64,
+            exp["head_dim"].as_u64().unwrap(),
+            "{n}"
+        );
         let scale = exp["softmax_scale"].as_f64().unwrap();
-        assert!((cfg.softmax_scale - scale).abs() < 1e-12, "{n}: {} vs {scale}", cfg.softmax_scale);
+        assert!(
+            (cfg.softmax_scale - scale).abs() < 1e-12,
+            "{n}: {} vs {scale}",
+            cfg.softmax_scale
+        );
         let windows: Vec<Option<u64>> = cfg
             .layer_types
             .iter()
@@ -28,10 +40,18 @@ fn config_derived_values_match_transformers() -> Result<()> {
                 LayerKind::Sliding { window } => Some(*window as u64),
             })
             .collect();
-        let exp_windows: Vec<Option<u64>> =
-            exp["layer_windows"].as_array().unwrap().iter().map(|w| w.as_u64()).collect();
+        let exp_windows: Vec<Option<u64>> = exp["layer_windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_u64())
+            .collect();
         assert_eq!(windows, exp_windows, "{n}");
-        assert_eq!(cfg.tie_word_embeddings, exp["tie_word_embeddings"].as_bool().unwrap(), "{n}");
+        assert_eq!(
+            cfg.tie_word_embeddings,
+            exp["tie_word_embeddings"].as_bool().unwrap(),
+            "{n}"
+        );
         assert_eq!(cfg.rope.theta, exp["rope_theta"].as_f64().unwrap(), "{n}");
     }
     Ok(())
@@ -44,7 +64,10 @@ fn teacher_forced_logits_match_transformers_fp32() -> Result<()> {
         let r = reference(&dir);
         let logits = model.forward_full(&r["input_ids"], &ExecPolicy::Stock)?;
         let diff = max_abs(&logits, &r["logits"]);
-        println!("{:>22}: max |Δlogit| vs transformers = {diff:.3e}", name(&dir));
+        println!(
+            "{:>22}: max |Δlogit| vs transformers = {diff:.3e}",
+            name(&dir)
+        );
         assert!(diff <= 1e-4, "{}: max abs diff {diff}", name(&dir));
     }
     Ok(())
@@ -90,17 +113,24 @@ fn prefill_equals_decode_within_1e5_in_fp32_and_reports_fp16() -> Result<()> {
         let seq = ids(&r["input_ids"]);
         for (kind, tol) in [(Kind::Float, Some(1e-5)), (Kind::Half, None)] {
             let model = load(&dir, kind)?;
-            let prefill = model.forward_full(&Tensor::from_slice(&seq).view([1, -1]), &ExecPolicy::Stock)?;
+            let prefill =
+                model.forward_full(&Tensor::from_slice(&seq).view([1, -1]), &ExecPolicy::Stock)?;
             let decode = decode_logits(&model, &seq, 4)?;
             let diff = max_abs(&prefill, &decode);
             let scale = prefill.abs().max().double_value(&[]);
-            println!("{:>22} {kind:?}: max |prefill − decode| = {diff:.3e} (max |logit| {scale:.1})", name(&dir));
+            println!(
+                "{:>22} {kind:?}: max |prefill − decode| = {diff:.3e} (max |logit| {scale:.1})",
+                name(&dir)
+            );
             if tol.is_some_and(|tol| diff > tol) {
                 failures.push(format!("{} {kind:?}: {diff:.3e}", name(&dir)));
             }
         }
     }
-    assert!(failures.is_empty(), "prefill and decode differ by more than 1e-5: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "prefill and decode differ by more than 1e-5: {failures:?}"
+    );
     Ok(())
 }
 
@@ -108,11 +138,15 @@ fn prefill_equals_decode_within_1e5_in_fp32_and_reports_fp16() -> Result<()> {
 fn ragged_batch_matches_single_sequences_fp32() -> Result<()> {
     // Rows of different lengths in one batch (right-padded prefill, then batched decode) give
     // the same logits as each row alone.
-    let dir = fixture_dirs().into_iter().find(|d| name(d) == "qwen2").unwrap_or_else(|| fixture_dirs()[0].clone());
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| name(d) == "qwen2")
+        .unwrap_or_else(|| fixture_dirs()[0].clone());
     let model = load(&dir, Kind::Float)?;
     let seq = ids(&reference(&dir)["input_ids"]);
     let (a, b) = (&seq[..10], &seq[3..20]);
-    let alone = |s: &[i64]| model.forward_full(&Tensor::from_slice(s).view([1, -1]), &ExecPolicy::Stock);
+    let alone =
+        |s: &[i64]| model.forward_full(&Tensor::from_slice(s).view([1, -1]), &ExecPolicy::Stock);
     let (la, lb) = (alone(a)?, alone(b)?);
     let mut padded = a.to_vec();
     padded.resize(b.len(), 0);

@@ -46,8 +46,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let prompt: Vec<i64> = match (&a.prompt, &a.ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
-            let tok = model.tokenizer.as_ref().context("this model has no tokenizer; pass --ids")?;
-            let enc = tok.encode(text.as_str(), true).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+            let tok = model
+                .tokenizer
+                .as_ref()
+                .context("this model has no tokenizer; pass --ids")?;
+            let enc = tok
+                .encode(text.as_str(), true)
+                .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
             enc.get_ids().iter().map(|&x| x as i64).collect()
         }
         (None, None) => bail!("give --prompt or --ids"),
@@ -55,12 +60,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
         sampling: if a.temperature > 0.0 {
-            Sampling::Temperature { temperature: a.temperature }
+            Sampling::Temperature {
+                temperature: a.temperature,
+            }
         } else {
             Sampling::Greedy
         },
         seed: a.seed,
-        stop_tokens: model.decoder.config().eos_token_ids.iter().map(|&x| x as i64).collect(),
+        stop_tokens: model
+            .decoder
+            .config()
+            .eos_token_ids
+            .iter()
+            .map(|&x| x as i64)
+            .collect(),
         policy: a.policy,
     };
     let out = if a.no_cache {
@@ -70,7 +83,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     if let Some(tok) = &model.tokenizer {
         let ids: Vec<u32> = out.tokens.iter().map(|&x| x as u32).collect();
-        let text = tok.decode(&ids, false).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+        let text = tok
+            .decode(&ids, false)
+            .map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
         println!("{text}");
     }
     println!("tokens: {:?}", out.tokens);

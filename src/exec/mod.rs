@@ -7,7 +7,17 @@ use tch::{Kind, Tensor};
 mod stock;
 
 /// How reductions are executed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecPolicy {
     /// Plain libtorch kernels: fastest, but a token's numerics depend on batch shape.

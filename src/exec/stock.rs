@@ -19,5 +19,8 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
     }
     let scores = scores.view([b, hkv, group, t, l]) + p.mask;
     let probs = scores.softmax(-1, Kind::Float).to_kind(q.kind());
-    probs.view([b, hkv, group * t, l]).matmul(v).view([b, hq, t, d])
+    probs
+        .view([b, hkv, group * t, l])
+        .matmul(v)
+        .view([b, hq, t, d])
 }

@@ -85,7 +85,11 @@ impl Decoder {
         cfg.validate()?;
         let _guard = tch::no_grad_guard();
         let (kind, device) = (w.kind, w.device);
-        let (h, inter, v) = (cfg.hidden_size as i64, cfg.intermediate_size as i64, cfg.vocab_size as i64);
+        let (h, inter, v) = (
+            cfg.hidden_size as i64,
+            cfg.intermediate_size as i64,
+            cfg.vocab_size as i64,
+        );
         let (hq, hkv, d) = (
             cfg.num_attention_heads as i64,
             cfg.num_key_value_heads as i64,
@@ -112,7 +116,10 @@ impl Decoder {
                 None
             };
             let qk_norm = if cfg.qk_norm {
-                Some((norm(&mut w, &format!("{a}.q_norm.weight"), d)?, norm(&mut w, &format!("{a}.k_norm.weight"), d)?))
+                Some((
+                    norm(&mut w, &format!("{a}.q_norm.weight"), d)?,
+                    norm(&mut w, &format!("{a}.k_norm.weight"), d)?,
+                ))
             } else {
                 None
             };
@@ -160,7 +167,9 @@ impl Decoder {
             }
             embed.shallow_clone()
         } else {
-            return Err(Error::Weights("missing tensor `lm_head.weight` (embeddings are not tied)".into()));
+            return Err(Error::Weights(
+                "missing tensor `lm_head.weight` (embeddings are not tied)".into(),
+            ));
         };
         let unused = w.unused();
         if !unused.is_empty() {
@@ -170,12 +179,17 @@ impl Decoder {
                 unused[0]
             )));
         }
-        let embed_scale = cfg
-            .scale_embeddings
-            .then(|| Tensor::from((cfg.hidden_size as f64).sqrt()).to_kind(kind).to_device(device));
+        let embed_scale = cfg.scale_embeddings.then(|| {
+            Tensor::from((cfg.hidden_size as f64).sqrt())
+                .to_kind(kind)
+                .to_device(device)
+        });
         Ok(Decoder {
             rope_full: RopeTable::new(&cfg.rope, cfg.head_dim, device),
-            rope_local: cfg.rope_local.as_ref().map(|r| RopeTable::new(r, cfg.head_dim, device)),
+            rope_local: cfg
+                .rope_local
+                .as_ref()
+                .map(|r| RopeTable::new(r, cfg.head_dim, device)),
             cfg,
             embed,
             embed_scale,
@@ -218,7 +232,13 @@ impl Decoder {
 
     /// Feed `tokens` (`[B, T]`, int64) after each row's cached positions, append their K/V to
     /// `cache`, and return logits (in the run dtype) at the requested positions.
-    pub fn forward(&self, tokens: &Tensor, cache: &mut KvCache, policy: &ExecPolicy, at: &LogitsAt) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+        policy: &ExecPolicy,
+        at: &LogitsAt,
+    ) -> Result<Tensor> {
         self.forward_traced(tokens, cache, policy, at, None)
     }
 
@@ -241,7 +261,10 @@ impl Decoder {
         }
         let (b, t) = (dims[0], dims[1]);
         let tokens = tokens.f_to_device(self.device)?;
-        let (lo, hi) = (tokens.f_min()?.int64_value(&[]), tokens.f_max()?.int64_value(&[]));
+        let (lo, hi) = (
+            tokens.f_min()?.int64_value(&[]),
+            tokens.f_max()?.int64_value(&[]),
+        );
         if lo < 0 || hi >= self.cfg.vocab_size as i64 {
             return Err(Error::Spec(format!(
                 "token ids must lie in 0..{} (got {lo}..={hi})",
@@ -250,7 +273,8 @@ impl Decoder {
         }
         cache.reserve(t)?;
         let lens = Tensor::from_slice(cache.lens()).to_device(self.device);
-        let positions = lens.view([b, 1]) + Tensor::arange(t, (Kind::Int64, self.device)).view([1, t]);
+        let positions =
+            lens.view([b, 1]) + Tensor::arange(t, (Kind::Int64, self.device)).view([1, t]);
         let key_len = cache.lens().iter().copied().max().unwrap_or(0) + t;
         let keys = Tensor::arange(key_len, (Kind::Int64, self.device)).view([1, 1, key_len]);
         let qpos = positions.view([b, t, 1]);
@@ -275,7 +299,10 @@ impl Decoder {
             }
         }
         let (cos, sin) = self.rope_full.cos_sin(&positions, self.kind);
-        let local = self.rope_local.as_ref().map(|r| r.cos_sin(&positions, self.kind));
+        let local = self
+            .rope_local
+            .as_ref()
+            .map(|r| r.cos_sin(&positions, self.kind));
 
         let mut h = Tensor::f_embedding(&self.embed, &tokens, -1, false, false)?;
         if let Some(s) = &self.embed_scale {
@@ -285,8 +312,15 @@ impl Decoder {
             let (mask, (cos, sin)) = match layer.kind {
                 LayerKind::Full => (&full_mask, (&cos, &sin)),
                 LayerKind::Sliding { window } => {
-                    let m = &window_masks.iter().find(|(w, _)| *w == window).expect("mask built above").1;
-                    (m, local.as_ref().map(|(c, s)| (c, s)).unwrap_or((&cos, &sin)))
+                    let m = &window_masks
+                        .iter()
+                        .find(|(w, _)| *w == window)
+                        .expect("mask built above")
+                        .1;
+                    (
+                        m,
+                        local.as_ref().map(|(c, s)| (c, s)).unwrap_or((&cos, &sin)),
+                    )
                 }
             };
             let inputs = LayerInputs {
@@ -305,7 +339,9 @@ impl Decoder {
                 }
                 None => {
                     let h = h + a;
-                    let m = layer.mlp.forward(&layer.post_attn_norm.forward(&h, policy), policy);
+                    let m = layer
+                        .mlp
+                        .forward(&layer.post_attn_norm.forward(&h, policy), policy);
                     h + m
                 }
             };
@@ -319,10 +355,18 @@ impl Decoder {
             LogitsAt::Last => h.narrow(1, t - 1, 1),
             LogitsAt::PerRow(idx) => {
                 if idx.len() as i64 != b || idx.iter().any(|&i| i < 0 || i >= t) {
-                    return Err(Error::Spec(format!("per-row logit positions {idx:?} out of range 0..{t}")));
+                    return Err(Error::Spec(format!(
+                        "per-row logit positions {idx:?} out of range 0..{t}"
+                    )));
                 }
-                let idx = Tensor::from_slice(idx).to_device(self.device).view([b, 1, 1]);
-                h.gather(1, &idx.expand([b, 1, self.cfg.hidden_size as i64], false), false)
+                let idx = Tensor::from_slice(idx)
+                    .to_device(self.device)
+                    .view([b, 1, 1]);
+                h.gather(
+                    1,
+                    &idx.expand([b, 1, self.cfg.hidden_size as i64], false),
+                    false,
+                )
             }
         };
         let h = self.norm.forward(&h, policy);

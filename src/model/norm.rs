@@ -14,8 +14,16 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// A norm with the checkpoint's weight vector.
     pub fn new(weight: Tensor, eps: f64, weight_offset: bool) -> RmsNorm {
-        let weight = if weight_offset { weight.to_kind(Kind::Float) + 1.0 } else { weight };
-        RmsNorm { weight, eps, weight_offset }
+        let weight = if weight_offset {
+            weight.to_kind(Kind::Float) + 1.0
+        } else {
+            weight
+        };
+        RmsNorm {
+            weight,
+            eps,
+            weight_offset,
+        }
     }
 
     /// Normalize `x`, returning its dtype.

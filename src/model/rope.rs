@@ -13,7 +13,9 @@ impl RopeTable {
     /// Inverse frequencies `1 / θ^(2i/d)`, scaled as the configuration asks.
     pub fn new(rope: &Rope, head_dim: usize, device: Device) -> RopeTable {
         let d = head_dim as f64;
-        let base: Vec<f64> = (0..head_dim / 2).map(|i| 1.0 / rope.theta.powf(2.0 * i as f64 / d)).collect();
+        let base: Vec<f64> = (0..head_dim / 2)
+            .map(|i| 1.0 / rope.theta.powf(2.0 * i as f64 / d))
+            .collect();
         let scaled: Vec<f32> = base
             .iter()
             .map(|&f| match rope.scaling {
@@ -33,7 +35,8 @@ impl RopeTable {
                     } else if wavelen < high_wavelen {
                         f
                     } else {
-                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * f / factor + smooth * f
                     }
                 }

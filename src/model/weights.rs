@@ -34,7 +34,10 @@ impl Weights {
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| Error::Weights(format!("{}: no `weight_map`", index.display())))?;
-            let mut shards: Vec<String> = map.values().filter_map(|s| s.as_str().map(str::to_string)).collect();
+            let mut shards: Vec<String> = map
+                .values()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect();
             shards.sort();
             shards.dedup();
             shards.into_iter().map(|s| dir.join(s)).collect()
@@ -88,7 +91,10 @@ impl Weights {
                 t.size()
             )));
         }
-        if !matches!(t.kind(), Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double) {
+        if !matches!(
+            t.kind(),
+            Kind::Float | Kind::Half | Kind::BFloat16 | Kind::Double
+        ) {
             return Err(Error::Weights(format!(
                 "tensor `{key}` has dtype {:?}, expected a floating-point type",
                 t.kind()

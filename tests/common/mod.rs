@@ -37,7 +37,10 @@ pub fn load(dir: &Path, kind: Kind) -> Result<Decoder> {
 
 /// Largest absolute difference of two tensors, in f64.
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
 }
 
 /// Token ids of a `[1, T]` int64 tensor.
