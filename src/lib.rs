@@ -12,6 +12,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod runtime;
 pub mod sampling;
+pub mod stats;
 
 pub use config::{Arch, ArchConfig};
 pub use error::{Error, Result};

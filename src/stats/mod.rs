@@ -1,0 +1,563 @@
+//! Statistics for three-pass counterfactual credit campaigns (exact / refeed / replica).
+//!
+//! Small pure functions over slices. Observations are per-estimate values `values[j]` with a
+//! parallel slice of problem ids `clusters[j]` (any `u64`; rows need not be sorted or
+//! contiguous). Inference is clustered by problem with `G − 1` degrees of freedom.
+//!
+//! Conventions shared by every function:
+//! - **Invalid arguments** (length mismatch, empty input, non-finite values, `level` outside
+//!   `(0, 1)`, `reps == 0`, duplicate keys) return `Err(Error::Spec("stats: …"))`.
+//! - **Degenerate data** never panics and never yields NaN: `G < 2` gives `se = None`,
+//!   `t = None`, `p_value = None`; zero between-cluster variance (all cluster means equal
+//!   up to summation rounding, e.g. no flips at all) gives `se = Some(0.0)`, `t = None`,
+//!   `p_value = None` and a point CI.
+//!   An empty Jaccard union gives `value = None`.
+//! - **Bootstrap** is deterministic: [`SplitMix64`] seeded by the caller, problems drawn with
+//!   replacement, percentile CI with linear interpolation (numpy's default `'linear'`).
+//!
+//! The fixture `tests/fixtures/stats/stats_fixture.json` (from `gen_stats_fixture.py`, using
+//! numpy/scipy/statsmodels) pins every formula here.
+use std::collections::{BTreeMap, BTreeSet};
+
+use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
+
+use crate::{Error, Result};
+
+#[cfg(test)]
+mod tests;
+
+fn spec(msg: impl std::fmt::Display) -> Error {
+    Error::Spec(format!("stats: {msg}"))
+}
+
+fn check_level(level: f64) -> Result<()> {
+    if level > 0.0 && level < 1.0 {
+        Ok(())
+    } else {
+        Err(spec(format_args!(
+            "confidence level {level} is not in (0, 1)"
+        )))
+    }
+}
+
+fn check_clustered(values: &[f64], clusters: &[u64]) -> Result<()> {
+    if values.len() != clusters.len() {
+        return Err(spec(format_args!(
+            "{} values but {} cluster ids",
+            values.len(),
+            clusters.len()
+        )));
+    }
+    if values.is_empty() {
+        return Err(spec("no observations"));
+    }
+    if let Some(j) = values.iter().position(|v| !v.is_finite()) {
+        return Err(spec(format_args!(
+            "value {j} is not finite ({})",
+            values[j]
+        )));
+    }
+    Ok(())
+}
+
+/// Row indices grouped by cluster id, groups in ascending id order, rows in input order.
+fn group_rows(clusters: &[u64]) -> Vec<Vec<usize>> {
+    let mut map: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (j, &g) in clusters.iter().enumerate() {
+        map.entry(g).or_default().push(j);
+    }
+    map.into_values().collect()
+}
+
+/// Per-cluster `(sum, count)` in ascending cluster-id order.
+fn cluster_sums(values: &[f64], clusters: &[u64]) -> Vec<(f64, usize)> {
+    group_rows(clusters)
+        .into_iter()
+        .map(|rows| (rows.iter().map(|&j| values[j]).sum(), rows.len()))
+        .collect()
+}
+
+/// Per-cluster means and whether they are all equal up to summation rounding:
+/// `max − min ≤ 4·ε·n_max·max_j |values_j|` (so `{0.1, 0.1, 0.1}` vs `{0.1}` counts as equal,
+/// while any real spread of quantized estimates is many orders of magnitude larger).
+fn cluster_means(values: &[f64], clusters: &[u64]) -> (Vec<f64>, bool) {
+    let sums = cluster_sums(values, clusters);
+    let means: Vec<f64> = sums.iter().map(|&(s, n)| s / n as f64).collect();
+    let n_max = sums.iter().map(|&(_, n)| n).max().unwrap_or(0) as f64;
+    let v_max = values.iter().fold(0.0_f64, |m, v| m.max(v.abs()));
+    let (lo, hi) = means
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &d| {
+            (lo.min(d), hi.max(d))
+        });
+    (means, hi - lo <= 4.0 * f64::EPSILON * n_max * v_max)
+}
+
+/// Per-estimate contrast `D_j = 1[exact ≠ refeed] − 1[exact ≠ replica]`, compared exactly.
+pub fn flip_contrast(exact: f64, refeed: f64, replica: f64) -> f64 {
+    f64::from(u8::from(exact != refeed)) - f64::from(u8::from(exact != replica))
+}
+
+/// One-sample t test of a clustered mean against zero.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TTest {
+    /// Point estimate (the mean the test is about).
+    pub estimate: f64,
+    /// Standard error; `None` when `G < 2`, `Some(0.0)` when all cluster means are equal
+    /// (up to summation rounding).
+    pub se: Option<f64>,
+    /// `estimate / se`; `None` when `se` is `None` or zero.
+    pub t: Option<f64>,
+    /// Degrees of freedom, `G − 1` (0 when `G == 1`).
+    pub df: usize,
+    /// Two-sided p-value from Student t with `df` degrees of freedom; `None` when `t` is.
+    pub p_value: Option<f64>,
+    /// Number of clusters `G`.
+    pub n_clusters: usize,
+    /// Number of observations `N`.
+    pub n_obs: usize,
+}
+
+fn students_t(df: usize) -> StudentsT {
+    StudentsT::new(0.0, 1.0, df as f64).expect("df >= 1 is a valid Student t")
+}
+
+impl TTest {
+    fn new(estimate: f64, se: Option<f64>, n_clusters: usize, n_obs: usize) -> TTest {
+        let df = n_clusters.saturating_sub(1);
+        let t = se.filter(|&s| s > 0.0).map(|s| estimate / s);
+        let p_value = t.map(|t| (2.0 * students_t(df).sf(t.abs())).clamp(0.0, 1.0));
+        TTest {
+            estimate,
+            se,
+            t,
+            df,
+            p_value,
+            n_clusters,
+            n_obs,
+        }
+    }
+
+    /// Two-sided t interval `estimate ± t_{df, 1−α/2} · se`. `Ok(None)` when `se` is `None`
+    /// (`G < 2`); a zero `se` gives the point interval `(estimate, estimate)`.
+    pub fn confidence_interval(&self, level: f64) -> Result<Option<(f64, f64)>> {
+        check_level(level)?;
+        let Some(se) = self.se else { return Ok(None) };
+        if se == 0.0 {
+            return Ok(Some((self.estimate, self.estimate)));
+        }
+        let q = students_t(self.df).inverse_cdf(1.0 - (1.0 - level) / 2.0);
+        Ok(Some((self.estimate - q * se, self.estimate + q * se)))
+    }
+}
+
+/// Cluster-mean t test: `d_g` = mean of `values` in cluster `g`; `estimate = mean(d)`,
+/// `se = sd(d)/√G` (sd with `G − 1` denominator), `G − 1` df. Every problem weighs the same.
+pub fn cluster_mean_t(values: &[f64], clusters: &[u64]) -> Result<TTest> {
+    check_clustered(values, clusters)?;
+    let (d, equal) = cluster_means(values, clusters);
+    let g = d.len();
+    let mean = d.iter().sum::<f64>() / g as f64;
+    if equal {
+        let se = (g >= 2).then_some(0.0);
+        return Ok(TTest::new(mean, se, g, values.len()));
+    }
+    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (g - 1) as f64;
+    Ok(TTest::new(
+        mean,
+        Some((var / g as f64).sqrt()),
+        g,
+        values.len(),
+    ))
+}
+
+/// CR1 cluster-robust t test of an intercept-only OLS: `β = mean_j values_j` (pooled, every
+/// estimate weighs the same), `e_j = values_j − β`,
+/// `V = G/(G−1) · Σ_g (Σ_{j∈g} e_j)² / N²`, `t = β/√V`, `G − 1` df.
+///
+/// statsmodels' `OLS(y, ones).fit(cov_type='cluster')` multiplies by
+/// `G/(G−1) · (N−1)/(N−K)`; with `K = 1` the second factor is 1, so its default `se` equals
+/// this one. Its default p-values use the normal distribution; `use_t=True` matches ours.
+pub fn cr1_t(values: &[f64], clusters: &[u64]) -> Result<TTest> {
+    check_clustered(values, clusters)?;
+    let (means, equal) = cluster_means(values, clusters);
+    let (g, n) = (means.len(), values.len());
+    let beta = values.iter().sum::<f64>() / n as f64;
+    let se = if g < 2 {
+        None
+    } else if equal {
+        Some(0.0)
+    } else {
+        // Residual sums computed from the rows (not S_g − n_g·β) to keep cancellation small.
+        let meat: f64 = group_rows(clusters)
+            .iter()
+            .map(|rows| rows.iter().map(|&j| values[j] - beta).sum::<f64>().powi(2))
+            .sum();
+        let v = g as f64 / (g - 1) as f64 * meat / (n as f64 * n as f64);
+        Some(v.sqrt())
+    };
+    Ok(TTest::new(beta, se, g, n))
+}
+
+/// SplitMix64 (Steele, Lea & Flood 2014): the seeded PRNG behind every bootstrap here.
+#[derive(Debug, Clone)]
+pub struct SplitMix64 {
+    state: u64,
+}
+
+impl SplitMix64 {
+    /// A generator whose whole future is fixed by `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64 { state: seed }
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Index in `0..n` by multiply-shift `(x · n) >> 64` (bias ≤ n/2⁶⁴, negligible). `n > 0`.
+    pub fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
+    }
+
+    /// Uniform in `[0, 1)` with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// A percentile bootstrap confidence interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BootstrapCi {
+    /// Lower bound: the `(1−level)/2` quantile of the finite replicates.
+    pub lo: f64,
+    /// Upper bound: the `(1+level)/2` quantile of the finite replicates.
+    pub hi: f64,
+    /// Nominal coverage.
+    pub level: f64,
+    /// Replicates drawn.
+    pub reps: usize,
+    /// Replicates whose statistic was finite (the others are dropped, e.g. empty Jaccard unions).
+    pub valid_reps: usize,
+}
+
+/// Statistic for [`cluster_bootstrap_ci`]: the pooled mean of all values (NaN if empty).
+pub fn pooled_mean(values: &[f64], _clusters: &[u64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// Statistic for [`cluster_bootstrap_ci`]: the mean over clusters of per-cluster means, the
+/// estimand of [`cluster_mean_t`] (NaN if empty).
+pub fn mean_of_cluster_means(values: &[f64], clusters: &[u64]) -> f64 {
+    let sums = cluster_sums(values, clusters);
+    sums.iter().map(|&(s, n)| s / n as f64).sum::<f64>() / sums.len() as f64
+}
+
+/// The raw statistic of each of `reps` cluster-bootstrap replicates (in draw order).
+///
+/// Each replicate draws `G` problems uniformly with replacement (problems indexed in ascending
+/// id order, draws from [`SplitMix64`] seeded with `seed`) and calls `stat` on the
+/// concatenated rows. Rows of the `k`-th draw get cluster id `k`, so a problem drawn twice
+/// counts as two clusters. Values may be non-finite if `stat` returns them.
+pub fn cluster_bootstrap_replicates<F>(
+    values: &[f64],
+    clusters: &[u64],
+    stat: F,
+    reps: usize,
+    seed: u64,
+) -> Result<Vec<f64>>
+where
+    F: Fn(&[f64], &[u64]) -> f64,
+{
+    check_clustered(values, clusters)?;
+    if reps == 0 {
+        return Err(spec("bootstrap needs reps >= 1"));
+    }
+    let groups = group_rows(clusters);
+    let g = groups.len();
+    let mut rng = SplitMix64::new(seed);
+    let (mut rv, mut rc) = (
+        Vec::with_capacity(values.len()),
+        Vec::with_capacity(values.len()),
+    );
+    let mut out = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        rv.clear();
+        rc.clear();
+        for k in 0..g {
+            for &j in &groups[rng.below(g)] {
+                rv.push(values[j]);
+                rc.push(k as u64);
+            }
+        }
+        out.push(stat(&rv, &rc));
+    }
+    Ok(out)
+}
+
+/// Linear-interpolation quantile (numpy `'linear'`, Hyndman–Fan type 7) of sorted data.
+fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
+    let h = (sorted.len() - 1) as f64 * q;
+    let lo = h.floor() as usize;
+    let hi = (lo + 1).min(sorted.len() - 1);
+    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+}
+
+/// Percentile cluster-bootstrap CI of `stat` (see [`cluster_bootstrap_replicates`]).
+/// Non-finite replicates are dropped; `Ok(None)` if none is finite. Same seed → same CI.
+pub fn cluster_bootstrap_ci<F>(
+    values: &[f64],
+    clusters: &[u64],
+    stat: F,
+    reps: usize,
+    seed: u64,
+    level: f64,
+) -> Result<Option<BootstrapCi>>
+where
+    F: Fn(&[f64], &[u64]) -> f64,
+{
+    check_level(level)?;
+    let mut r = cluster_bootstrap_replicates(values, clusters, stat, reps, seed)?;
+    r.retain(|x| x.is_finite());
+    if r.is_empty() {
+        return Ok(None);
+    }
+    r.sort_by(f64::total_cmp);
+    let a = (1.0 - level) / 2.0;
+    Ok(Some(BootstrapCi {
+        lo: quantile_sorted(&r, a),
+        hi: quantile_sorted(&r, 1.0 - a),
+        level,
+        reps,
+        valid_reps: r.len(),
+    }))
+}
+
+/// Clustered CIs of a mean of per-estimate values (e.g. `Â_refeed − Â_exact`, whose mean
+/// should be zero). Both CIs target the mean of per-problem means.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClusteredMeanCi {
+    /// The cluster-mean t test ([`cluster_mean_t`]).
+    pub t_test: TTest,
+    /// Its t interval; `None` when `G < 2`.
+    pub t_ci: Option<(f64, f64)>,
+    /// Cluster-bootstrap percentile interval of [`mean_of_cluster_means`].
+    pub bootstrap_ci: Option<BootstrapCi>,
+}
+
+/// Cluster-mean t CI and cluster-bootstrap CI of the mean of `values`.
+pub fn clustered_mean_ci(
+    values: &[f64],
+    clusters: &[u64],
+    level: f64,
+    reps: usize,
+    seed: u64,
+) -> Result<ClusteredMeanCi> {
+    let t_test = cluster_mean_t(values, clusters)?;
+    Ok(ClusteredMeanCi {
+        t_test,
+        t_ci: t_test.confidence_interval(level)?,
+        bootstrap_ci: cluster_bootstrap_ci(
+            values,
+            clusters,
+            mean_of_cluster_means,
+            reps,
+            seed,
+            level,
+        )?,
+    })
+}
+
+/// How two differing quantized estimates `a ≠ b` disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Disagreement {
+    /// Exactly one of the two is zero.
+    ZeroBoundary,
+    /// One is positive, the other negative.
+    PolarityReversal,
+    /// Same non-zero sign, different value.
+    Magnitude,
+}
+
+/// Classify a pair of quantized estimates, compared exactly (`-0.0 == 0.0`). `None` when they
+/// are equal, or when either is non-finite.
+pub fn classify(a: f64, b: f64) -> Option<Disagreement> {
+    if a == b || !a.is_finite() || !b.is_finite() {
+        None
+    } else if (a == 0.0) != (b == 0.0) {
+        Some(Disagreement::ZeroBoundary)
+    } else if (a > 0.0) != (b > 0.0) {
+        Some(Disagreement::PolarityReversal)
+    } else {
+        Some(Disagreement::Magnitude)
+    }
+}
+
+/// Counts of [`classify`] outcomes over paired estimates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DisagreementCounts {
+    /// Pairs with `a == b`.
+    pub agree: usize,
+    /// [`Disagreement::ZeroBoundary`] pairs.
+    pub zero_boundary: usize,
+    /// [`Disagreement::PolarityReversal`] pairs.
+    pub polarity_reversal: usize,
+    /// [`Disagreement::Magnitude`] pairs.
+    pub magnitude: usize,
+}
+
+/// Tally [`classify`] over parallel slices; errors on length mismatch or non-finite values.
+pub fn tally_disagreements(a: &[f64], b: &[f64]) -> Result<DisagreementCounts> {
+    if a.len() != b.len() {
+        return Err(spec(format_args!(
+            "{} vs {} paired estimates",
+            a.len(),
+            b.len()
+        )));
+    }
+    let mut c = DisagreementCounts::default();
+    for (&x, &y) in a.iter().zip(b) {
+        if !x.is_finite() || !y.is_finite() {
+            return Err(spec(format_args!("non-finite estimate pair ({x}, {y})")));
+        }
+        match classify(x, y) {
+            None => c.agree += 1,
+            Some(Disagreement::ZeroBoundary) => c.zero_boundary += 1,
+            Some(Disagreement::PolarityReversal) => c.polarity_reversal += 1,
+            Some(Disagreement::Magnitude) => c.magnitude += 1,
+        }
+    }
+    Ok(c)
+}
+
+fn keyed_map<K: Ord + Clone>(est: &[(K, f64)], which: &str) -> Result<BTreeMap<K, f64>> {
+    let mut m = BTreeMap::new();
+    for (j, (k, v)) in est.iter().enumerate() {
+        if !v.is_finite() {
+            return Err(spec(format_args!(
+                "{which}: estimate {j} is not finite ({v})"
+            )));
+        }
+        if m.insert(k.clone(), *v).is_some() {
+            return Err(spec(format_args!("{which}: duplicate key at entry {j}")));
+        }
+    }
+    Ok(m)
+}
+
+fn check_tau(tau: f64) -> Result<()> {
+    if tau.is_finite() {
+        Ok(())
+    } else {
+        Err(spec(format_args!("threshold tau {tau} is not finite")))
+    }
+}
+
+/// Critical set `C(τ) = {key : |Â| ≥ τ}`, compared exactly (produce estimates as
+/// `count as f64 / K as f64` and τ the same way so boundary values land exactly).
+/// Errors on duplicate keys, non-finite estimates, or non-finite τ.
+pub fn critical_set<K: Ord + Clone>(estimates: &[(K, f64)], tau: f64) -> Result<BTreeSet<K>> {
+    check_tau(tau)?;
+    Ok(keyed_map(estimates, "estimates")?
+        .into_iter()
+        .filter(|(_, v)| v.abs() >= tau)
+        .map(|(k, _)| k)
+        .collect())
+}
+
+/// Overlap of two critical sets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JaccardResult {
+    /// `|C_a|`.
+    pub size_a: usize,
+    /// `|C_b|`.
+    pub size_b: usize,
+    /// `|C_a ∩ C_b|`.
+    pub intersection: usize,
+    /// `|C_a ∪ C_b|`.
+    pub union: usize,
+    /// `intersection / union`; `None` when the union is empty (neither pass has a critical
+    /// key: the overlap is undefined, not 0 or 1).
+    pub value: Option<f64>,
+}
+
+/// Jaccard index of the critical sets `C_a(τ)`, `C_b(τ)` of two keyed passes. A key missing
+/// from one pass is simply not in that pass's critical set.
+pub fn jaccard<K: Ord + Clone>(a: &[(K, f64)], b: &[(K, f64)], tau: f64) -> Result<JaccardResult> {
+    let (ca, cb) = (critical_set(a, tau)?, critical_set(b, tau)?);
+    let intersection = ca.intersection(&cb).count();
+    let union = ca.len() + cb.len() - intersection;
+    Ok(JaccardResult {
+        size_a: ca.len(),
+        size_b: cb.len(),
+        intersection,
+        union,
+        value: (union > 0).then(|| intersection as f64 / union as f64),
+    })
+}
+
+/// Cluster-bootstrap percentile CI of the Jaccard index, resampling problems
+/// (`problem_of(key)`). Every problem with a key in either pass is a cluster, also those with
+/// no critical key; a problem drawn `m` times counts `m` times in both intersection and union.
+/// Replicates with an empty union are dropped; `Ok(None)` if all are.
+pub fn jaccard_bootstrap_ci<K, P>(
+    a: &[(K, f64)],
+    b: &[(K, f64)],
+    tau: f64,
+    problem_of: P,
+    reps: usize,
+    seed: u64,
+    level: f64,
+) -> Result<Option<BootstrapCi>>
+where
+    K: Ord + Clone,
+    P: Fn(&K) -> u64,
+{
+    check_tau(tau)?;
+    let (ma, mb) = (keyed_map(a, "pass a")?, keyed_map(b, "pass b")?);
+    let keys: BTreeSet<&K> = ma.keys().chain(mb.keys()).collect();
+    // Code each key as the number of passes whose critical set holds it: 2 = intersection,
+    // >= 1 = union; 0 keeps its problem in the resampling frame.
+    let crit = |m: &BTreeMap<K, f64>, k: &K| m.get(k).is_some_and(|v| v.abs() >= tau);
+    let codes: Vec<f64> = keys
+        .iter()
+        .map(|k| f64::from(u8::from(crit(&ma, k)) + u8::from(crit(&mb, k))))
+        .collect();
+    let problems: Vec<u64> = keys.iter().map(|k| problem_of(k)).collect();
+    let stat = |v: &[f64], _: &[u64]| {
+        let inter = v.iter().filter(|&&c| c == 2.0).count();
+        let union = v.iter().filter(|&&c| c >= 1.0).count();
+        if union == 0 {
+            f64::NAN
+        } else {
+            inter as f64 / union as f64
+        }
+    };
+    cluster_bootstrap_ci(&codes, &problems, stat, reps, seed, level)
+}
+
+/// Wilson score interval for a binomial proportion `successes / n`, clamped to `[0, 1]`.
+/// `Ok(None)` when `n == 0`; errors if `successes > n` or `level` is not in `(0, 1)`.
+pub fn wilson(successes: u64, n: u64, level: f64) -> Result<Option<(f64, f64)>> {
+    check_level(level)?;
+    if successes > n {
+        return Err(spec(format_args!("{successes} successes out of {n}")));
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    let z = Normal::standard().inverse_cdf(1.0 - (1.0 - level) / 2.0);
+    let (n, p) = (n as f64, successes as f64 / n as f64);
+    let z2n = z * z / n;
+    let center = (p + z2n / 2.0) / (1.0 + z2n);
+    let half = z / (1.0 + z2n) * (p * (1.0 - p) / n + z2n / (4.0 * n)).sqrt();
+    Ok(Some((
+        (center - half).clamp(0.0, 1.0),
+        (center + half).clamp(0.0, 1.0),
+    )))
+}
