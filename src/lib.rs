@@ -4,15 +4,18 @@
 //! state after *t* tokens is a cheap exact value ([`kv_cache`]), execution policies that swap
 //! how reductions run without forking model code ([`exec`]), counter-based sampling
 //! ([`sampling`]) and the tooling around them.
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod exec;
 pub mod generate;
+pub mod gguf;
 pub mod kv_cache;
 pub mod model;
 pub mod runtime;
 pub mod sampling;
 pub mod stats;
+pub mod tokenizer;
 
 pub use config::{Arch, ArchConfig};
 pub use error::{Error, Result};
