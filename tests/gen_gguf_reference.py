@@ -16,11 +16,11 @@ Parts (run all by default, or name some: `python tests/gen_gguf_reference.py deq
             (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=float32)`).
   chat      tests/fixtures/tokenizer/chat_expected.json: transformers' `apply_chat_template`
             output for the GGUF chat templates.
-  llamacpp  tests/fixtures/tokenizer/llamacpp_ids.json: llama.cpp's own tokenization (the
-            `libllama.so` shipped in the PyPI wheel `llama-cpp-py-sync==0.11739`, llama.cpp
-            commit 0ce8cd11) of tests/fixtures/tokenizer/sample_texts.json for each model,
-            with parse_special false and true. Needs LLAMACPP_PY (a folder holding the unzipped
-            wheel and `cffi`).
+  llamacpp  tests/fixtures/tokenizer/llamacpp_ids.json: llama.cpp's own tokenization of
+            tests/fixtures/tokenizer/sample_texts.json for each model (parse_special false and
+            true, and with BOS), by the llama.cpp of the PyPI sdist llama-cpp-python==0.3.36.
+            Needs LLAMACPP_TOKENIZE: the binary built from
+            tests/fixtures/tokenizer/llamacpp_tokenize.cpp (build steps in that file).
 
 Models are read from $KVCREDIT_HOME/models/<name>/<name>.gguf (default ~/.cache/kvcredit);
 `kvcredit models pull` puts them there. Needs: torch, transformers, gguf, numpy.
@@ -209,24 +209,23 @@ def gen_chat():
 
 # ---------------------------------------------------------------------------------------------
 def gen_llamacpp():
-    extra = os.environ.get("LLAMACPP_PY")
-    if extra:
-        for p in extra.split(":"):
-            sys.path.insert(0, p)
-    from llama_cpp_py_sync import Llama
+    """Needs LLAMACPP_TOKENIZE: the binary built from tests/fixtures/tokenizer/llamacpp_tokenize.cpp."""
+    import subprocess
 
+    tool = os.environ.get("LLAMACPP_TOKENIZE")
+    if not tool:
+        sys.exit("set LLAMACPP_TOKENIZE to the llamacpp_tokenize binary (see its source for how to build)")
     texts = json.loads((FIX_TOK / "sample_texts.json").read_text())["texts"]
-    out = {"source": "llama-cpp-py-sync==0.11739 (llama.cpp 0ce8cd11416c8840498e6701bcbe39ad4b858c2b)",
+    stdin = b"".join(b"%d\n" % len(t.encode()) + t.encode() for t in texts)
+    out = {"source": "llama.cpp from the sdist llama-cpp-python==0.3.36 (vendor/llama.cpp), "
+                     "via tests/fixtures/tokenizer/llamacpp_tokenize.cpp",
            "models": {}}
     for name in MODELS:
-        llm = Llama(str(model_path(name)), n_ctx=64, load_mode="none", verbose=False)
-        rows = []
-        for t in texts:
-            rows.append({"plain": llm.tokenize(t, add_special=False, parse_special=False),
-                         "special": llm.tokenize(t, add_special=False, parse_special=True),
-                         "with_bos": llm.tokenize(t, add_special=True, parse_special=True)})
-        out["models"][name] = rows
-        llm.close()
+        res = subprocess.run([tool, str(model_path(name))], input=stdin, capture_output=True, check=True)
+        lines = res.stdout.decode().split("\n")
+        ids = [[int(x) for x in l.split()] for l in lines[: 3 * len(texts)]]
+        out["models"][name] = [{"plain": ids[3 * i], "special": ids[3 * i + 1], "with_bos": ids[3 * i + 2]}
+                               for i in range(len(texts))]
     (FIX_TOK / "llamacpp_ids.json").write_text(json.dumps(out))
     print("wrote llama.cpp ids for", len(texts), "texts")
 
