@@ -64,7 +64,11 @@ fn chat_err(e: impl std::fmt::Display) -> Error {
 impl ChatTemplate {
     /// Compile a Jinja chat template. `bos_token`/`eos_token` are the texts the template sees
     /// (empty when absent).
-    pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<ChatTemplate> {
+    pub fn new(
+        source: &str,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+    ) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_syntax(
             SyntaxConfig::builder()
@@ -77,11 +81,20 @@ impl ChatTemplate {
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {msg}")))
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("raise_exception: {msg}"),
+                ))
+            },
+        );
+        env.add_function("strftime_now", |fmt: String| -> String {
+            strftime_now(&fmt)
         });
-        env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
-        env.add_template_owned(NAME, source.to_string()).map_err(chat_err)?;
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(chat_err)?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.unwrap_or("").to_string(),
@@ -104,9 +117,17 @@ impl ChatTemplate {
                 .and_then(|t| t.get("template"))
                 .and_then(|t| t.as_str())
                 .map(str::to_string)
-                .ok_or_else(|| Error::Tokenizer(format!("{}: no usable `chat_template` entry", path.display())))?,
+                .ok_or_else(|| {
+                    Error::Tokenizer(format!(
+                        "{}: no usable `chat_template` entry",
+                        path.display()
+                    ))
+                })?,
             _ => {
-                return Err(Error::Tokenizer(format!("{}: no `chat_template`", path.display())));
+                return Err(Error::Tokenizer(format!(
+                    "{}: no `chat_template`",
+                    path.display()
+                )));
             }
         };
         let token = |k: &str| -> Option<String> {
@@ -116,7 +137,11 @@ impl ChatTemplate {
                 _ => None,
             }
         };
-        ChatTemplate::new(&template, token("bos_token").as_deref(), token("eos_token").as_deref())
+        ChatTemplate::new(
+            &template,
+            token("bos_token").as_deref(),
+            token("eos_token").as_deref(),
+        )
     }
 
     /// Render a conversation.
@@ -136,7 +161,9 @@ impl ChatTemplate {
         if let serde_json::Value::Object(o) = extra {
             ctx.extend(o);
         } else if !extra.is_null() {
-            return Err(Error::Tokenizer("chat template: extra variables must be a JSON object".into()));
+            return Err(Error::Tokenizer(
+                "chat template: extra variables must be a JSON object".into(),
+            ));
         }
         ctx.insert(
             "messages".into(),
@@ -289,10 +316,28 @@ fn strftime_now(fmt: &str) -> String {
     let year = yoe + era * 400 + i64::from(month <= 2);
     let weekday = (days + 4).rem_euclid(7); // 1970-01-01 was a Thursday
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-        "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
-    const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+    const DAYS: [&str; 7] = [
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+    ];
     let mname = MONTHS[(month - 1) as usize];
     let dname = DAYS[weekday as usize];
     let mut out = String::new();
@@ -350,12 +395,17 @@ mod tests {
 
     #[test]
     fn template_errors_are_one_clear_line() {
-        let err = ChatTemplate::new("{% for x in %}", None, None).err().map(|e| e.to_string());
+        let err = ChatTemplate::new("{% for x in %}", None, None)
+            .err()
+            .map(|e| e.to_string());
         let err = err.unwrap_or_default();
         assert!(err.starts_with("tokenizer: chat template:"), "{err}");
         assert!(!err.contains('\n'));
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}", None, None).ok();
-        let err = t.map(|t| t.render(&[], false)).and_then(|r| r.err()).map(|e| e.to_string());
+        let err = t
+            .map(|t| t.render(&[], false))
+            .and_then(|r| r.err())
+            .map(|e| e.to_string());
         assert!(err.unwrap_or_default().contains("no system role"));
     }
 }

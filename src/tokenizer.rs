@@ -139,7 +139,9 @@ fn from_gguf_inner(g: &GgufFile) -> Result<TokenizerInfo> {
     let id = |key: &str| -> Result<Option<u32>> {
         match g.opt_u64(key)? {
             Some(i) if (i as usize) < n => Ok(Some(i as u32)),
-            Some(i) => Err(Error::Tokenizer(format!("`{key}` = {i} is outside the vocabulary of {n}"))),
+            Some(i) => Err(Error::Tokenizer(format!(
+                "`{key}` = {i} is outside the vocabulary of {n}"
+            ))),
             None => Ok(None),
         }
     };
@@ -168,22 +170,33 @@ fn from_gguf_inner(g: &GgufFile) -> Result<TokenizerInfo> {
     let add_eos = g.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false) && eos.is_some();
 
     let mut tokenizer = if spm {
-        let add_space_prefix = g.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+        let add_space_prefix = g
+            .opt_bool("tokenizer.ggml.add_space_prefix")?
+            .unwrap_or(true);
         let scores = g
             .opt_array("tokenizer.ggml.scores", Value::as_f64, "numbers")?
-            .ok_or_else(|| Error::Tokenizer("SentencePiece vocabulary without `tokenizer.ggml.scores`".into()))?;
+            .ok_or_else(|| {
+                Error::Tokenizer("SentencePiece vocabulary without `tokenizer.ggml.scores`".into())
+            })?;
         if scores.len() != n {
             return Err(Error::Tokenizer(format!(
                 "`tokenizer.ggml.scores` has {} entries for {n} tokens",
                 scores.len()
             )));
         }
-        build_spm(&tokens, &types, &scores, vocab, unk.map(|u| tokens[u as usize]), add_space_prefix)?
+        build_spm(
+            &tokens,
+            &types,
+            &scores,
+            vocab,
+            unk.map(|u| tokens[u as usize]),
+            add_space_prefix,
+        )?
     } else {
         let pre = g.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
-        let merges = g
-            .opt_str_array("tokenizer.ggml.merges")?
-            .ok_or_else(|| Error::Tokenizer("byte-level BPE vocabulary without `tokenizer.ggml.merges`".into()))?;
+        let merges = g.opt_str_array("tokenizer.ggml.merges")?.ok_or_else(|| {
+            Error::Tokenizer("byte-level BPE vocabulary without `tokenizer.ggml.merges`".into())
+        })?;
         build_byte_level(vocab, &merges, pre)?
     };
 
@@ -291,15 +304,13 @@ fn build_byte_level(vocab: HashMap<String, u32>, merges: &[&str], pre: &str) -> 
         .map(|m| {
             m.split_once(' ')
                 .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| Error::Tokenizer(format!("malformed merge `{m}` (expected two pieces)")))
+                .ok_or_else(|| {
+                    Error::Tokenizer(format!("malformed merge `{m}` (expected two pieces)"))
+                })
         })
         .collect::<Result<Vec<_>>>()?;
-    let byte_level = |use_regex: bool| {
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": use_regex})
-    };
-    let split = |re: &str| {
-        json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false})
-    };
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": use_regex});
+    let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
     let (pre_tok, normalizer, ignore_merges) = match pre {
         "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" | "megrez" => (
             json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]}),
@@ -323,7 +334,9 @@ fn build_byte_level(vocab: HashMap<String, u32>, merges: &[&str], pre: &str) -> 
             None,
             false,
         ),
-        "default" | "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "trillion" => (byte_level(true), None, false),
+        "default" | "gpt-2" | "gpt2" | "mpt" | "olmo" | "jais" | "trillion" => {
+            (byte_level(true), None, false)
+        }
         other => {
             return Err(Error::Tokenizer(format!(
                 "unsupported pre-tokenizer `{other}` (tokenizer.ggml.pre); supported: qwen2, smollm, starcoder, refact, gpt-2, llama-bpe, default"

@@ -28,11 +28,15 @@ fn every_type_matches_gguf_py_bit_for_bit() {
         ("q6_k", GgmlType::Q6K),
     ];
     for (name, ty) in expected_types {
-        let info = g.tensor_info(name).unwrap_or_else(|| panic!("fixture lacks `{name}`"));
+        let info = g
+            .tensor_info(name)
+            .unwrap_or_else(|| panic!("fixture lacks `{name}`"));
         assert_eq!(info.ggml_type, ty, "{name}");
         assert_eq!(info.torch_shape(), vec![4, 512], "{name}");
         let got = g.read_f32(info).expect(name);
-        let want_info = g.tensor_info(&format!("{name}.expected")).expect("expected tensor");
+        let want_info = g
+            .tensor_info(&format!("{name}.expected"))
+            .expect("expected tensor");
         assert_eq!(want_info.ggml_type, GgmlType::F32);
         let want = g.read_f32(want_info).expect("expected values");
         assert_eq!(got.len(), want.len(), "{name}");
@@ -46,7 +50,10 @@ fn every_type_matches_gguf_py_bit_for_bit() {
             .zip(&want)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        assert_eq!(mismatches, 0, "{name}: {mismatches} values differ (max abs {max_abs:e})");
+        assert_eq!(
+            mismatches, 0,
+            "{name}: {mismatches} values differ (max abs {max_abs:e})"
+        );
         // the fixture is not degenerate
         assert!(want.iter().any(|&x| x != 0.0), "{name}: all zeros");
     }

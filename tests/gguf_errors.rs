@@ -59,7 +59,10 @@ fn minimal_file_is_valid() {
     let p = tmp("ok.gguf", &minimal(0, 8));
     let g = GgufFile::open(&p).expect("valid minimal file");
     let info = g.tensor_info("t").expect("tensor");
-    assert_eq!(g.read_f32(info).expect("read"), (0..8).map(|i| i as f32).collect::<Vec<_>>());
+    assert_eq!(
+        g.read_f32(info).expect("read"),
+        (0..8).map(|i| i as f32).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -145,6 +148,9 @@ fn load_reports_missing_and_corrupt_files() {
     }
     // valid container without tokenizer/architecture metadata: a clear error, not a panic
     let p = tmp("notokenizer.gguf", &minimal(0, 8));
-    let e = gguf::load(&p).err().map(|e| e.to_string()).unwrap_or_default();
+    let e = gguf::load(&p)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(e.contains("tokenizer.ggml.model"), "{e}");
 }

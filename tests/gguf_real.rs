@@ -17,7 +17,9 @@ use tch::{Device, Kind, Tensor};
 fn model_path(name: &str) -> PathBuf {
     let home = std::env::var_os("KVCREDIT_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit")
+        });
     let p = home.join("models").join(name).join(format!("{name}.gguf"));
     assert!(
         p.exists(),
@@ -28,21 +30,37 @@ fn model_path(name: &str) -> PathBuf {
 }
 
 fn fixture(name: &str) -> serde_json::Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf").join(name);
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .expect("json")
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf")
+        .join(name);
+    serde_json::from_str(
+        &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .expect("json")
 }
 
-const MODELS: [&str; 3] = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m"];
+const MODELS: [&str; 3] = [
+    "smollm2-135m-instruct",
+    "qwen2.5-coder-0.5b-instruct",
+    "gemma-3-270m",
+];
 
 #[test]
 fn configs_from_metadata() {
-    let cfg = |n: &str| gguf::config_from_gguf(&GgufFile::open(&model_path(n)).expect("open")).expect("config");
+    let cfg = |n: &str| {
+        gguf::config_from_gguf(&GgufFile::open(&model_path(n)).expect("open")).expect("config")
+    };
 
     let s = cfg("smollm2-135m-instruct");
     assert_eq!(s.arch, Arch::Llama);
-    assert_eq!((s.vocab_size, s.hidden_size, s.intermediate_size), (49_152, 576, 1536));
-    assert_eq!((s.num_attention_heads, s.num_key_value_heads, s.head_dim), (9, 3, 64));
+    assert_eq!(
+        (s.vocab_size, s.hidden_size, s.intermediate_size),
+        (49_152, 576, 1536)
+    );
+    assert_eq!(
+        (s.num_attention_heads, s.num_key_value_heads, s.head_dim),
+        (9, 3, 64)
+    );
     assert_eq!(s.num_layers(), 30);
     assert_eq!(s.rope.theta, 100_000.0);
     assert_eq!(s.rope.scaling, RopeScaling::None);
@@ -55,8 +73,14 @@ fn configs_from_metadata() {
 
     let q = cfg("qwen2.5-coder-0.5b-instruct");
     assert_eq!(q.arch, Arch::Qwen2);
-    assert_eq!((q.vocab_size, q.hidden_size, q.intermediate_size), (151_936, 896, 4864));
-    assert_eq!((q.num_attention_heads, q.num_key_value_heads, q.head_dim), (14, 2, 64));
+    assert_eq!(
+        (q.vocab_size, q.hidden_size, q.intermediate_size),
+        (151_936, 896, 4864)
+    );
+    assert_eq!(
+        (q.num_attention_heads, q.num_key_value_heads, q.head_dim),
+        (14, 2, 64)
+    );
     assert_eq!(q.num_layers(), 24);
     assert_eq!(q.rope.theta, 1_000_000.0);
     assert!(q.attention_bias && !q.tie_word_embeddings && !q.qk_norm);
@@ -64,8 +88,14 @@ fn configs_from_metadata() {
 
     let g = cfg("gemma-3-270m");
     assert_eq!(g.arch, Arch::Gemma3);
-    assert_eq!((g.vocab_size, g.hidden_size, g.intermediate_size), (262_144, 640, 2048));
-    assert_eq!((g.num_attention_heads, g.num_key_value_heads, g.head_dim), (4, 1, 256));
+    assert_eq!(
+        (g.vocab_size, g.hidden_size, g.intermediate_size),
+        (262_144, 640, 2048)
+    );
+    assert_eq!(
+        (g.num_attention_heads, g.num_key_value_heads, g.head_dim),
+        (4, 1, 256)
+    );
     assert_eq!(g.num_layers(), 18);
     assert_eq!(g.rope.theta, 1_000_000.0);
     assert_eq!(g.rope_local.as_ref().map(|r| r.theta), Some(10_000.0));
@@ -75,7 +105,11 @@ fn configs_from_metadata() {
     assert_eq!(g.softmax_scale, 1.0 / 16.0); // query_pre_attn_scalar = head_dim = 256
     assert_eq!(g.final_logit_softcapping, None);
     for (i, k) in g.layer_types.iter().enumerate() {
-        let want = if (i + 1) % 6 == 0 { LayerKind::Full } else { LayerKind::Sliding { window: 512 } };
+        let want = if (i + 1) % 6 == 0 {
+            LayerKind::Full
+        } else {
+            LayerKind::Sliding { window: 512 }
+        };
         assert_eq!(*k, want, "layer {i}");
     }
     assert_eq!(g.eos_token_ids, vec![1]);
@@ -85,29 +119,61 @@ fn configs_from_metadata() {
 fn check_tensors(name: &str) -> usize {
     let fx = fixture(&format!("{name}.tensors.json"));
     let model = gguf::load(&model_path(name)).expect("load");
-    let by_name: HashMap<&str, &Tensor> = model.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let by_name: HashMap<&str, &Tensor> =
+        model.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     if model.config.tie_word_embeddings {
         assert!(!by_name.contains_key("lm_head.weight"));
     }
     let mut checked = 0;
     for e in fx["tensors"].as_array().expect("tensors") {
         let hf = e["hf"].as_str().expect("hf");
-        let t = by_name.get(hf).unwrap_or_else(|| panic!("{name}: no tensor `{hf}`"));
-        let shape: Vec<i64> = e["shape"].as_array().expect("shape").iter().map(|x| x.as_i64().expect("dim")).collect();
+        let t = by_name
+            .get(hf)
+            .unwrap_or_else(|| panic!("{name}: no tensor `{hf}`"));
+        let shape: Vec<i64> = e["shape"]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .map(|x| x.as_i64().expect("dim"))
+            .collect();
         assert_eq!(t.size(), shape, "{name} {hf}");
         assert_eq!(t.kind(), Kind::Float);
         let flat = t.reshape([-1]);
-        let want_vals: Vec<f64> = e["values"].as_array().expect("values").iter().map(|x| x.as_f64().expect("v")).collect();
-        for (i, (idx, want)) in e["indices"].as_array().expect("idx").iter().zip(&want_vals).enumerate() {
+        let want_vals: Vec<f64> = e["values"]
+            .as_array()
+            .expect("values")
+            .iter()
+            .map(|x| x.as_f64().expect("v"))
+            .collect();
+        for (i, (idx, want)) in e["indices"]
+            .as_array()
+            .expect("idx")
+            .iter()
+            .zip(&want_vals)
+            .enumerate()
+        {
             let got = flat.double_value(&[idx.as_i64().expect("i")]);
-            assert_eq!(got as f32, *want as f32, "{name} {hf} ({}) value #{i} at {idx}", e["type"]);
+            assert_eq!(
+                got as f32, *want as f32,
+                "{name} {hf} ({}) value #{i} at {idx}",
+                e["type"]
+            );
         }
         let f64t = flat.to_kind(Kind::Double);
         let sum = f64t.sum(Kind::Double).double_value(&[]);
         let sumsq = (&f64t * &f64t).sum(Kind::Double).double_value(&[]);
-        let (ws, wq) = (e["sum"].as_f64().expect("sum"), e["sumsq"].as_f64().expect("sumsq"));
-        assert!((sum - ws).abs() <= 1e-9 * (1.0 + wq), "{name} {hf}: sum {sum} vs {ws}");
-        assert!((sumsq - wq).abs() <= 1e-9 * wq.max(1.0), "{name} {hf}: sumsq {sumsq} vs {wq}");
+        let (ws, wq) = (
+            e["sum"].as_f64().expect("sum"),
+            e["sumsq"].as_f64().expect("sumsq"),
+        );
+        assert!(
+            (sum - ws).abs() <= 1e-9 * (1.0 + wq),
+            "{name} {hf}: sum {sum} vs {ws}"
+        );
+        assert!(
+            (sumsq - wq).abs() <= 1e-9 * wq.max(1.0),
+            "{name} {hf}: sumsq {sumsq} vs {wq}"
+        );
         checked += 1;
     }
     checked
@@ -132,7 +198,12 @@ fn tensors_match_transformers_gemma3() {
 fn logits_max_abs(name: &str) -> f64 {
     let fx = fixture(&format!("{name}.logits.json"));
     let mut model = gguf::load(&model_path(name)).expect("load");
-    let ids: Vec<i64> = fx["token_ids"].as_array().expect("ids").iter().map(|x| x.as_i64().expect("id")).collect();
+    let ids: Vec<i64> = fx["token_ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_i64().expect("id"))
+        .collect();
     // our tokenizer produces the same prompt ids
     let prompt = fx["prompt"].as_str().expect("prompt");
     let ours: Vec<i64> = model
@@ -144,22 +215,44 @@ fn logits_max_abs(name: &str) -> f64 {
         .map(|&x| x as i64)
         .collect();
     assert_eq!(ours, ids, "{name}: prompt ids");
-    let decoder = model.take_decoder(Kind::Float, Device::Cpu).expect("decoder");
+    let decoder = model
+        .take_decoder(Kind::Float, Device::Cpu)
+        .expect("decoder");
     let _g = tch::no_grad_guard();
     let logits = decoder
         .forward_full(&Tensor::from_slice(&ids).view([1, -1]), &ExecPolicy::Stock)
         .expect("forward");
-    assert_eq!(logits.size(), vec![1, ids.len() as i64, fx["vocab_size"].as_i64().expect("v")]);
+    assert_eq!(
+        logits.size(),
+        vec![1, ids.len() as i64, fx["vocab_size"].as_i64().expect("v")]
+    );
     let mut worst = 0f64;
-    for (p, row) in fx["positions"].as_array().expect("positions").iter().enumerate() {
+    for (p, row) in fx["positions"]
+        .as_array()
+        .expect("positions")
+        .iter()
+        .enumerate()
+    {
         let lp = logits.get(0).get(p as i64);
-        assert_eq!(lp.argmax(0, false).int64_value(&[]), row["argmax"].as_i64().expect("argmax"), "{name} pos {p}");
-        for (id, want) in row["ids"].as_array().expect("ids").iter().zip(row["logits"].as_array().expect("logits")) {
+        assert_eq!(
+            lp.argmax(0, false).int64_value(&[]),
+            row["argmax"].as_i64().expect("argmax"),
+            "{name} pos {p}"
+        );
+        for (id, want) in row["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .zip(row["logits"].as_array().expect("logits"))
+        {
             let got = lp.double_value(&[id.as_i64().expect("id")]);
             worst = worst.max((got - want.as_f64().expect("logit")).abs());
         }
     }
-    println!("{name}: max |logit - transformers| = {worst:.3e} over {} positions", ids.len());
+    println!(
+        "{name}: max |logit - transformers| = {worst:.3e} over {} positions",
+        ids.len()
+    );
     worst
 }
 

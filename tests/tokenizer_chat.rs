@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 fn model_path(name: &str) -> PathBuf {
     let home = std::env::var_os("KVCREDIT_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit")
+        });
     let p = home.join("models").join(name).join(format!("{name}.gguf"));
     assert!(
         p.exists(),
@@ -21,7 +23,8 @@ fn model_path(name: &str) -> PathBuf {
 fn gguf_templates_render_like_transformers() {
     let fx: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/chat_expected.json"),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/tokenizer/chat_expected.json"),
         )
         .expect("chat_expected.json"),
     )
@@ -53,7 +56,8 @@ fn gguf_templates_render_like_transformers() {
 
 #[test]
 fn qwen_system_user_prompt_exact() {
-    let info = tokenizer::from_gguf_path(&model_path("qwen2.5-coder-0.5b-instruct")).expect("tokenizer");
+    let info =
+        tokenizer::from_gguf_path(&model_path("qwen2.5-coder-0.5b-instruct")).expect("tokenizer");
     let out = kvcredit::chat::render(
         info.chat_template.as_deref().expect("template"),
         &[
@@ -89,8 +93,14 @@ fn template_from_tokenizer_config_json() {
     )
     .expect("write");
     let t = ChatTemplate::from_tokenizer_config(&p).expect("config");
-    assert_eq!(t.render(&[ChatMessage::user("hi")], false).expect("render"), "<s>[user] hi</s>");
+    assert_eq!(
+        t.render(&[ChatMessage::user("hi")], false).expect("render"),
+        "<s>[user] hi</s>"
+    );
     std::fs::write(&p, r#"{"eos_token": "</s>"}"#).expect("write");
-    let e = ChatTemplate::from_tokenizer_config(&p).err().map(|e| e.to_string()).unwrap_or_default();
+    let e = ChatTemplate::from_tokenizer_config(&p)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(e.contains("no `chat_template`"), "{e}");
 }

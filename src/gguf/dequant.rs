@@ -95,7 +95,7 @@ fn half(b: &[u8], at: usize) -> f32 {
 /// De-quantize `n` elements stored as `ty` in `data`.
 pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
     let (block, bytes) = ty.block();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(Error::Gguf(format!(
             "{n} elements is not a multiple of the {ty:?} block size {block}"
         )));

@@ -46,7 +46,10 @@ impl GgufModel {
     /// empty; tokenizer and template stay available).
     pub fn take_decoder(&mut self, kind: Kind, device: Device) -> Result<Decoder> {
         let tensors = std::mem::take(&mut self.tensors);
-        Decoder::from_weights(self.config.clone(), Weights::from_named(tensors, kind, device))
+        Decoder::from_weights(
+            self.config.clone(),
+            Weights::from_named(tensors, kind, device),
+        )
     }
 }
 
@@ -105,14 +108,18 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
     let num_layers = usize_key("block_count")?;
     let intermediate_size = match g.get(&key("feed_forward_length")) {
         Some(Value::Array(_)) => {
-            return Err(Error::Config("per-layer `feed_forward_length` is not supported".into()));
+            return Err(Error::Config(
+                "per-layer `feed_forward_length` is not supported".into(),
+            ));
         }
         _ => usize_key("feed_forward_length")?,
     };
     let num_attention_heads = usize_key("attention.head_count")?;
     let num_key_value_heads = match g.get(&key("attention.head_count_kv")) {
         Some(Value::Array(_)) => {
-            return Err(Error::Config("per-layer `attention.head_count_kv` is not supported".into()));
+            return Err(Error::Config(
+                "per-layer `attention.head_count_kv` is not supported".into(),
+            ));
         }
         Some(_) => usize_key("attention.head_count_kv")?,
         None => num_attention_heads,
@@ -140,7 +147,12 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
     }
     let rms_norm_eps = g
         .opt_f64(&key("attention.layer_norm_rms_epsilon"))?
-        .ok_or_else(|| Error::Config(format!("missing `{}`", key("attention.layer_norm_rms_epsilon"))))?;
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "missing `{}`",
+                key("attention.layer_norm_rms_epsilon")
+            ))
+        })?;
 
     let scaling = match g.opt_str(&key("rope.scaling.type"))? {
         None | Some("none") => match g.opt_f64(&key("rope.scale_linear"))? {
@@ -181,7 +193,9 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
     });
     let rope_local = rope_local.transpose()?;
 
-    let window = g.opt_u64(&key("attention.sliding_window"))?.filter(|&w| w > 0);
+    let window = g
+        .opt_u64(&key("attention.sliding_window"))?
+        .filter(|&w| w > 0);
     let layer_types: Vec<LayerKind> = match (arch, window) {
         (_, None) | (Arch::Qwen2 | Arch::Qwen3, _) => vec![LayerKind::Full; num_layers],
         (Arch::Llama, Some(w)) => vec![LayerKind::Sliding { window: w as usize }; num_layers],
@@ -210,7 +224,13 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
                     let default = if arch == Arch::Gemma2 { 2 } else { 6 };
                     let n = g.opt_u64(&pattern_key)?.unwrap_or(default) as usize;
                     (0..num_layers)
-                        .map(|i| if n == 0 || i % n < n - 1 { sliding } else { LayerKind::Full })
+                        .map(|i| {
+                            if n == 0 || i % n < n - 1 {
+                                sliding
+                            } else {
+                                LayerKind::Full
+                            }
+                        })
                         .collect()
                 }
             }
@@ -222,7 +242,8 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
     let softmax_scale = match g.opt_f64(&key("attention.scale"))? {
         Some(s) => s,
         None => {
-            let gemma_27b = (arch == Arch::Gemma2 && num_layers == 46) || (arch == Arch::Gemma3 && num_layers == 62);
+            let gemma_27b = (arch == Arch::Gemma2 && num_layers == 46)
+                || (arch == Arch::Gemma3 && num_layers == 62);
             if gemma_27b {
                 1.0 / ((hidden_size / num_attention_heads) as f64).sqrt()
             } else {
@@ -252,7 +273,11 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
         num_key_value_heads,
         head_dim,
         rms_norm_eps,
-        activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
+        activation: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
         rope,
         rope_local,
         layer_types,
@@ -285,7 +310,11 @@ pub fn hf_tensor_name(arch: Arch, gguf_name: &str) -> Result<String> {
     if let Some(f) = fixed {
         return Ok(f.to_string());
     }
-    let unknown = || Error::Gguf(format!("unexpected tensor `{gguf_name}` for a {arch:?} model"));
+    let unknown = || {
+        Error::Gguf(format!(
+            "unexpected tensor `{gguf_name}` for a {arch:?} model"
+        ))
+    };
     let rest = gguf_name.strip_prefix("blk.").ok_or_else(unknown)?;
     let (layer, part) = rest.split_once('.').ok_or_else(unknown)?;
     let layer: usize = layer.parse().map_err(|_| unknown())?;
@@ -327,7 +356,10 @@ pub fn unpermute_qk(w: &Tensor, n_head: usize) -> Result<Tensor> {
     let half = rows / n_head / 2;
     let mut split = vec![n_head, half, 2];
     split.extend_from_slice(&shape[1..]);
-    Ok(w.reshape(&split).transpose(1, 2).contiguous().reshape(&shape))
+    Ok(w.reshape(&split)
+        .transpose(1, 2)
+        .contiguous()
+        .reshape(&shape))
 }
 
 /// De-quantize every tensor to float32 and name it as in a Hugging Face checkpoint.
@@ -347,7 +379,7 @@ pub fn load_tensors(g: &GgufFile, cfg: &ArchConfig) -> Result<Vec<(String, Tenso
             }
         }
         if gemma && info.name.ends_with("norm.weight") {
-            t = t - 1.0;
+            t -= 1.0;
         }
         out.push((name, t));
     }

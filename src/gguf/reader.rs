@@ -132,7 +132,7 @@ impl TensorInfo {
         let (block, bytes) = self.ggml_type.block();
         let n = self.n_elements();
         let row = self.dims.first().copied().unwrap_or(1);
-        if row % block as u64 != 0 {
+        if !row.is_multiple_of(block as u64) {
             return Err(Error::Gguf(format!(
                 "tensor `{}`: row length {row} is not a multiple of the {:?} block size {block}",
                 self.name, self.ggml_type
@@ -227,12 +227,18 @@ impl<R: Read> Cursor<R> {
             7 => match self.array::<1>(key)?[0] {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                b => return Err(Error::Gguf(format!("metadata `{key}`: invalid bool byte {b}"))),
+                b => {
+                    return Err(Error::Gguf(format!(
+                        "metadata `{key}`: invalid bool byte {b}"
+                    )));
+                }
             },
             8 => Value::String(self.string(key)?),
             9 => {
                 if depth > 0 {
-                    return Err(Error::Gguf(format!("metadata `{key}`: nested arrays are not supported")));
+                    return Err(Error::Gguf(format!(
+                        "metadata `{key}`: nested arrays are not supported"
+                    )));
                 }
                 let elem_ty = self.u32(key)?;
                 let n = self.u64(key)?;
@@ -252,7 +258,11 @@ impl<R: Read> Cursor<R> {
             10 => Value::U64(u64::from_le_bytes(self.array(key)?)),
             11 => Value::I64(i64::from_le_bytes(self.array(key)?)),
             12 => Value::F64(f64::from_le_bytes(self.array(key)?)),
-            other => return Err(Error::Gguf(format!("metadata `{key}`: unknown value type {other}"))),
+            other => {
+                return Err(Error::Gguf(format!(
+                    "metadata `{key}`: unknown value type {other}"
+                )));
+            }
         })
     }
 }
@@ -267,7 +277,9 @@ impl GgufFile {
             other => other,
         };
         let mut reader = BufReader::with_capacity(1 << 20, &file);
-        reader.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
+        reader
+            .seek(SeekFrom::Start(0))
+            .map_err(|e| Error::io(path, e))?;
         let mut c = Cursor {
             inner: reader,
             pos: 0,
@@ -291,9 +303,9 @@ impl GgufFile {
     fn parse<R: Read>(
         c: &mut Cursor<R>,
     ) -> Result<(u32, BTreeMap<String, Value>, Vec<TensorInfo>, u64)> {
-        let magic: [u8; 4] = c.array("magic").map_err(|_| {
-            Error::Gguf(format!("not a GGUF file: only {} bytes", c.len))
-        })?;
+        let magic: [u8; 4] = c
+            .array("magic")
+            .map_err(|_| Error::Gguf(format!("not a GGUF file: only {} bytes", c.len)))?;
         if magic != MAGIC {
             return Err(Error::Gguf(format!(
                 "not a GGUF file: bad magic {:02x?} (expected \"GGUF\")",
@@ -303,9 +315,15 @@ impl GgufFile {
         let version = c.u32("version")?;
         match version {
             2 | 3 => {}
-            1 => return Err(Error::Gguf("GGUF version 1 is obsolete and not supported".into())),
+            1 => {
+                return Err(Error::Gguf(
+                    "GGUF version 1 is obsolete and not supported".into(),
+                ));
+            }
             v if v.swap_bytes() <= 3 => {
-                return Err(Error::Gguf("big-endian GGUF files are not supported".into()));
+                return Err(Error::Gguf(
+                    "big-endian GGUF files are not supported".into(),
+                ));
             }
             v => return Err(Error::Gguf(format!("unsupported GGUF version {v}"))),
         }
@@ -332,7 +350,9 @@ impl GgufFile {
             let name = c.string(&format!("tensor name #{i}"))?;
             let n_dims = c.u32(&name)?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(Error::Gguf(format!("tensor `{name}`: invalid rank {n_dims}")));
+                return Err(Error::Gguf(format!(
+                    "tensor `{name}`: invalid rank {n_dims}"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -340,7 +360,9 @@ impl GgufFile {
             }
             let raw_type = c.u32(&name)?;
             let ggml_type = GgmlType::from_u32(raw_type).ok_or_else(|| {
-                Error::Gguf(format!("tensor `{name}`: unknown or unsupported tensor type {raw_type}"))
+                Error::Gguf(format!(
+                    "tensor `{name}`: unknown or unsupported tensor type {raw_type}"
+                ))
             })?;
             let offset = c.u64(&name)?;
             if dims
@@ -348,7 +370,9 @@ impl GgufFile {
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                 .is_none()
             {
-                return Err(Error::Gguf(format!("tensor `{name}`: element count overflows")));
+                return Err(Error::Gguf(format!(
+                    "tensor `{name}`: element count overflows"
+                )));
             }
             tensors.push(TensorInfo {
                 name,
@@ -433,7 +457,10 @@ impl GgufFile {
         match self.metadata.get(key) {
             None => Ok(None),
             Some(v) => v.as_str().map(Some).ok_or_else(|| {
-                Error::Gguf(format!("metadata `{key}` must be a string, got {}", v.type_name()))
+                Error::Gguf(format!(
+                    "metadata `{key}` must be a string, got {}",
+                    v.type_name()
+                ))
             }),
         }
     }
@@ -454,7 +481,10 @@ impl GgufFile {
             return Ok(None);
         };
         let arr = v.as_array().ok_or_else(|| {
-            Error::Gguf(format!("metadata `{key}` must be an array of {what}, got {}", v.type_name()))
+            Error::Gguf(format!(
+                "metadata `{key}` must be an array of {what}, got {}",
+                v.type_name()
+            ))
         })?;
         arr.iter()
             .map(|x| {
@@ -477,9 +507,9 @@ impl GgufFile {
     ) -> Result<Option<T>> {
         match self.metadata.get(key) {
             None => Ok(None),
-            Some(v) => f(v).map(Some).ok_or_else(|| {
-                Error::Gguf(format!("metadata `{key}` must be {what}, got {v:?}"))
-            }),
+            Some(v) => f(v)
+                .map(Some)
+                .ok_or_else(|| Error::Gguf(format!("metadata `{key}` must be {what}, got {v:?}"))),
         }
     }
 
@@ -493,20 +523,23 @@ impl GgufFile {
         let n = info.n_bytes()?;
         let start = self.data_offset + info.offset;
         let mut buf = vec![0u8; n as usize];
-        self.file
-            .read_exact_at(&mut buf, start)
-            .map_err(|e| Error::Gguf(format!("{}: reading tensor `{}`: {e}", self.path.display(), info.name)))?;
+        self.file.read_exact_at(&mut buf, start).map_err(|e| {
+            Error::Gguf(format!(
+                "{}: reading tensor `{}`: {e}",
+                self.path.display(),
+                info.name
+            ))
+        })?;
         Ok(buf)
     }
 
     /// A tensor de-quantized to `f32`, flat in storage order (row-major over the reversed dims).
     pub fn read_f32(&self, info: &TensorInfo) -> Result<Vec<f32>> {
         let raw = self.read_raw(info)?;
-        dequant::dequantize(info.ggml_type, &raw, info.n_elements() as usize)
-            .map_err(|e| match e {
-                Error::Gguf(m) => Error::Gguf(format!("tensor `{}`: {m}", info.name)),
-                other => other,
-            })
+        dequant::dequantize(info.ggml_type, &raw, info.n_elements() as usize).map_err(|e| match e {
+            Error::Gguf(m) => Error::Gguf(format!("tensor `{}`: {m}", info.name)),
+            other => other,
+        })
     }
 
     /// A tensor de-quantized to a float32 CPU `tch::Tensor` in PyTorch shape.
