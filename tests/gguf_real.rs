@@ -197,7 +197,9 @@ fn tensors_match_transformers_gemma3() {
 /// Max-abs difference of our float32 logits from transformers' on the fixture's ids.
 fn logits_max_abs(name: &str) -> f64 {
     let fx = fixture(&format!("{name}.logits.json"));
+    let t0 = std::time::Instant::now();
     let mut model = gguf::load(&model_path(name)).expect("load");
+    println!("{name}: gguf::load took {:.2?}", t0.elapsed());
     let ids: Vec<i64> = fx["token_ids"]
         .as_array()
         .expect("ids")
