@@ -1,5 +1,6 @@
 //! Run-time choices shared by every command: device, dtype, and where a model comes from.
 use crate::model::Decoder;
+use crate::tasks::Prompt;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind};
@@ -89,6 +90,50 @@ pub struct LoadedModel {
     pub decoder: Decoder,
     /// Tokenizer, if the source had one.
     pub tokenizer: Option<tokenizers::Tokenizer>,
+    /// Chat template (Jinja), if the source had one.
+    pub chat_template: Option<String>,
+    /// Token ids that end a sequence.
+    pub stop_tokens: Vec<i64>,
+    /// Short name for records.
+    pub name: String,
+    /// SHA-256 of the weights file, when known.
+    pub sha256: Option<String>,
+}
+
+impl LoadedModel {
+    fn tokenizer(&self) -> Result<&tokenizers::Tokenizer> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer(format!("model `{}` has no tokenizer", self.name)))
+    }
+
+    /// Token ids of a task prompt: chat messages go through the chat template (which writes
+    /// the special tokens itself); raw text is encoded with the tokenizer's special tokens.
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<i64>> {
+        let tok = self.tokenizer()?;
+        let (text, add_special) = match prompt {
+            Prompt::Text { text } => (text.clone(), true),
+            Prompt::Chat { messages } => {
+                let template = self
+                    .chat_template
+                    .as_deref()
+                    .ok_or_else(|| Error::Tokenizer(format!("model `{}` has no chat template", self.name)))?;
+                (crate::chat::render(template, messages, true)?, false)
+            }
+        };
+        let enc = tok
+            .encode(text.as_str(), add_special)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().iter().map(|&x| x as i64).collect())
+    }
+
+    /// Text of token ids (special tokens kept, so stop markers stay visible to graders).
+    pub fn decode(&self, ids: &[i64]) -> Result<String> {
+        let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
+        self.tokenizer()?
+            .decode(&ids, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
 }
 
 /// Load a model from its source.
@@ -105,7 +150,15 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
             } else {
                 None
             };
-            Ok(LoadedModel { decoder, tokenizer })
+            let stop_tokens = decoder.config().eos_token_ids.iter().map(|&x| x as i64).collect();
+            Ok(LoadedModel {
+                decoder,
+                tokenizer,
+                chat_template: None,
+                stop_tokens,
+                name: dir.display().to_string(),
+                sha256: None,
+            })
         }
     }
 }
