@@ -5,6 +5,8 @@
 //! how reductions run without forking model code ([`exec`]), and the tooling around them.
 pub mod config;
 pub mod error;
+pub mod registry;
+pub mod tasks;
 
 pub use config::{Arch, ArchConfig};
 pub use error::{Error, Result};
