@@ -601,6 +601,15 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Every rule, highest priority first.
+    pub const PRIORITY: [Rule; 5] = [
+        Rule::Boxed,
+        Rule::Hashes,
+        Rule::AnswerIs,
+        Rule::PrintedOutput,
+        Rule::LastNumber,
+    ];
+
     /// The rule's name in records.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -858,34 +867,10 @@ fn last_number_candidate(seg: &Segment<'_>, out: &mut Vec<Candidate>) {
 /// states no number outside code.
 pub fn extract_answer(output: &str) -> Option<Extracted> {
     let segs = segments(output);
-    let visible = |k: SegKind| k != SegKind::Code;
-    let prose = |k: SegKind| k == SegKind::Prose;
-    let rules: [(
-        Rule,
-        &dyn Fn(&Segment<'_>, &mut Vec<Candidate>),
-        &dyn Fn(SegKind) -> bool,
-    ); 5] = [
-        (Rule::Boxed, &boxed_candidates, &visible),
-        (Rule::Hashes, &hashes_candidates, &visible),
-        (
-            Rule::AnswerIs,
-            &|s: &Segment<'_>, o: &mut Vec<Candidate>| phrase_candidates(&ANSWER_RE, s, o),
-            &prose,
-        ),
-        (
-            Rule::PrintedOutput,
-            &|s: &Segment<'_>, o: &mut Vec<Candidate>| match s.kind {
-                SegKind::Output => last_number_candidate(s, o),
-                _ => phrase_candidates(&PRINTED_RE, s, o),
-            },
-            &visible,
-        ),
-        (Rule::LastNumber, &last_number_candidate, &prose),
-    ];
-    for (rule, find, applies) in rules {
+    for rule in Rule::PRIORITY {
         let mut found = Vec::new();
-        for seg in segs.iter().filter(|s| applies(s.kind)) {
-            find(seg, &mut found);
+        for seg in &segs {
+            candidates(rule, seg, &mut found);
         }
         if let Some(&(offset, value)) = found.iter().max_by_key(|(offset, _)| *offset) {
             return Some(Extracted {
@@ -896,6 +881,21 @@ pub fn extract_answer(output: &str) -> Option<Extracted> {
         }
     }
     None
+}
+
+/// Where each rule looks: explicit markers in prose and printed output, phrases in prose,
+/// printed-output blocks, and the fallback in prose only; never in code.
+fn candidates(rule: Rule, seg: &Segment<'_>, out: &mut Vec<Candidate>) {
+    match (rule, seg.kind) {
+        (_, SegKind::Code) => {}
+        (Rule::Boxed, _) => boxed_candidates(seg, out),
+        (Rule::Hashes, _) => hashes_candidates(seg, out),
+        (Rule::AnswerIs, SegKind::Prose) => phrase_candidates(&ANSWER_RE, seg, out),
+        (Rule::PrintedOutput, SegKind::Prose) => phrase_candidates(&PRINTED_RE, seg, out),
+        (Rule::PrintedOutput, SegKind::Output) => last_number_candidate(seg, out),
+        (Rule::LastNumber, SegKind::Prose) => last_number_candidate(seg, out),
+        (Rule::AnswerIs | Rule::LastNumber, SegKind::Output) => {}
+    }
 }
 
 #[cfg(test)]
