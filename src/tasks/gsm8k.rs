@@ -25,11 +25,14 @@
 //! 2. `hashes`: `#### N` in prose or output (exactly four `#`, the number first: a markdown
 //!    heading `#### Step 1` is not an answer).
 //! 3. `answer_is`: "the answer is N", "The final answer is $N$", "Answer: N", "**Answer:** N",
-//!    "answer to the question is N", in prose; the number is the first one in the rest of the
-//!    sentence (or on the next line when the phrase ends its line), after the last top-level `=`
-//!    if there is one ("the answer is 16 - 3 - 4 = 9" gives 9).
-//! 4. `printed_output`: the last number of a printed-output block, or of phrases such as
-//!    "the output is N", "prints N", "Output: N" in prose.
+//!    "answer to the question is N", in prose. The number must open the rest of the sentence
+//!    (or the next line when the phrase ends its line), after at most one word ("the answer is
+//!    therefore 18"); it is read after the last top-level `=` if there is one ("the answer is
+//!    16 - 3 - 4 = 9" gives 9). "The answer is found by multiplying 9 by 2, which gives 18"
+//!    names no number here, so a later rule decides.
+//! 4. `printed_output`: the last number of a printed-output block, or the number opening the
+//!    sentence after "the output is", "the output of the code is", "prints", "Output:" in prose
+//!    (same window rule as 3).
 //! 5. `last_number`: the last number in the prose.
 //!
 //! Model code is never executed, and code blocks are never searched: a Qwen coder answer that is
@@ -353,7 +356,7 @@ fn gcd(mut a: i128, mut b: i128) -> i128 {
 impl Number {
     /// `num / den`, reduced; `None` when `den` is 0 or on overflow.
     pub fn new(num: i128, den: i128) -> Option<Number> {
-        if den == 0 {
+        if den == 0 || num == i128::MIN || den == i128::MIN {
             return None;
         }
         let g = gcd(num, den).max(1);
@@ -566,9 +569,21 @@ fn delatex(s: &str) -> String {
 
 /// The first numeric value in `text` (LaTeX-aware; `a/b` and `\frac{a}{b}` are fractions).
 pub fn parse_number(text: &str) -> Option<Number> {
+    first_value(text, usize::MAX)
+}
+
+/// The first numeric value in `text`, if at most `max_words` words come before it.
+fn first_value(text: &str, max_words: usize) -> Option<Number> {
     let clean = delatex(text);
     let spans = scan_numbers(&clean);
     let first = *spans.first()?;
+    let words = clean[..first.start]
+        .split(|c: char| !c.is_alphabetic())
+        .filter(|w| !w.is_empty())
+        .count();
+    if words > max_words {
+        return None;
+    }
     let after = clean[first.end..].trim_start();
     if let Some(denominator) = after.strip_prefix('/') {
         let at = clean.len() - denominator.trim_start().len();
@@ -727,7 +742,7 @@ static ANSWER_RE: LazyLock<Regex> = LazyLock::new(|| {
 });
 static PRINTED_RE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)\b(?:output|outputs|prints?|printed)\b(?:\s+(?:is|was|will\s+be|would\s+be|of))?[\s*_]*[:=]?",
+        r"(?i)\b(?:output|outputs|prints?|printed)\b(?:\s+of\s+(?:the|this)\s+(?:code|program|script))?(?:\s+(?:is|was|will\s+be|would\s+be))?[\s*_]*[:=]?",
     )
     .expect("constant regex")
 });
@@ -750,8 +765,13 @@ fn window_after(text: &str, from: usize) -> &str {
     }
 }
 
-/// The value a phrase refers to: the first number of the sentence in `window`, taken after the
-/// last `=` outside parentheses when that part has a number.
+/// Words allowed between an answer phrase and its number ("the answer is therefore 18").
+const MAX_GAP_WORDS: usize = 1;
+
+/// The value a phrase refers to: the number that opens the sentence in `window` (at most
+/// [`MAX_GAP_WORDS`] words before it), taken after the last `=` outside parentheses when that
+/// part has one. A sentence that only mentions numbers further on ("the answer is found by
+/// multiplying 9 by 2") refers to none: the later rules decide.
 fn value_in_window(window: &str) -> Option<Number> {
     let b = window.as_bytes();
     let mut cut = window.len();
@@ -773,8 +793,8 @@ fn value_in_window(window: &str) -> Option<Number> {
         }
     }
     last_eq
-        .and_then(|i| parse_number(&sentence[i + 1..]))
-        .or_else(|| parse_number(sentence))
+        .and_then(|i| first_value(&sentence[i + 1..], MAX_GAP_WORDS))
+        .or_else(|| first_value(sentence, MAX_GAP_WORDS))
 }
 
 /// The content of the brace group opening at `s[open]`.

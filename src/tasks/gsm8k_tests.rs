@@ -252,6 +252,28 @@ fn answer_phrase_stops_at_the_sentence_end() {
 }
 
 #[test]
+fn answer_phrase_allows_one_word_before_the_number() {
+    assert_eq!(
+        ex("The answer is therefore 18."),
+        Some((n(18), Rule::AnswerIs))
+    );
+    assert_eq!(
+        ex("The answer is approximately $18."),
+        Some((n(18), Rule::AnswerIs))
+    );
+    assert_eq!(ex("The answer is: **18**"), Some((n(18), Rule::AnswerIs)));
+    assert_eq!(ex("The answer is 1,234."), Some((n(1234), Rule::AnswerIs)));
+}
+
+#[test]
+fn answer_phrase_far_from_its_number_defers_to_later_rules() {
+    let out = "The answer is found by multiplying 9 by 2, which gives 18.";
+    assert_eq!(ex(out), Some((n(18), Rule::LastNumber)));
+    let out = "The final answer is: Janet makes $18 every day.";
+    assert_eq!(ex(out), Some((n(18), Rule::LastNumber)));
+}
+
+#[test]
 fn last_answer_phrase_wins() {
     let out = "The answer is 20. Let me re-check: 9 * 2 = 18. The answer is 18.";
     assert_eq!(ex(out), Some((n(18), Rule::AnswerIs)));
@@ -331,6 +353,20 @@ fn takes_printed_result_phrase_after_code() {
     assert_eq!(ex(out), Some((n(18), Rule::PrintedOutput)));
     let out = "```python\nprint(9 * 2)\n```\nThis prints 18, using 1 multiplication";
     assert_eq!(ex(out), Some((n(18), Rule::PrintedOutput)));
+}
+
+#[test]
+fn takes_output_of_the_code_phrase() {
+    let out = "```python\nprint(9 * 2)\n```\nThe output of the code is 18, after 2 steps";
+    assert_eq!(ex(out), Some((n(18), Rule::PrintedOutput)));
+}
+
+#[test]
+fn float_printed_by_code_equals_integer_gold() {
+    let out = "```python\nprint((16 - 3 - 4) * 2.0)\n```\n```output\n18.0\n```";
+    let g = grade_answer(out, "18");
+    assert!(g.correct, "{g:?}");
+    assert_eq!(g.rule.as_deref(), Some("printed_output"));
 }
 
 #[test]
@@ -554,4 +590,69 @@ fn prompt_format_parses_and_prints_its_name() {
         err,
         "spec: gsm8k: unknown prompt format `five-shot` (expected zero-shot-chat or eight-shot-cot)"
     );
+}
+
+#[test]
+fn never_panics_on_arbitrary_text() {
+    // Deterministic pseudo-random texts over pieces that stress the scanner and the segmenter:
+    // multi-byte characters next to signs, dollars, fences, braces and markers.
+    const PIECES: [&str; 32] = [
+        "1",
+        "23",
+        ",",
+        ".",
+        "-",
+        "−",
+        "$",
+        "\\$",
+        "%",
+        "/",
+        "=",
+        "(",
+        ")",
+        "{",
+        "}",
+        "\\boxed{",
+        "\\frac{",
+        "####",
+        "#",
+        "```",
+        "```python\n",
+        "```output\n",
+        "\n",
+        " ",
+        "answer is ",
+        "Answer:",
+        "prints ",
+        "é",
+        "日本",
+        "🙂",
+        "9999999999999999999999999999999999999999",
+        "0.",
+    ];
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..3000 {
+        let mut text = String::new();
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        let len = (state >> 59) as usize + 1;
+        for _ in 0..len * 2 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            text.push_str(PIECES[(state >> 59) as usize % PIECES.len()]);
+        }
+        let _ = extract_answer(&text);
+        let _ = parse_number(&text);
+        let _ = grade_answer(&text, "18");
+    }
+}
+
+#[test]
+fn extreme_values_are_rejected_not_wrapped() {
+    assert_eq!(Number::new(i128::MIN, 1), None);
+    assert_eq!(Number::new(1, i128::MIN), None);
+    assert_eq!(Number::new(1, 0), None);
+    assert_eq!(Number::new(6, -4), Some(frac(-3, 2)));
 }
