@@ -21,6 +21,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// The registry table, as vendored in `data/models.toml`.
@@ -401,13 +402,15 @@ impl Drop for TempDir {
     }
 }
 
-/// `<pid>-<nanoseconds>`: distinct across processes and calls.
+/// `<pid>-<nanoseconds>-<counter>`: distinct across processes, threads and calls.
 fn unique_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("{}-{nanos}", std::process::id())
+    let k = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{nanos}-{k}", std::process::id())
 }
 
 /// The last non-empty line of a tool's stderr, for a one-line error.

