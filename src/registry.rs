@@ -72,7 +72,14 @@ struct Table {
 }
 
 fn parse_table(text: &str) -> std::result::Result<Vec<ModelSpec>, String> {
-    let table: Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let table: Table = toml::from_str(text).map_err(|e| {
+        // toml's message carries a multi-line snippet; its first line says where.
+        e.to_string()
+            .lines()
+            .next()
+            .unwrap_or("invalid TOML")
+            .to_string()
+    })?;
     for (i, m) in table.model.iter().enumerate() {
         if table.model[..i].iter().any(|o| o.name == m.name) {
             return Err(format!("model `{}` listed twice", m.name));

@@ -116,6 +116,9 @@ fn table_parser_rejects_inconsistent_entries() {
     );
     let extra = entry("x", &good).replace("size = 1", "size = 1\nbytes = 2");
     assert!(parse_table(&extra).is_err(), "unknown fields are rejected");
+    let broken = parse_table("[[model]\nname = 1").unwrap_err();
+    assert!(broken.starts_with("TOML parse error"), "{broken}");
+    assert!(!broken.contains('\n'), "one line: {broken}");
 }
 
 // ---- assembly -----------------------------------------------------------------------------------

@@ -196,7 +196,8 @@ pub fn gold_from_solution(solution: &str) -> Option<&str> {
 }
 
 /// Parse problems `range` (0-based line numbers; `..` for all) from GSM8K-shaped JSONL text,
-/// one `{"question", "answer"}` object per line. `source` names the text in errors.
+/// one `{"question", "answer"}` object per line. `source` names the text in errors, and its file
+/// stem names the split in ids: problem 17 of `.../test.jsonl` is `gsm8k-test-17`.
 pub fn parse_problems(
     jsonl: &str,
     source: &str,
@@ -219,6 +220,10 @@ pub fn parse_problems(
             lines.len()
         )));
     }
+    let split = Path::new(source)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "data".to_string());
     let mut out = Vec::with_capacity(end - start);
     for (index, line) in lines.iter().enumerate().take(end).skip(start) {
         let raw: RawItem = serde_json::from_str(line)
@@ -234,7 +239,7 @@ pub fn parse_problems(
             )));
         }
         out.push(Problem {
-            id: format!("gsm8k-test-{index}"),
+            id: format!("gsm8k-{split}-{index}"),
             index,
             gold: gold.to_string(),
             question: raw.question,

@@ -498,6 +498,10 @@ fn rejects_malformed_jsonl_with_a_line_number() {
     let text = "{\"question\": \"q\", \"answer\": \"x\\n#### 3\"}\nnot json\n";
     let err = parse_problems(text, "t.jsonl", ..).unwrap_err().to_string();
     assert!(err.starts_with("spec: gsm8k: t.jsonl problem 1: "), "{err}");
+    assert_eq!(
+        parse_problems(text, "dir/t.jsonl", ..1).unwrap()[0].id,
+        "gsm8k-t-0"
+    );
     let text = "{\"question\": \"q\", \"answer\": \"no marker\"}";
     let err = parse_problems(text, "t.jsonl", ..).unwrap_err().to_string();
     assert_eq!(
