@@ -5,6 +5,7 @@
 //! how reductions run without forking model code ([`exec`]), counter-based sampling
 //! ([`sampling`]), three-pass counterfactual credit campaigns ([`credit`]) and the tooling
 //! around them.
+pub mod chat;
 pub mod config;
 pub mod credit;
 pub mod error;

@@ -535,6 +535,6 @@ fn refeed_prefix(
     *tokens += ids.len() as u64;
     let mut cache = model.decoder.new_cache(1, ids.len() as i64)?;
     let t = Tensor::from_slice(&ids).view([1, -1]);
-    model.decoder.forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
+    let _ = model.decoder.forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
     Ok(cache)
 }

@@ -1,7 +1,8 @@
 //! Column-oriented tables written to and read from Parquet (Arrow), atomically.
 use crate::{Error, Result};
-use arrow_array::builder::{ListBuilder, Int64Builder};
+use arrow_array::builder::{Float64Builder, Int64Builder, ListBuilder};
 use arrow_array::{
+    Array,
     ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, UInt32Array,
 };
 use arrow_schema::{DataType, Field, Schema};
@@ -29,6 +30,8 @@ pub enum Column {
     OptStr(Vec<Option<String>>),
     /// Lists of signed 64-bit integers (token ids).
     ListI64(Vec<Vec<i64>>),
+    /// Lists of 64-bit floats.
+    ListF64(Vec<Vec<f64>>),
 }
 
 impl Column {
@@ -41,6 +44,7 @@ impl Column {
             Column::Str(v) => v.len(),
             Column::OptStr(v) => v.len(),
             Column::ListI64(v) => v.len(),
+            Column::ListF64(v) => v.len(),
         }
     }
 
@@ -54,6 +58,16 @@ impl Column {
             Column::OptStr(v) => (DataType::Utf8, true, Arc::new(StringArray::from(v.clone()))),
             Column::ListI64(v) => {
                 let mut b = ListBuilder::new(Int64Builder::new()).with_field(Arc::new(Field::new("item", DataType::Int64, false)));
+                for row in v {
+                    b.values().append_slice(row);
+                    b.append(true);
+                }
+                let arr = b.finish();
+                (arr.data_type().clone(), false, Arc::new(arr))
+            }
+            Column::ListF64(v) => {
+                let mut b = ListBuilder::new(Float64Builder::new())
+                    .with_field(Arc::new(Field::new("item", DataType::Float64, false)));
                 for row in v {
                     b.values().append_slice(row);
                     b.append(true);
