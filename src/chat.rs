@@ -7,7 +7,9 @@ pub fn render(template: &str, messages: &[Message], add_generation_prompt: bool)
     let mut env = minijinja::Environment::new();
     env.add_template("chat", template)
         .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
-    let tmpl = env.get_template("chat").map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
+    let tmpl = env
+        .get_template("chat")
+        .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))?;
     tmpl.render(minijinja::context! { messages => minijinja::Value::from(minijinja::value::Serde(messages)), add_generation_prompt => add_generation_prompt })
         .map_err(|e| Error::Tokenizer(format!("chat template: {e}")))
 }

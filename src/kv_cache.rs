@@ -210,7 +210,9 @@ impl KvCache {
         let longest = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
         for (src, s) in parts {
             if src.shape != first.shape || src.kind != first.kind || src.device != first.device {
-                return Err(Error::KvCache("gathered caches differ in shape, dtype or device".into()));
+                return Err(Error::KvCache(
+                    "gathered caches differ in shape, dtype or device".into(),
+                ));
             }
             if s.row >= src.batch() || s.len > src.lens[s.row] {
                 return Err(Error::KvCache(format!(
@@ -219,7 +221,13 @@ impl KvCache {
                 )));
             }
         }
-        let mut out = KvCache::new(first.shape, parts.len(), longest + extra, first.kind, first.device)?;
+        let mut out = KvCache::new(
+            first.shape,
+            parts.len(),
+            longest + extra,
+            first.kind,
+            first.device,
+        )?;
         for (i, (src, s)) in parts.iter().enumerate() {
             if s.len == 0 {
                 continue;
@@ -241,7 +249,8 @@ impl KvCache {
         if rows.iter().any(|&r| r >= self.batch()) {
             return Err(Error::KvCache(format!("row out of range in {rows:?}")));
         }
-        let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to_device(self.device);
+        let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
+            .to_device(self.device);
         for layer in &mut self.layers {
             layer.k = layer.k.f_index_select(0, &idx)?;
             layer.v = layer.v.f_index_select(0, &idx)?;

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod config;
 pub mod credit;
 pub mod error;
+pub mod eval;
 pub mod exec;
 pub mod generate;
 pub mod io;

@@ -71,16 +71,39 @@ pub fn parse_device(s: &str) -> Result<Device> {
 pub enum ModelSource {
     /// A Hugging Face directory (`config.json`, safetensors, optional `tokenizer.json`).
     HfDir(PathBuf),
+    /// A GGUF file; `name` is the registry name when it came from the registry.
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// Registry name, if any.
+        name: Option<String>,
+    },
 }
 
 impl ModelSource {
-    /// Resolve a command-line model argument.
+    /// Resolve a command-line model argument: an existing folder or `.gguf` file, else a
+    /// registry name (which must have been pulled).
     pub fn resolve(arg: &str) -> Result<ModelSource> {
         let path = Path::new(arg);
         if path.is_dir() {
             return Ok(ModelSource::HfDir(path.to_path_buf()));
         }
-        Err(Error::Spec(format!("model `{arg}`: not a directory")))
+        if path.is_file() {
+            return Ok(ModelSource::Gguf {
+                path: path.to_path_buf(),
+                name: None,
+            });
+        }
+        if arg.contains('/') || arg.ends_with(".gguf") {
+            return Err(Error::Spec(format!(
+                "model `{arg}`: no such file or directory"
+            )));
+        }
+        let path = crate::registry::model_path(arg)?;
+        Ok(ModelSource::Gguf {
+            path,
+            name: Some(arg.to_string()),
+        })
     }
 }
 
@@ -114,10 +137,9 @@ impl LoadedModel {
         let (text, add_special) = match prompt {
             Prompt::Text { text } => (text.clone(), true),
             Prompt::Chat { messages } => {
-                let template = self
-                    .chat_template
-                    .as_deref()
-                    .ok_or_else(|| Error::Tokenizer(format!("model `{}` has no chat template", self.name)))?;
+                let template = self.chat_template.as_deref().ok_or_else(|| {
+                    Error::Tokenizer(format!("model `{}` has no chat template", self.name))
+                })?;
                 (crate::chat::render(template, messages, true)?, false)
             }
         };
@@ -150,7 +172,12 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
             } else {
                 None
             };
-            let stop_tokens = decoder.config().eos_token_ids.iter().map(|&x| x as i64).collect();
+            let stop_tokens = decoder
+                .config()
+                .eos_token_ids
+                .iter()
+                .map(|&x| x as i64)
+                .collect();
             Ok(LoadedModel {
                 decoder,
                 tokenizer,
@@ -160,5 +187,9 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
                 sha256: None,
             })
         }
+        ModelSource::Gguf { path, .. } => Err(Error::Gguf(format!(
+            "{}: GGUF loading is not available yet",
+            path.display()
+        ))),
     }
 }

@@ -154,7 +154,12 @@ fn sync(device: Device) {
 }
 
 /// Run (or resume) a campaign; returns the final manifest.
-pub fn run_campaign(spec: &CampaignSpec, spec_sha256: &str, model: &LoadedModel, opts: &RunOptions) -> Result<Manifest> {
+pub fn run_campaign(
+    spec: &CampaignSpec,
+    spec_sha256: &str,
+    model: &LoadedModel,
+    opts: &RunOptions,
+) -> Result<Manifest> {
     let out = &opts.out_dir;
     std::fs::create_dir_all(out.join("shards")).map_err(|e| Error::io(out, e))?;
     let manifest_path = out.join("manifest.json");
@@ -197,14 +202,20 @@ pub fn run_campaign(spec: &CampaignSpec, spec_sha256: &str, model: &LoadedModel,
     };
     write_json(&manifest_path, &manifest)?;
     // Leftovers of an interrupted shard write are incomplete by construction.
-    for entry in std::fs::read_dir(out.join("shards")).map_err(|e| Error::io(out, e))?.flatten() {
+    for entry in std::fs::read_dir(out.join("shards"))
+        .map_err(|e| Error::io(out, e))?
+        .flatten()
+    {
         if entry.file_name().to_string_lossy().starts_with(".tmp-") {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 
     let format: PromptFormat = spec.problems.format.parse()?;
-    let task = Gsm8k::bundled(spec.problems.start..spec.problems.start + spec.problems.count, format)?;
+    let task = Gsm8k::bundled(
+        spec.problems.start..spec.problems.start + spec.problems.count,
+        format,
+    )?;
     let problems = task.problems().to_vec();
     if problems.len() < spec.problems.count {
         return Err(Error::Spec(format!(
@@ -221,8 +232,10 @@ pub fn run_campaign(spec: &CampaignSpec, spec_sha256: &str, model: &LoadedModel,
     });
     let pb_problems = bars.add(ProgressBar::new(problems.len() as u64));
     pb_problems.set_style(
-        ProgressStyle::with_template("problems  {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
-            .map_err(|e| Error::Output(e.to_string()))?,
+        ProgressStyle::with_template(
+            "problems  {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .map_err(|e| Error::Output(e.to_string()))?,
     );
     let pb_work = bars.add(ProgressBar::new(0));
     pb_work.set_style(
@@ -234,7 +247,11 @@ pub fn run_campaign(spec: &CampaignSpec, spec_sha256: &str, model: &LoadedModel,
         let dir = shard_dir(out, problem.index);
         if !dir.exists() {
             pb_problems.set_message(format!("problem {}", problem.index));
-            let tmp = out.join("shards").join(format!(".tmp-problem-{:05}-{}", problem.index, std::process::id()));
+            let tmp = out.join("shards").join(format!(
+                ".tmp-problem-{:05}-{}",
+                problem.index,
+                std::process::id()
+            ));
             std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
             let shard = run_problem(spec, model, &task, problem, &pb_work)?;
             for (name, table) in TABLES.iter().zip(&shard.tables) {
@@ -284,7 +301,11 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
     m.problems_done = done;
     m.snapshot_checks = checks;
     m.snapshot_hits = hits;
-    m.snapshot_hit_rate = if checks == 0 { 1.0 } else { hits as f64 / checks as f64 };
+    m.snapshot_hit_rate = if checks == 0 {
+        1.0
+    } else {
+        hits as f64 / checks as f64
+    };
     m.cost = cost;
     Ok(())
 }
@@ -366,13 +387,21 @@ fn run_problem(
     for (p, pivot) in pivots.iter().enumerate() {
         for branch in 0..branches.min(1 + pivot.alternatives.len()) {
             for sample in 0..spec.continuations.k {
-                ids.push(JobId { pivot: p, branch, sample });
+                ids.push(JobId {
+                    pivot: p,
+                    branch,
+                    sample,
+                });
             }
         }
     }
     let branch_token = |id: &JobId| {
         let p = &pivots[id.pivot];
-        if id.branch == 0 { p.token } else { p.alternatives[id.branch - 1] }
+        if id.branch == 0 {
+            p.token
+        } else {
+            p.alternatives[id.branch - 1]
+        }
     };
     let key = |id: &JobId| NoiseKey {
         seed: spec.seed,
@@ -455,7 +484,8 @@ fn run_problem(
                 recent = 0;
             }
         };
-        let (outs, checks): (Vec<Outcome>, SnapshotChecks) = engine::run(&decoding, &jobs, &order, batch, &mut on_tokens)?;
+        let (outs, checks): (Vec<Outcome>, SnapshotChecks) =
+            engine::run(&decoding, &jobs, &order, batch, &mut on_tokens)?;
         pb.set_position(ids.len() as u64);
         sync(device);
         info.snapshot_checks += checks.checks;
@@ -502,7 +532,14 @@ fn run_problem(
                     .count() as u32
             };
             for rank in 1..=pivot.alternatives.len().min(spec.pivots.alternatives) {
-                estimates.push(estimate(pass, p, rank, wins(0), wins(rank), spec.continuations.k as u32));
+                estimates.push(estimate(
+                    pass,
+                    p,
+                    rank,
+                    wins(0),
+                    wins(rank),
+                    spec.continuations.k as u32,
+                ));
             }
         }
     }
@@ -514,7 +551,14 @@ fn run_problem(
         problem: problem.index as u32,
     };
     let tables = [
-        records::rollouts(&ctx, &roll, &rollout_text, &rollout_grade, pivots.len(), model)?,
+        records::rollouts(
+            &ctx,
+            &roll,
+            &rollout_text,
+            &rollout_grade,
+            pivots.len(),
+            model,
+        )?,
         records::pivots(&ctx, &roll, &pivots, model)?,
         records::continuations(&ctx, &pivots, &ids, &outcomes, &graded),
         records::estimates(&ctx, &roll, &pivots, &estimates, model)?,
@@ -535,6 +579,8 @@ fn refeed_prefix(
     *tokens += ids.len() as u64;
     let mut cache = model.decoder.new_cache(1, ids.len() as i64)?;
     let t = Tensor::from_slice(&ids).view([1, -1]);
-    let _ = model.decoder.forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
+    let _ = model
+        .decoder
+        .forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
     Ok(cache)
 }

@@ -103,7 +103,10 @@ pub fn run(
     let mut out: Vec<Option<Outcome>> = vec![None; jobs.len()];
     let mut checks = SnapshotChecks::default();
     for chunk in order.chunks(batch.max(1)) {
-        let parts: Vec<(&KvCache, Snapshot)> = chunk.iter().map(|&j| (jobs[j].start.cache, jobs[j].start.snap)).collect();
+        let parts: Vec<(&KvCache, Snapshot)> = chunk
+            .iter()
+            .map(|&j| (jobs[j].start.cache, jobs[j].start.snap))
+            .collect();
         let mut cache = KvCache::gather(&parts, dec.max_new_tokens as i64 + 1)?;
         for (row, &j) in chunk.iter().enumerate() {
             if let Some(expect) = jobs[j].start.expect {
@@ -147,7 +150,10 @@ fn decode_chunk(
     for step in 0..dec.max_new_tokens {
         let b = feed.len() as i64;
         let ids = Tensor::from_slice(&feed).view([b, 1]);
-        let logits = dec.model.forward(&ids, cache, &dec.policy, &LogitsAt::Last)?.view([b, -1]);
+        let logits = dec
+            .model
+            .forward(&ids, cache, &dec.policy, &LogitsAt::Last)?
+            .view([b, -1]);
         check_finite(&logits, "continuation decoding")?;
         // Finished rows draw with their old key; their tokens are discarded.
         let keys: Vec<NoiseKey> = rows

@@ -24,7 +24,14 @@ pub struct Estimate {
 
 /// Build the estimate from success counts. `value` is computed as an integer difference over
 /// `k`, so equal counts give bitwise-equal estimates.
-pub fn estimate(pass: Pass, pivot: usize, alt_rank: usize, orig: u32, alt: u32, k: u32) -> Estimate {
+pub fn estimate(
+    pass: Pass,
+    pivot: usize,
+    alt_rank: usize,
+    orig: u32,
+    alt: u32,
+    k: u32,
+) -> Estimate {
     let all_same = (orig == 0 || orig == k) && alt == orig;
     Estimate {
         pass,

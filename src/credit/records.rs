@@ -43,13 +43,23 @@ pub fn rollouts(
     n_pivots: usize,
     _model: &LoadedModel,
 ) -> Result<Table> {
-    let candidates = roll.steps.iter().filter(|s| s.fingerprint.is_some()).count();
+    let candidates = roll
+        .steps
+        .iter()
+        .filter(|s| s.fingerprint.is_some())
+        .count();
     Ok(common(ctx, 1)
         .with("prompt_len", Column::U32(vec![roll.prompt.len() as u32]))
         .with("n_tokens", Column::U32(vec![roll.steps.len() as u32]))
         .with("tokens", Column::ListI64(vec![roll.tokens()]))
-        .with("logprobs", Column::ListF64(vec![roll.steps.iter().map(|s| s.logprob).collect()]))
-        .with("margins", Column::ListF64(vec![roll.steps.iter().map(|s| s.margin).collect()]))
+        .with(
+            "logprobs",
+            Column::ListF64(vec![roll.steps.iter().map(|s| s.logprob).collect()]),
+        )
+        .with(
+            "margins",
+            Column::ListF64(vec![roll.steps.iter().map(|s| s.margin).collect()]),
+        )
         .with("stop", Column::Str(vec![roll.stop.as_str().into()]))
         .with("text", Column::Str(vec![text.to_string()]))
         .with("answer", Column::OptStr(vec![grade.predicted.clone()]))
@@ -59,7 +69,12 @@ pub fn rollouts(
 }
 
 /// `pivots`: one row per pivot × alternative.
-pub fn pivots(ctx: &Context, roll: &Rollout, pivots: &[Pivot], model: &LoadedModel) -> Result<Table> {
+pub fn pivots(
+    ctx: &Context,
+    roll: &Rollout,
+    pivots: &[Pivot],
+    model: &LoadedModel,
+) -> Result<Table> {
     let mut c = PivotCols::default();
     for p in pivots {
         for (r, &alt) in p.alternatives.iter().enumerate() {
@@ -111,8 +126,10 @@ pub(crate) fn continuations(
     outcomes: &BTreeMap<Pass, Vec<Outcome>>,
     graded: &BTreeMap<Pass, Vec<(Option<String>, bool)>>,
 ) -> Table {
-    let (mut pos, mut rank, mut branch, mut pass_col, mut sample) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut tokens, mut n_tokens, mut stop, mut answer, mut correct) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut pos, mut rank, mut branch, mut pass_col, mut sample) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut tokens, mut n_tokens, mut stop, mut answer, mut correct) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for (pass, outs) in outcomes {
         for ((id, o), (ans, ok)) in ids.iter().zip(outs).zip(&graded[pass]) {
             pos.push(pivots[id.pivot].pos as u32);
@@ -152,22 +169,61 @@ pub fn estimates(
     rows.sort_by_key(|e| (pivots[e.pivot].pos, e.alt_rank, e.pass));
     let p = |e: &Estimate| &pivots[e.pivot];
     let alt = |e: &Estimate| p(e).alternatives[e.alt_rank - 1];
-    let texts = |f: &dyn Fn(&Estimate) -> i64| -> Result<Vec<String>> { rows.iter().map(|e| model.decode(&[f(e)])).collect() };
+    let texts = |f: &dyn Fn(&Estimate) -> i64| -> Result<Vec<String>> {
+        rows.iter().map(|e| model.decode(&[f(e)])).collect()
+    };
     let orig_text = texts(&|e| p(e).token)?;
     let alt_text = texts(&alt)?;
     Ok(common(ctx, rows.len())
-        .with("pivot_pos", Column::U32(rows.iter().map(|e| p(e).pos as u32).collect()))
-        .with("abs_pos", Column::U32(rows.iter().map(|e| (roll.prompt.len() + p(e).pos) as u32).collect()))
-        .with("alt_rank", Column::U32(rows.iter().map(|e| e.alt_rank as u32).collect()))
-        .with("pass", Column::Str(rows.iter().map(|e| e.pass.as_str().to_string()).collect()))
-        .with("estimate", Column::F64(rows.iter().map(|e| e.value).collect()))
-        .with("orig_successes", Column::U32(rows.iter().map(|e| e.orig_successes).collect()))
-        .with("alt_successes", Column::U32(rows.iter().map(|e| e.alt_successes).collect()))
+        .with(
+            "pivot_pos",
+            Column::U32(rows.iter().map(|e| p(e).pos as u32).collect()),
+        )
+        .with(
+            "abs_pos",
+            Column::U32(
+                rows.iter()
+                    .map(|e| (roll.prompt.len() + p(e).pos) as u32)
+                    .collect(),
+            ),
+        )
+        .with(
+            "alt_rank",
+            Column::U32(rows.iter().map(|e| e.alt_rank as u32).collect()),
+        )
+        .with(
+            "pass",
+            Column::Str(rows.iter().map(|e| e.pass.as_str().to_string()).collect()),
+        )
+        .with(
+            "estimate",
+            Column::F64(rows.iter().map(|e| e.value).collect()),
+        )
+        .with(
+            "orig_successes",
+            Column::U32(rows.iter().map(|e| e.orig_successes).collect()),
+        )
+        .with(
+            "alt_successes",
+            Column::U32(rows.iter().map(|e| e.alt_successes).collect()),
+        )
         .with("k", Column::U32(rows.iter().map(|e| e.k).collect()))
-        .with("informative", Column::Bool(rows.iter().map(|e| e.informative).collect()))
-        .with("margin", Column::F64(rows.iter().map(|e| p(e).margin).collect()))
-        .with("orig_token", Column::I64(rows.iter().map(|e| p(e).token).collect()))
-        .with("alt_token", Column::I64(rows.iter().map(|e| alt(e)).collect()))
+        .with(
+            "informative",
+            Column::Bool(rows.iter().map(|e| e.informative).collect()),
+        )
+        .with(
+            "margin",
+            Column::F64(rows.iter().map(|e| p(e).margin).collect()),
+        )
+        .with(
+            "orig_token",
+            Column::I64(rows.iter().map(|e| p(e).token).collect()),
+        )
+        .with(
+            "alt_token",
+            Column::I64(rows.iter().map(|e| alt(e)).collect()),
+        )
         .with("orig_text", Column::Str(orig_text))
         .with("alt_text", Column::Str(alt_text))
         .with(

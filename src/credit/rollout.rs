@@ -3,12 +3,12 @@
 //! decode-time KV state the token was sampled from.
 use super::engine::Stop;
 use super::spec::{PivotRule, PivotSpec};
+use crate::Result;
 use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
 use crate::sampling::{self, NoiseKey, Sampling};
-use crate::Result;
 use tch::{Device, Kind, Tensor};
 
 /// One generated token and what the model thought of it.
@@ -76,14 +76,18 @@ pub struct RolloutParams<'a> {
 /// The most probable `n` tokens of a `[1, V]` row, best first.
 fn top_tokens(logits: &Tensor, n: i64) -> Result<Vec<i64>> {
     let (_, idx) = logits.f_to_kind(Kind::Float)?.f_topk(n, -1, true, true)?;
-    Ok(Vec::<i64>::try_from(idx.to_device(Device::Cpu).reshape([-1]))?)
+    Ok(Vec::<i64>::try_from(
+        idx.to_device(Device::Cpu).reshape([-1]),
+    )?)
 }
 
 /// Generate one rollout.
 pub fn rollout(model: &Decoder, prompt: &[i64], p: &RolloutParams) -> Result<Rollout> {
     let mut cache = model.new_cache(1, (prompt.len() + p.max_new_tokens + 1) as i64)?;
     let ids = Tensor::from_slice(prompt).view([1, -1]);
-    let mut logits = model.forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?.view([1, -1]);
+    let mut logits = model
+        .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
+        .view([1, -1]);
     let mut steps: Vec<Step> = Vec::new();
     let stop = loop {
         check_finite(&logits, "rollout")?;
@@ -117,11 +121,15 @@ pub fn rollout(model: &Decoder, prompt: &[i64], p: &RolloutParams) -> Result<Rol
         if steps.len() >= p.max_new_tokens {
             break Stop::Length;
         }
-        if p.text_stop.is_some_and(|f| f(&steps.iter().map(|s| s.token).collect::<Vec<_>>())) {
+        if p.text_stop
+            .is_some_and(|f| f(&steps.iter().map(|s| s.token).collect::<Vec<_>>()))
+        {
             break Stop::Text;
         }
         let ids = Tensor::from_slice(&[token]).view([1, 1]);
-        logits = model.forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?.view([1, -1]);
+        logits = model
+            .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
+            .view([1, -1]);
     };
     Ok(Rollout {
         prompt: prompt.to_vec(),
@@ -204,7 +212,13 @@ mod tests {
 
     #[test]
     fn lowest_margin_rule_keeps_the_smallest_margins_in_position_order() {
-        let steps = vec![step(0.9, false), step(0.3, true), step(0.1, true), step(0.2, true), step(0.05, true)];
+        let steps = vec![
+            step(0.9, false),
+            step(0.3, true),
+            step(0.1, true),
+            step(0.2, true),
+            step(0.05, true),
+        ];
         let spec = PivotSpec {
             max_margin: 0.5,
             max_per_rollout: 2,

@@ -186,8 +186,8 @@ impl CampaignSpec {
     /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
     pub fn load(path: &Path) -> Result<(CampaignSpec, String)> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let spec: CampaignSpec =
-            toml::from_str(&text).map_err(|e| Error::Spec(format!("{}: {}", path.display(), e.message())))?;
+        let spec: CampaignSpec = toml::from_str(&text)
+            .map_err(|e| Error::Spec(format!("{}: {}", path.display(), e.message())))?;
         spec.validate()?;
         Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
     }

@@ -2,8 +2,7 @@
 use crate::{Error, Result};
 use arrow_array::builder::{Float64Builder, Int64Builder, ListBuilder};
 use arrow_array::{
-    Array,
-    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, UInt32Array,
+    Array, ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, UInt32Array,
 };
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
@@ -50,14 +49,38 @@ impl Column {
 
     fn to_arrow(&self) -> (DataType, bool, ArrayRef) {
         match self {
-            Column::U32(v) => (DataType::UInt32, false, Arc::new(UInt32Array::from(v.clone()))),
-            Column::I64(v) => (DataType::Int64, false, Arc::new(Int64Array::from(v.clone()))),
-            Column::F64(v) => (DataType::Float64, false, Arc::new(Float64Array::from(v.clone()))),
-            Column::Bool(v) => (DataType::Boolean, false, Arc::new(BooleanArray::from(v.clone()))),
-            Column::Str(v) => (DataType::Utf8, false, Arc::new(StringArray::from(v.clone()))),
+            Column::U32(v) => (
+                DataType::UInt32,
+                false,
+                Arc::new(UInt32Array::from(v.clone())),
+            ),
+            Column::I64(v) => (
+                DataType::Int64,
+                false,
+                Arc::new(Int64Array::from(v.clone())),
+            ),
+            Column::F64(v) => (
+                DataType::Float64,
+                false,
+                Arc::new(Float64Array::from(v.clone())),
+            ),
+            Column::Bool(v) => (
+                DataType::Boolean,
+                false,
+                Arc::new(BooleanArray::from(v.clone())),
+            ),
+            Column::Str(v) => (
+                DataType::Utf8,
+                false,
+                Arc::new(StringArray::from(v.clone())),
+            ),
             Column::OptStr(v) => (DataType::Utf8, true, Arc::new(StringArray::from(v.clone()))),
             Column::ListI64(v) => {
-                let mut b = ListBuilder::new(Int64Builder::new()).with_field(Arc::new(Field::new("item", DataType::Int64, false)));
+                let mut b = ListBuilder::new(Int64Builder::new()).with_field(Arc::new(Field::new(
+                    "item",
+                    DataType::Int64,
+                    false,
+                )));
                 for row in v {
                     b.values().append_slice(row);
                     b.append(true);
@@ -109,13 +132,17 @@ impl Table {
         let mut arrays = Vec::new();
         for (name, col) in &self.columns {
             if col.len() != n {
-                return Err(Error::Output(format!("column `{name}` has {} rows, expected {n}", col.len())));
+                return Err(Error::Output(format!(
+                    "column `{name}` has {} rows, expected {n}",
+                    col.len()
+                )));
             }
             let (dt, nullable, arr) = col.to_arrow();
             fields.push(Field::new(name, dt, nullable));
             arrays.push(arr);
         }
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).map_err(|e| Error::Output(e.to_string()))
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
+            .map_err(|e| Error::Output(e.to_string()))
     }
 
     /// Write to `path` atomically.
@@ -127,17 +154,24 @@ impl Table {
 /// Write record batches (all of one schema) to a Parquet file atomically.
 pub fn write_batches(path: &Path, batches: &[RecordBatch]) -> Result<()> {
     let Some(first) = batches.first() else {
-        return Err(Error::Output(format!("{}: nothing to write", path.display())));
+        return Err(Error::Output(format!(
+            "{}: nothing to write",
+            path.display()
+        )));
     };
-    let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
     let mut buf = Vec::new();
     {
         let mut w = ArrowWriter::try_new(&mut buf, first.schema(), Some(props))
             .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
         for b in batches {
-            w.write(b).map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
+            w.write(b)
+                .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
         }
-        w.close().map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
+        w.close()
+            .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
     }
     super::write_atomic(path, &buf)
 }
