@@ -1,5 +1,6 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
 mod campaign;
+mod crosscheck;
 mod eval;
 mod generate;
 mod models;
@@ -18,6 +19,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt or token ids.
     Generate(generate::Args),
+    /// Teacher-forced logits on a device/dtype against CPU fp32.
+    Crosscheck(crosscheck::Args),
     /// The model registry: list and pull real models.
     #[command(subcommand)]
     Models(models::Cmd),
@@ -35,6 +38,7 @@ pub fn run() -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Models(cmd) => models::run(cmd),
+        Command::Crosscheck(args) => crosscheck::run(args),
         Command::Eval(cmd) => eval::run(cmd),
         Command::Campaign(cmd) => campaign::run(cmd),
     }
