@@ -11,7 +11,10 @@ fn torch_dir() -> Option<PathBuf> {
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let out = std::process::Command::new(python)
-        .args(["-c", "import torch, os; print(os.path.dirname(torch.__file__))"])
+        .args([
+            "-c",
+            "import torch, os; print(os.path.dirname(torch.__file__))",
+        ])
         .output()
         .ok()?;
     let dir = String::from_utf8(out.stdout).ok()?;
@@ -25,7 +28,9 @@ fn torch_version(dir: &std::path::Path) -> Option<String> {
         let line = text.lines().find(|l| l.starts_with("__version__"))?;
         return Some(line.split(['\'', '"']).nth(1)?.to_string());
     }
-    std::fs::read_to_string(dir.join("build-version")).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(dir.join("build-version"))
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn main() {
@@ -33,7 +38,10 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
     println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
     let dir = torch_dir();
-    let version = dir.as_deref().and_then(torch_version).unwrap_or_else(|| "unknown".into());
+    let version = dir
+        .as_deref()
+        .and_then(torch_version)
+        .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=KVCREDIT_LIBTORCH_VERSION={version}");
     if let Some(lib) = dir.map(|d| d.join("lib")) {
         println!("cargo:rustc-link-search=native={}", lib.display());

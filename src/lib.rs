@@ -5,6 +5,7 @@
 //! how reductions run without forking model code ([`exec`]), counter-based sampling
 //! ([`sampling`]), three-pass counterfactual credit campaigns ([`credit`]) and the tooling
 //! around them.
+//! ([`sampling`]) and the tooling around them.
 pub mod chat;
 pub mod config;
 pub mod credit;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod eval;
 pub mod exec;
 pub mod generate;
+pub mod gguf;
 pub mod io;
 pub mod kv_cache;
 pub mod model;
@@ -20,6 +22,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod stats;
 pub mod tasks;
+pub mod tokenizer;
 
 pub use config::{Arch, ArchConfig};
 pub use error::{Error, Result};

@@ -113,8 +113,8 @@ pub struct LoadedModel {
     pub decoder: Decoder,
     /// Tokenizer, if the source had one.
     pub tokenizer: Option<tokenizers::Tokenizer>,
-    /// Chat template (Jinja), if the source had one.
-    pub chat_template: Option<String>,
+    /// Chat template, if the source had one.
+    pub chat: Option<crate::chat::ChatTemplate>,
     /// Token ids that end a sequence.
     pub stop_tokens: Vec<i64>,
     /// Short name for records.
@@ -137,10 +137,13 @@ impl LoadedModel {
         let (text, add_special) = match prompt {
             Prompt::Text { text } => (text.clone(), true),
             Prompt::Chat { messages } => {
-                let template = self.chat_template.as_deref().ok_or_else(|| {
+                let template = self.chat.as_ref().ok_or_else(|| {
                     Error::Tokenizer(format!("model `{}` has no chat template", self.name))
                 })?;
-                (crate::chat::render(template, messages, true)?, false)
+                (
+                    template.render_with(messages, true, serde_json::Value::Null)?,
+                    false,
+                )
             }
         };
         let enc = tok
@@ -164,13 +167,14 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
         ModelSource::HfDir(dir) => {
             let decoder = Decoder::load_hf_dir(dir, dtype.kind(), device)?;
             let tok_path = dir.join("tokenizer.json");
-            let tokenizer = if tok_path.exists() {
-                Some(
-                    tokenizers::Tokenizer::from_file(&tok_path)
-                        .map_err(|e| Error::Tokenizer(format!("{}: {e}", tok_path.display())))?,
-                )
-            } else {
-                None
+            let tokenizer = match tok_path.exists() {
+                true => Some(crate::tokenizer::from_file(&tok_path)?),
+                false => None,
+            };
+            let tc_path = dir.join("tokenizer_config.json");
+            let chat = match tc_path.exists() {
+                true => Some(crate::chat::ChatTemplate::from_tokenizer_config(&tc_path)?),
+                false => None,
             };
             let stop_tokens = decoder
                 .config()
@@ -181,15 +185,41 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
             Ok(LoadedModel {
                 decoder,
                 tokenizer,
-                chat_template: None,
+                chat,
                 stop_tokens,
                 name: dir.display().to_string(),
                 sha256: None,
             })
         }
-        ModelSource::Gguf { path, .. } => Err(Error::Gguf(format!(
-            "{}: GGUF loading is not available yet",
-            path.display()
-        ))),
+        ModelSource::Gguf { path, name } => {
+            let mut g = crate::gguf::load(path)?;
+            let decoder = g.take_decoder(dtype.kind(), device)?;
+            let text = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
+            let chat = match &g.chat_template {
+                Some(src) => Some(crate::chat::ChatTemplate::new(
+                    src,
+                    text(g.bos_token_id).as_deref(),
+                    text(g.eos_token_ids.first().copied()).as_deref(),
+                )?),
+                None => None,
+            };
+            let sha256 = match name {
+                Some(n) => Some(crate::registry::find(n)?.sha256.clone()),
+                None => None,
+            };
+            let label = name.clone().unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+            Ok(LoadedModel {
+                decoder,
+                stop_tokens: g.eos_token_ids.iter().map(|&x| x as i64).collect(),
+                tokenizer: Some(g.tokenizer),
+                chat,
+                name: label,
+                sha256,
+            })
+        }
     }
 }
