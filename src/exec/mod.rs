@@ -37,6 +37,16 @@ impl std::fmt::Display for ExecPolicy {
     }
 }
 
+/// The type reductions accumulate in: fp64 for fp64 runs, fp32 otherwise (as Hugging Face
+/// does for norms and softmax).
+pub fn accum_kind(kind: Kind) -> Kind {
+    if kind == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    }
+}
+
 /// Parameters of one attention call, shared by all policies.
 pub struct AttnParams<'a> {
     /// Multiplier applied to `q·k`.
@@ -67,8 +77,9 @@ impl ExecPolicy {
 
     /// Root-mean-square of the last dimension, computed in fp32: returns `x / rms(x)` in fp32.
     pub fn rms_normalize(&self, x: &Tensor, eps: f64) -> Tensor {
-        let xf = x.to_kind(Kind::Float);
-        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let acc = accum_kind(x.kind());
+        let xf = x.to_kind(acc);
+        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, acc);
         xf * (var + eps).rsqrt()
     }
 }
