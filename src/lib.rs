@@ -4,6 +4,8 @@
 //! state after *t* tokens is a cheap exact value ([`kv_cache`]), execution policies that swap
 //! how reductions run without forking model code ([`exec`]), counter-based sampling
 //! ([`sampling`]) and the tooling around them.
+pub mod analysis;
+pub mod check;
 pub mod config;
 pub mod error;
 pub mod exec;

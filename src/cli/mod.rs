@@ -1,4 +1,6 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
+mod analyze;
+mod check;
 mod generate;
 
 use clap::{Parser, Subcommand};
@@ -15,6 +17,10 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt or token ids.
     Generate(generate::Args),
+    /// Summarize campaign run dirs: summary.parquet, report.md, figures.
+    Analyze(analyze::Args),
+    /// Check a campaign run dir's invariants (CI gate): exit 1 naming the offending rows.
+    Check(check::Args),
 }
 
 /// Parse the command line and run the chosen subcommand.
@@ -22,5 +28,7 @@ pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Analyze(args) => analyze::run(args),
+        Command::Check(args) => check::run(args),
     }
 }
