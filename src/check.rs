@@ -21,11 +21,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::analysis::read::{
-    self, ContinuationRow, EstimateRow, Key, Manifest, Pass, read_continuations,
-    read_estimates, read_manifest,
-};
 use crate::Result;
+use crate::analysis::read::{
+    self, ContinuationRow, EstimateRow, Key, Manifest, Pass, read_continuations, read_estimates,
+    read_manifest,
+};
 
 /// A `kvcredit check` rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -305,7 +305,7 @@ impl Checker<'_> {
                 found.push((
                     est_row(k, pass),
                     format!(
-                        "estimate {} ({}/{} correct) vs exact {} ({}/{})",
+                        "estimate {} (orig/alt successes {}/{}) vs exact {} ({}/{})",
                         o.estimate,
                         o.orig_successes,
                         o.alt_successes,
@@ -344,7 +344,9 @@ impl Checker<'_> {
                 diff.push(format!("stop {} vs {}", o.stop, e.stop));
             }
             if e.answer != o.answer {
-                diff.push(format!("answer {:?} vs {:?}", o.answer, e.answer));
+                let show =
+                    |a: &Option<String>| a.as_deref().map_or("null".into(), |s| format!("{s:?}"));
+                diff.push(format!("answer {} vs {}", show(&o.answer), show(&e.answer)));
             }
             if e.correct != o.correct {
                 diff.push(format!("correct {} vs {}", o.correct, e.correct));
@@ -374,7 +376,13 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
         ck.est.entry(r.key()).or_default()[r.pass as usize].push(r);
     }
     for c in &conts {
-        let k = (c.problem, c.pivot_pos, c.alt_rank, c.branch.clone(), c.sample);
+        let k = (
+            c.problem,
+            c.pivot_pos,
+            c.alt_rank,
+            c.branch.clone(),
+            c.sample,
+        );
         ck.cont.entry(k).or_default()[c.pass as usize].push(c);
     }
     let mut rules = vec![

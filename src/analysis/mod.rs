@@ -102,7 +102,12 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
         let mut rows = Vec::new();
         for run in runs {
             let m = &run.manifest;
-            same("replica_schedule", cfg, &meta.replica_schedule, &m.replica_schedule)?;
+            same(
+                "replica_schedule",
+                cfg,
+                &meta.replica_schedule,
+                &m.replica_schedule,
+            )?;
             same("policy", cfg, &meta.policy, &m.policy)?;
             for r in &run.estimates {
                 same("model", cfg, &meta.model, &r.model)?;

@@ -16,11 +16,25 @@ use plotters::prelude::*;
 
 use crate::{Error, Result};
 
-use super::summary::{Comparison, ConfigSummary, Conditioning};
+use super::summary::{Comparison, Conditioning, ConfigSummary};
 
 static FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
 
 type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// Line colours per configuration (the matplotlib "tab10" cycle).
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
 
 const REPLICA: RGBColor = RGBColor(0x8c, 0x8c, 0x8c);
 const REFEED: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
@@ -199,6 +213,8 @@ impl Figure for DisagreementFigure<'_> {
             chart
                 .configure_mesh()
                 .disable_x_mesh()
+                .bold_line_style(BLACK.mix(0.12))
+                .light_line_style(TRANSPARENT)
                 .x_label_formatter(&|x| axis.format_ext(x))
                 .y_desc("eligible estimates that disagree (%)")
                 .y_label_formatter(&|y| format!("{y:.0}"))
@@ -290,6 +306,8 @@ impl Figure for JaccardFigure<'_> {
                 .build_cartesian_2d(0.0..1.05_f64, 0.0..1.05_f64)?;
             chart
                 .configure_mesh()
+                .bold_line_style(BLACK.mix(0.12))
+                .light_line_style(TRANSPARENT)
                 .x_desc("τ (threshold on |Â|)")
                 .y_desc("Jaccard with exact")
                 .x_label_formatter(&|x| format!("{x:.2}"))
@@ -300,7 +318,7 @@ impl Figure for JaccardFigure<'_> {
                 let Some(row) = s.rows.iter().find(|r| r.conditioning == cond) else {
                     continue;
                 };
-                let color = Palette99::pick(i).to_rgba();
+                let color = PALETTE[i % PALETTE.len()];
                 for (cmp, is_refeed) in [(&row.refeed, true), (&row.replica, false)] {
                     let pts: Vec<(f64, Option<f64>)> = cmp
                         .jaccard
@@ -319,9 +337,15 @@ impl Figure for JaccardFigure<'_> {
                         } else {
                             chart.draw_series(DashedLineSeries::new(seg.clone(), 8, 5, style))?
                         };
-                        if n_seg == 0 {
+                        if n_seg == 0 && is_refeed {
                             anno.label(label.clone()).legend(move |(x, y)| {
                                 PathElement::new(vec![(x, y), (x + 18, y)], style)
+                            });
+                        } else if n_seg == 0 {
+                            anno.label(label.clone()).legend(move |(x, y)| {
+                                EmptyElement::at((x, y))
+                                    + PathElement::new(vec![(0, 0), (6, 0)], style)
+                                    + PathElement::new(vec![(10, 0), (16, 0)], style)
                             });
                         }
                         if is_refeed {
@@ -330,14 +354,17 @@ impl Figure for JaccardFigure<'_> {
                             )?;
                         } else {
                             chart.draw_series(
-                                seg.iter().map(|&c| TriangleMarker::new(c, 5, color.filled())),
+                                seg.iter()
+                                    .map(|&c| TriangleMarker::new(c, 5, color.filled())),
                             )?;
                         }
                     }
+                    // Replica bars sit slightly right of τ so both CIs stay visible.
+                    let dx = if is_refeed { 0.0 } else { 0.012 };
                     let bars = cmp.jaccard.iter().filter_map(|j| {
                         let (v, ci) = (j.result.value?, j.ci?);
                         Some(ErrorBar::new_vertical(
-                            j.tau,
+                            j.tau + dx,
                             ci.lo,
                             v,
                             ci.hi,

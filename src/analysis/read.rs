@@ -129,8 +129,7 @@ pub struct Manifest {
 pub fn read_manifest(run_dir: &Path) -> Result<Manifest> {
     let path = run_dir.join(MANIFEST);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    serde_json::from_str(&text)
-        .map_err(|e| Error::Output(format!("{}: {e}", path.display())))
+    serde_json::from_str(&text).map_err(|e| Error::Output(format!("{}: {e}", path.display())))
 }
 
 /// One row of `estimates.parquet` (the columns the analysis uses).
@@ -321,9 +320,7 @@ impl Frame {
     pub(crate) fn u32s(&self, col: &str) -> Result<Vec<u32>> {
         self.i64s(col)?
             .into_iter()
-            .map(|v| {
-                u32::try_from(v).map_err(|_| self.err(col, format_args!("{v} is not a u32")))
-            })
+            .map(|v| u32::try_from(v).map_err(|_| self.err(col, format_args!("{v} is not a u32"))))
             .collect()
     }
 
@@ -412,7 +409,12 @@ impl Frame {
 fn push_ints(a: &dyn Array, out: &mut Vec<i64>) -> std::result::Result<(), String> {
     macro_rules! widen {
         ($t:ty) => {
-            out.extend(a.as_primitive::<$t>().values().iter().map(|&x| i64::from(x)))
+            out.extend(
+                a.as_primitive::<$t>()
+                    .values()
+                    .iter()
+                    .map(|&x| i64::from(x)),
+            )
         };
     }
     match a.data_type() {
@@ -474,8 +476,11 @@ pub fn read_estimates(run_dir: &Path) -> Result<Vec<EstimateRow>> {
         f.strings("dtype")?,
         f.strings("policy")?,
     );
-    let (problem, pivot_pos, alt_rank) =
-        (f.u32s("problem")?, f.u32s("pivot_pos")?, f.u32s("alt_rank")?);
+    let (problem, pivot_pos, alt_rank) = (
+        f.u32s("problem")?,
+        f.u32s("pivot_pos")?,
+        f.u32s("alt_rank")?,
+    );
     let pass = passes(&f, "pass")?;
     let estimate = f.f64s("estimate")?;
     let (orig, alt, k) = (

@@ -6,7 +6,9 @@ use crate::stats::BootstrapCi;
 
 use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM};
 use super::read::Pass;
-use super::summary::{AnalyzeOptions, Comparison, ConditioningSummary, ConfigSummary, Conditioning};
+use super::summary::{
+    AnalyzeOptions, Comparison, Conditioning, ConditioningSummary, ConfigSummary,
+};
 
 /// File name of the report.
 pub const REPORT: &str = "report.md";
@@ -283,10 +285,7 @@ fn jaccard_cell(c: &Comparison, i: usize) -> String {
     let j = &c.jaccard[i];
     match j.result.value {
         None => "empty union".into(),
-        Some(v) => format!(
-            "{v:.3} {}",
-            ci_num(j.ci.map(|ci| (ci.lo, ci.hi)), 2)
-        ),
+        Some(v) => format!("{v:.3} {}", ci_num(j.ci.map(|ci| (ci.lo, ci.hi)), 2)),
     }
 }
 

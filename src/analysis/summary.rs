@@ -283,7 +283,10 @@ fn problems_of(ts: &[&Triple]) -> Vec<u64> {
 }
 
 fn n_clusters(ts: &[&Triple]) -> usize {
-    ts.iter().map(|t| t.key.problem).collect::<BTreeSet<_>>().len()
+    ts.iter()
+        .map(|t| t.key.problem)
+        .collect::<BTreeSet<_>>()
+        .len()
 }
 
 fn compare(

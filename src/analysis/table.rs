@@ -126,7 +126,9 @@ fn comparison(row: &mut Row, c: &Comparison) {
     let md = c.mean_diff.as_ref();
     row.f(
         format!("{p}_mean_diff"),
-        format!("{vs}: mean over problems of the per-problem mean of Â_{p} − Â_exact (mean-zero check)"),
+        format!(
+            "{vs}: mean over problems of the per-problem mean of Â_{p} − Â_exact (mean-zero check)"
+        ),
         md.map(|m| m.t_test.estimate),
     );
     let t_ci = md.and_then(|m| m.t_ci);
@@ -145,7 +147,9 @@ fn comparison(row: &mut Row, c: &Comparison) {
     row.f(format!("{p}_mean_diff_boot_hi"), "… upper", hi);
     row.f(
         format!("{p}_mean_diff_p"),
-        format!("{vs}: two-sided cluster-mean t p-value of mean_diff = 0 (null if se is 0 or G < 2)"),
+        format!(
+            "{vs}: two-sided cluster-mean t p-value of mean_diff = 0 (null if se is 0 or G < 2)"
+        ),
         md.and_then(|m| m.t_test.p_value),
     );
     let j = &c.jaccard;
@@ -218,7 +222,11 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
     row.s("config", "configuration label (campaign name)", &m.config);
     row.s("model", "model label", &m.model);
     row.s("dtype", "dtype label", &m.dtype);
-    row.s("policy", "execution policy: stock | batch_invariant", &m.policy);
+    row.s(
+        "policy",
+        "execution policy: stock | batch_invariant",
+        &m.policy,
+    );
     row.s(
         "replica_schedule",
         "replica batch schedule from the manifest: same | shuffled",
@@ -230,8 +238,16 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         r.conditioning.as_str(),
     );
     row.u("k", "continuations per branch and pass (K)", m.k as usize);
-    row.u("n_runs", "run dirs merged into this configuration", m.run_dirs.len());
-    row.u("n_problems", "problems with a complete estimate", m.n_problems);
+    row.u(
+        "n_runs",
+        "run dirs merged into this configuration",
+        m.run_dirs.len(),
+    );
+    row.u(
+        "n_problems",
+        "problems with a complete estimate",
+        m.n_problems,
+    );
     row.u(
         "n_keys",
         "complete estimates: (problem, pivot_pos, alt_rank) with all three passes",
@@ -366,8 +382,16 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         "cluster-bootstrap replicates per statistic",
         Value::U64(opts.reps as u64),
     );
-    row.put("boot_seed", "seed of every bootstrap", Value::U64(opts.seed));
-    row.f("level", "confidence level of every interval", Some(opts.level));
+    row.put(
+        "boot_seed",
+        "seed of every bootstrap",
+        Value::U64(opts.seed),
+    );
+    row.f(
+        "level",
+        "confidence level of every interval",
+        Some(opts.level),
+    );
     row
 }
 
