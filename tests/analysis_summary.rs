@@ -28,6 +28,9 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 const K: u32 = 2;
 
+/// `(orig, alt)` successes of exact, replica, refeed.
+type Counts = [(u32, u32); 3];
+
 fn row(problem: u32, pivot_pos: u32, alt_rank: u32, pass: Pass, o: u32, a: u32) -> EstimateRow {
     EstimateRow {
         config: "hand".into(),
@@ -49,7 +52,7 @@ fn row(problem: u32, pivot_pos: u32, alt_rank: u32, pass: Pass, o: u32, a: u32) 
 
 fn table_rows() -> Vec<EstimateRow> {
     use Pass::{Exact, Refeed, Replica};
-    let keys: [((u32, u32, u32), [(u32, u32); 3]); 7] = [
+    let keys: [((u32, u32, u32), Counts); 7] = [
         ((0, 1, 1), [(2, 0), (2, 0), (1, 0)]),
         ((0, 2, 1), [(0, 0), (0, 0), (1, 0)]),
         ((1, 1, 1), [(1, 1), (2, 1), (1, 1)]),

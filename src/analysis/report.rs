@@ -1,6 +1,6 @@
 //! `report.md`: the summary as Markdown tables, with the seed paper's numbers side by side.
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::Path;
 
 use crate::stats::BootstrapCi;
 
@@ -427,7 +427,7 @@ fn inputs(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOptions) 
     );
 }
 
-fn display(p: &PathBuf) -> String {
+fn display(p: &Path) -> String {
     format!("`{}`", p.display())
 }
 
