@@ -398,7 +398,7 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
         rules.push(Rule::ReplicaSame);
         ck.identical(Rule::ReplicaSame, Pass::Replica);
     }
-    if manifest.policy == "batch_invariant" {
+    if read::is_batch_invariant(&manifest.policy) {
         rules.push(Rule::BatchInvariant);
         ck.identical(Rule::BatchInvariant, Pass::Replica);
         ck.identical(Rule::BatchInvariant, Pass::Refeed);

@@ -125,6 +125,12 @@ pub struct Manifest {
     pub kvcredit_version: Option<String>,
 }
 
+/// Whether a policy label names the batch-invariant execution policy (`batch_invariant`, also
+/// accepted as `batch-invariant`).
+pub fn is_batch_invariant(policy: &str) -> bool {
+    matches!(policy, "batch_invariant" | "batch-invariant")
+}
+
 /// Read and parse `RUN_DIR/manifest.json`.
 pub fn read_manifest(run_dir: &Path) -> Result<Manifest> {
     let path = run_dir.join(MANIFEST);

@@ -5,7 +5,7 @@ use std::path::Path;
 use crate::stats::BootstrapCi;
 
 use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM};
-use super::read::Pass;
+use super::read::{Pass, is_batch_invariant};
 use super::summary::{
     AnalyzeOptions, Comparison, Conditioning, ConditioningSummary, ConfigSummary,
 };
@@ -141,11 +141,11 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
     // floor of 0 by construction, so those configurations are left out of the ranges.
     let stock: Vec<&ConfigSummary> = summaries
         .iter()
-        .filter(|s| s.meta.policy != "batch_invariant" && s.meta.replica_schedule != "same")
+        .filter(|s| !is_batch_invariant(&s.meta.policy) && s.meta.replica_schedule != "same")
         .collect();
     let same: Vec<&str> = summaries
         .iter()
-        .filter(|s| s.meta.policy != "batch_invariant" && s.meta.replica_schedule == "same")
+        .filter(|s| !is_batch_invariant(&s.meta.policy) && s.meta.replica_schedule == "same")
         .map(|s| s.meta.config.as_str())
         .collect();
     let rows = |c: Conditioning| stock.iter().filter_map(move |s| row_of(s, c));
@@ -217,7 +217,7 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
     );
     let bi: Vec<&ConfigSummary> = summaries
         .iter()
-        .filter(|s| s.meta.policy == "batch_invariant")
+        .filter(|s| is_batch_invariant(&s.meta.policy))
         .collect();
     for s in &bi {
         let Some(r) = row_of(s, ai) else { continue };
