@@ -1,5 +1,7 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
+mod analyze;
 mod campaign;
+mod check;
 mod crosscheck;
 mod eval;
 mod generate;
@@ -30,6 +32,10 @@ enum Command {
     /// Counterfactual credit campaigns.
     #[command(subcommand)]
     Campaign(campaign::Cmd),
+    /// Summarize campaign run dirs: summary.parquet, report.md, figures.
+    Analyze(analyze::Args),
+    /// Check a campaign run dir's invariants (CI gate): exit 1 naming the offending rows.
+    Check(check::Args),
 }
 
 /// Parse the command line and run the chosen subcommand.
@@ -41,5 +47,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Crosscheck(args) => crosscheck::run(args),
         Command::Eval(cmd) => eval::run(cmd),
         Command::Campaign(cmd) => campaign::run(cmd),
+        Command::Analyze(args) => analyze::run(args),
+        Command::Check(args) => check::run(args),
     }
 }
