@@ -233,7 +233,7 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
 fn sigkilled_campaign_resumes_to_identical_parquet() {
     let bin = env!("CARGO_BIN_EXE_kvcredit");
     let dir = scratch("kill");
-    let spec = write_spec(&dir, &spec_text("kill", "shuffled", 3));
+    let spec = write_spec(&dir, &spec_text("kill", "shuffled", 2));
     let reference = dir.join("reference");
     let interrupted = dir.join("interrupted");
     let run = |out: &Path| {
@@ -270,6 +270,9 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
     let first = interrupted.join("shards/problem-00000");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
     while !first.exists() && std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("campaign exited ({status}) before it could be killed");
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     child.kill().unwrap(); // SIGKILL
