@@ -17,7 +17,7 @@ TARGET_DIR := $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),$(CURDIR)/target)
 BIN        := $(TARGET_DIR)/release/kvcredit
 DEMO_MODEL ?= qwen2.5-coder-0.5b-instruct
 
-.PHONY: venv build test demo models lint clean-venv
+.PHONY: venv build test smoke demo models lint clean-venv
 
 venv: $(VENV)/.ready
 
@@ -36,9 +36,22 @@ models: build
 
 test: models
 	cargo test --release --no-fail-fast
+	$(MAKE) --no-print-directory smoke
+
+# The whole pipeline on real output: campaign → analyze → check → notebook.
+smoke: models
+	rm -rf runs/ci-smoke
+	$(BIN) campaign run experiments/ci-smoke.toml --out runs/ci-smoke --quiet
+	$(BIN) analyze runs/ci-smoke
+	$(BIN) check runs/ci-smoke
+	cd notebooks && KVCREDIT_RUN_DIR=../runs/ci-smoke $(VIRTUAL_ENV)/bin/jupyter nbconvert --to notebook --execute analysis.ipynb --output-dir ../runs/ci-smoke --output analysis.executed.ipynb
+	@echo "smoke pipeline passed: runs/ci-smoke"
 
 demo: models
-	$(BIN) generate --model $(DEMO_MODEL) --chat "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?" --max-new-tokens 96
+	$(BIN) campaign run experiments/demo.toml
+	$(BIN) analyze runs/demo
+	$(BIN) check runs/demo
+	@echo "demo results: runs/demo (report.md, summary.parquet, estimates.parquet, figures)"
 
 lint: venv
 	cargo fmt --check

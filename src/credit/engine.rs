@@ -64,6 +64,9 @@ pub struct Outcome {
     pub stop: Stop,
 }
 
+/// A test on the tokens generated so far: has a text stop sequence appeared?
+pub type TextStop<'a> = dyn Fn(&[i64]) -> bool + 'a;
+
 /// Fixed settings of a pass's decoding.
 pub struct Decoding<'a> {
     /// The model.
@@ -77,7 +80,7 @@ pub struct Decoding<'a> {
     /// End-of-sequence tokens.
     pub stop_tokens: &'a [i64],
     /// Text stop test on the tokens so far (checked every few steps), if any.
-    pub text_stop: Option<&'a dyn Fn(&[i64]) -> bool>,
+    pub text_stop: Option<&'a TextStop<'a>>,
 }
 
 /// Fingerprint checks made while starting continuations.

@@ -310,7 +310,7 @@ impl Decoder {
 
         let mut h = Tensor::f_embedding(&self.embed, &tokens, -1, false, false)?;
         if let Some(s) = &self.embed_scale {
-            h = h * s;
+            h *= s;
         }
         for (i, layer) in self.layers.iter().enumerate() {
             let (mask, (cos, sin)) = match layer.kind {
