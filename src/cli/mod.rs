@@ -1,5 +1,6 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
 mod generate;
+mod invariance;
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +16,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt or token ids.
     Generate(generate::Args),
+    /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
+    Invariance(invariance::Args),
 }
 
 /// Parse the command line and run the chosen subcommand.
@@ -22,5 +25,6 @@ pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Invariance(args) => invariance::run(args),
     }
 }

@@ -2,9 +2,14 @@
 //!
 //! The policy is picked once per run and handed to [`crate::model::Decoder::forward`]; model
 //! code calls the ops here and never branches on the policy itself.
+use crate::config::Activation;
 use tch::{Kind, Tensor};
 
+pub mod batch_invariant;
+pub mod invariance;
 mod stock;
+
+pub use batch_invariant::{BiTiles, TileOverrides, set_tile_overrides};
 
 /// How reductions are executed.
 #[derive(
@@ -25,6 +30,7 @@ pub enum ExecPolicy {
     Stock,
     /// Fixed-shape, fixed-order reductions: a token's logits and KV rows do not depend on
     /// how many tokens or sequences share the forward pass.
+    #[value(name = "batch_invariant", alias = "batch-invariant")]
     BatchInvariant,
 }
 
@@ -52,7 +58,7 @@ impl ExecPolicy {
     pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
         match self {
             ExecPolicy::Stock => stock::linear(x, w, b),
-            ExecPolicy::BatchInvariant => stock::linear(x, w, b),
+            ExecPolicy::BatchInvariant => batch_invariant::linear(x, w, b),
         }
     }
 
@@ -61,14 +67,31 @@ impl ExecPolicy {
     pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
         match self {
             ExecPolicy::Stock => stock::attention(q, k, v, p),
-            ExecPolicy::BatchInvariant => stock::attention(q, k, v, p),
+            ExecPolicy::BatchInvariant => batch_invariant::attention(q, k, v, p),
         }
     }
 
     /// Root-mean-square of the last dimension, computed in fp32: returns `x / rms(x)` in fp32.
     pub fn rms_normalize(&self, x: &Tensor, eps: f64) -> Tensor {
-        let xf = x.to_kind(Kind::Float);
-        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
-        xf * (var + eps).rsqrt()
+        match self {
+            ExecPolicy::Stock => {
+                let xf = x.to_kind(Kind::Float);
+                let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+                xf * (var + eps).rsqrt()
+            }
+            ExecPolicy::BatchInvariant => batch_invariant::rms_normalize(x, eps),
+        }
+    }
+
+    /// The gated MLP's activation, elementwise, returning `x`'s dtype.
+    pub fn activation(&self, x: &Tensor, act: Activation) -> Tensor {
+        match self {
+            ExecPolicy::Stock => match act {
+                Activation::Silu => x.silu(),
+                Activation::GeluTanh => x.gelu("tanh"),
+                Activation::Gelu => x.gelu("none"),
+            },
+            ExecPolicy::BatchInvariant => batch_invariant::activation(x, act),
+        }
     }
 }
