@@ -13,7 +13,11 @@ use tch::{Device, Tensor};
 #[derive(clap::Args)]
 pub struct Args {
     /// Model: a Hugging Face directory.
-    #[arg(long, required_unless_present = "synthetic", conflicts_with = "synthetic")]
+    #[arg(
+        long,
+        required_unless_present = "synthetic",
+        conflicts_with = "synthetic"
+    )]
     model: Option<String>,
     /// Random weights with the shape of a real checkpoint (qwen2.5-0.5b, qwen2.5-1.5b).
     #[arg(long)]
@@ -160,7 +164,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (model, what) = match (&a.model, &a.synthetic) {
         (Some(dir), _) => {
             let source = ModelSource::resolve(dir)?;
-            (runtime::load(&source, a.dtype, device)?.decoder, dir.clone())
+            (
+                runtime::load(&source, a.dtype, device)?.decoder,
+                dir.clone(),
+            )
         }
         (None, Some(name)) => (
             synthetic::decoder(name, a.dtype.kind(), device, a.weight_seed)
@@ -209,7 +216,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             println!("stock: not batch invariant ({failed} checks differ), as expected")
         }
         (ExecPolicy::BatchInvariant, _) => {
-            bail!("batch_invariant: {failed} of {} checks differ", report.checks.len())
+            bail!(
+                "batch_invariant: {failed} of {} checks differ",
+                report.checks.len()
+            )
         }
     }
     Ok(())

@@ -121,12 +121,9 @@ impl TileOverrides {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| Error::Spec(format!("tile setting `{part}` is not key=value")))?;
-            let v: i64 = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|v| *v > 0)
-                .ok_or_else(|| Error::Spec(format!("tile setting `{part}`: not a positive integer")))?;
+            let v: i64 = v.trim().parse().ok().filter(|v| *v > 0).ok_or_else(|| {
+                Error::Spec(format!("tile setting `{part}`: not a positive integer"))
+            })?;
             let slot = match k.trim() {
                 "gemm_rows" => &mut o.gemm_rows,
                 "norm_rows" => &mut o.norm_rows,
@@ -306,7 +303,11 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
         .to_kind(f)
         .expand([b, 1, 1, t, l], false)
         .reshape([b, t, l])
-        .pad([0, l_pad - l, 0, t_pad - t], "constant", f64::from(f32::MIN))
+        .pad(
+            [0, l_pad - l, 0, t_pad - t],
+            "constant",
+            f64::from(f32::MIN),
+        )
         .reshape([b, nt, tq, nc, c])
         .permute([0, 1, 3, 2, 4])
         .contiguous()
@@ -359,8 +360,8 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
     let mut num = outs.select(1, 0);
     let mut den = sums.select(1, 0);
     for ci in 1..nc {
-        num = num + outs.select(1, ci);
-        den = den + sums.select(1, ci);
+        num = &num + outs.select(1, ci);
+        den = &den + sums.select(1, ci);
     }
     (num / den)
         .view([b, nt, hkv, group, tq, d])

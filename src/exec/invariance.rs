@@ -169,7 +169,9 @@ impl Rng {
     }
 
     fn tokens(&mut self, n: usize, vocab: usize) -> Vec<i64> {
-        (0..n).map(|_| (self.next() % vocab as u64) as i64).collect()
+        (0..n)
+            .map(|_| (self.next() % vocab as u64) as i64)
+            .collect()
     }
 }
 
@@ -235,7 +237,7 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
 
         // Chunked prefill: 2 or 3 consecutive multi-token forwards.
         let mut cuts = vec![0, rng.range(1, n - 1)];
-        if cuts[1] + 1 < n && rng.next() % 2 == 0 {
+        if cuts[1] + 1 < n && rng.next().is_multiple_of(2) {
             cuts.push(rng.range(cuts[1] + 1, n - 1));
         }
         cuts.push(n);
@@ -280,10 +282,7 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
             let mut cache = model.new_cache(bs, (t + steps) as i64)?;
             let out = model.forward(&tokens, &mut cache, &policy, &LogitsAt::All)?;
             for j in 0..p {
-                check.logits(
-                    &out.get(row as i64).get(j as i64),
-                    &reference.get(j as i64),
-                );
+                check.logits(&out.get(row as i64).get(j as i64), &reference.get(j as i64));
             }
             let lens: Vec<i64> = prompts.iter().map(|pr| pr.len() as i64).collect();
             cache.truncate(&lens)?;
