@@ -31,6 +31,7 @@ build: venv
 	cargo build --release
 
 models: build
+	$(BIN) models pull smollm2-135m-instruct
 	$(BIN) models pull $(DEMO_MODEL)
 
 test: models

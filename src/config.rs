@@ -203,7 +203,7 @@ impl ArchConfig {
         let num_layers = c.usize("num_hidden_layers")?;
         if num_attention_heads == 0
             || num_key_value_heads == 0
-            || num_attention_heads % num_key_value_heads != 0
+            || !num_attention_heads.is_multiple_of(num_key_value_heads)
         {
             return Err(Error::Config(format!(
                 "num_attention_heads ({num_attention_heads}) must be a positive multiple of num_key_value_heads ({num_key_value_heads})"
@@ -271,13 +271,16 @@ impl ArchConfig {
                 "vocab_size, hidden_size, head_dim and the layer count must be positive".into(),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::Config(format!(
                 "head_dim {} must be even for RoPE",
                 self.head_dim
             )));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(Error::Config(
                 "num_attention_heads must be a multiple of num_key_value_heads".into(),
             ));
@@ -501,7 +504,8 @@ mod tests {
             ArchConfig::from_hf_json(&v),
             Err(Error::UnknownArch(_))
         ));
-        let v = json!({"architectures": ["LlamaForCausalLM"], "vocab_size": "many"});
+        let v = json!({"architectures": ["LlamaForCausalLM"], "vocab_size": "many", "hidden_size": 16,
+            "intermediate_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2});
         let err = ArchConfig::from_hf_json(&v).unwrap_err().to_string();
         assert!(err.contains("vocab_size"), "{err}");
     }

@@ -200,39 +200,63 @@ impl KvCache {
         Ok(())
     }
 
-    /// A new cache whose rows start from the given snapshots of `source` (the prefix is copied
-    /// into the new batch; the source is untouched). Room for `extra` further positions.
-    pub fn from_snapshots(source: &KvCache, snaps: &[Snapshot], extra: i64) -> Result<KvCache> {
-        let longest = snaps.iter().map(|s| s.len).max().unwrap_or(0);
-        for s in snaps {
-            if s.row >= source.batch() || s.len > source.lens[s.row] {
+    /// A new cache whose row *i* starts from snapshot `parts[i].1` of cache `parts[i].0`
+    /// (the prefixes are copied into the new batch; the sources are untouched), with room for
+    /// `extra` further positions. All sources must share shape, dtype and device.
+    pub fn gather(parts: &[(&KvCache, Snapshot)], extra: i64) -> Result<KvCache> {
+        let Some((first, _)) = parts.first() else {
+            return Err(Error::KvCache("gather needs at least one snapshot".into()));
+        };
+        let longest = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
+        for (src, s) in parts {
+            if src.shape != first.shape || src.kind != first.kind || src.device != first.device {
+                return Err(Error::KvCache(
+                    "gathered caches differ in shape, dtype or device".into(),
+                ));
+            }
+            if s.row >= src.batch() || s.len > src.lens[s.row] {
                 return Err(Error::KvCache(format!(
-                    "snapshot (row {}, len {}) is not within the source cache",
+                    "snapshot (row {}, len {}) is not within its source cache",
                     s.row, s.len
                 )));
             }
         }
         let mut out = KvCache::new(
-            source.shape,
-            snaps.len(),
+            first.shape,
+            parts.len(),
             longest + extra,
-            source.kind,
-            source.device,
+            first.kind,
+            first.device,
         )?;
-        if longest > 0 {
-            let rows = Tensor::from_slice(&snaps.iter().map(|s| s.row as i64).collect::<Vec<_>>())
-                .to_device(source.device);
-            for (dst, src) in out.layers.iter_mut().zip(&source.layers) {
-                dst.k
-                    .narrow(2, 0, longest)
-                    .f_copy_(&src.k.index_select(0, &rows).narrow(2, 0, longest))?;
-                dst.v
-                    .narrow(2, 0, longest)
-                    .f_copy_(&src.v.index_select(0, &rows).narrow(2, 0, longest))?;
+        for (i, (src, s)) in parts.iter().enumerate() {
+            if s.len == 0 {
+                continue;
+            }
+            for (dst, from) in out.layers.iter_mut().zip(&src.layers) {
+                for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
+                    d.narrow(0, i as i64, 1)
+                        .narrow(2, 0, s.len)
+                        .f_copy_(&f.narrow(0, s.row as i64, 1).narrow(2, 0, s.len))?;
+                }
             }
         }
-        out.lens = snaps.iter().map(|s| s.len).collect();
+        out.lens = parts.iter().map(|(_, s)| s.len).collect();
         Ok(out)
+    }
+
+    /// Keep only the given rows (in the given order), e.g. to drop finished sequences.
+    pub fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
+        if rows.iter().any(|&r| r >= self.batch()) {
+            return Err(Error::KvCache(format!("row out of range in {rows:?}")));
+        }
+        let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
+            .to_device(self.device);
+        for layer in &mut self.layers {
+            layer.k = layer.k.f_index_select(0, &idx)?;
+            layer.v = layer.v.f_index_select(0, &idx)?;
+        }
+        self.lens = rows.iter().map(|&r| self.lens[r]).collect();
+        Ok(())
     }
 
     /// SHA-256 over the K and V bytes of the first `len` positions of `row`, all layers, in

@@ -3,16 +3,26 @@
 //! The crate holds one generic libtorch decoder ([`model`]), an append-only KV cache whose
 //! state after *t* tokens is a cheap exact value ([`kv_cache`]), execution policies that swap
 //! how reductions run without forking model code ([`exec`]), counter-based sampling
+//! ([`sampling`]), three-pass counterfactual credit campaigns ([`credit`]) and the tooling
+//! around them.
 //! ([`sampling`]) and the tooling around them.
+pub mod chat;
 pub mod config;
+pub mod credit;
 pub mod error;
+pub mod eval;
 pub mod exec;
 pub mod generate;
+pub mod gguf;
+pub mod io;
 pub mod kv_cache;
 pub mod model;
+pub mod registry;
 pub mod runtime;
 pub mod sampling;
 pub mod stats;
+pub mod tasks;
+pub mod tokenizer;
 
 pub use config::{Arch, ArchConfig};
 pub use error::{Error, Result};

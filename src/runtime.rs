@@ -1,5 +1,6 @@
 //! Run-time choices shared by every command: device, dtype, and where a model comes from.
 use crate::model::Decoder;
+use crate::tasks::Prompt;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind};
@@ -70,16 +71,39 @@ pub fn parse_device(s: &str) -> Result<Device> {
 pub enum ModelSource {
     /// A Hugging Face directory (`config.json`, safetensors, optional `tokenizer.json`).
     HfDir(PathBuf),
+    /// A GGUF file; `name` is the registry name when it came from the registry.
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// Registry name, if any.
+        name: Option<String>,
+    },
 }
 
 impl ModelSource {
-    /// Resolve a command-line model argument.
+    /// Resolve a command-line model argument: an existing folder or `.gguf` file, else a
+    /// registry name (which must have been pulled).
     pub fn resolve(arg: &str) -> Result<ModelSource> {
         let path = Path::new(arg);
         if path.is_dir() {
             return Ok(ModelSource::HfDir(path.to_path_buf()));
         }
-        Err(Error::Spec(format!("model `{arg}`: not a directory")))
+        if path.is_file() {
+            return Ok(ModelSource::Gguf {
+                path: path.to_path_buf(),
+                name: None,
+            });
+        }
+        if arg.contains('/') || arg.ends_with(".gguf") {
+            return Err(Error::Spec(format!(
+                "model `{arg}`: no such file or directory"
+            )));
+        }
+        let path = crate::registry::model_path(arg)?;
+        Ok(ModelSource::Gguf {
+            path,
+            name: Some(arg.to_string()),
+        })
     }
 }
 
@@ -89,6 +113,52 @@ pub struct LoadedModel {
     pub decoder: Decoder,
     /// Tokenizer, if the source had one.
     pub tokenizer: Option<tokenizers::Tokenizer>,
+    /// Chat template, if the source had one.
+    pub chat: Option<crate::chat::ChatTemplate>,
+    /// Token ids that end a sequence.
+    pub stop_tokens: Vec<i64>,
+    /// Short name for records.
+    pub name: String,
+    /// SHA-256 of the weights file, when known.
+    pub sha256: Option<String>,
+}
+
+impl LoadedModel {
+    fn tokenizer(&self) -> Result<&tokenizers::Tokenizer> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer(format!("model `{}` has no tokenizer", self.name)))
+    }
+
+    /// Token ids of a task prompt: chat messages go through the chat template (which writes
+    /// the special tokens itself); raw text is encoded with the tokenizer's special tokens.
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<i64>> {
+        let tok = self.tokenizer()?;
+        let (text, add_special) = match prompt {
+            Prompt::Text { text } => (text.clone(), true),
+            Prompt::Chat { messages } => {
+                let template = self.chat.as_ref().ok_or_else(|| {
+                    Error::Tokenizer(format!("model `{}` has no chat template", self.name))
+                })?;
+                (
+                    template.render_with(messages, true, serde_json::Value::Null)?,
+                    false,
+                )
+            }
+        };
+        let enc = tok
+            .encode(text.as_str(), add_special)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().iter().map(|&x| x as i64).collect())
+    }
+
+    /// Text of token ids (special tokens kept, so stop markers stay visible to graders).
+    pub fn decode(&self, ids: &[i64]) -> Result<String> {
+        let ids: Vec<u32> = ids.iter().map(|&x| x as u32).collect();
+        self.tokenizer()?
+            .decode(&ids, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
 }
 
 /// Load a model from its source.
@@ -97,15 +167,59 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
         ModelSource::HfDir(dir) => {
             let decoder = Decoder::load_hf_dir(dir, dtype.kind(), device)?;
             let tok_path = dir.join("tokenizer.json");
-            let tokenizer = if tok_path.exists() {
-                Some(
-                    tokenizers::Tokenizer::from_file(&tok_path)
-                        .map_err(|e| Error::Tokenizer(format!("{}: {e}", tok_path.display())))?,
-                )
-            } else {
-                None
+            let tokenizer = match tok_path.exists() {
+                true => Some(crate::tokenizer::from_file(&tok_path)?),
+                false => None,
             };
-            Ok(LoadedModel { decoder, tokenizer })
+            let tc_path = dir.join("tokenizer_config.json");
+            let chat = match tc_path.exists() {
+                true => Some(crate::chat::ChatTemplate::from_tokenizer_config(&tc_path)?),
+                false => None,
+            };
+            let stop_tokens = decoder
+                .config()
+                .eos_token_ids
+                .iter()
+                .map(|&x| x as i64)
+                .collect();
+            Ok(LoadedModel {
+                decoder,
+                tokenizer,
+                chat,
+                stop_tokens,
+                name: dir.display().to_string(),
+                sha256: None,
+            })
+        }
+        ModelSource::Gguf { path, name } => {
+            let mut g = crate::gguf::load(path)?;
+            let decoder = g.take_decoder(dtype.kind(), device)?;
+            let text = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
+            let chat = match &g.chat_template {
+                Some(src) => Some(crate::chat::ChatTemplate::new(
+                    src,
+                    text(g.bos_token_id).as_deref(),
+                    text(g.eos_token_ids.first().copied()).as_deref(),
+                )?),
+                None => None,
+            };
+            let sha256 = match name {
+                Some(n) => Some(crate::registry::find(n)?.sha256.clone()),
+                None => None,
+            };
+            let label = name.clone().unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+            Ok(LoadedModel {
+                decoder,
+                stop_tokens: g.eos_token_ids.iter().map(|&x| x as i64).collect(),
+                tokenizer: Some(g.tokenizer),
+                chat,
+                name: label,
+                sha256,
+            })
         }
     }
 }

@@ -111,7 +111,16 @@ fn prefill_equals_decode_within_1e5_in_fp32_and_reports_fp16() -> Result<()> {
     for dir in fixture_dirs() {
         let r = reference(&dir);
         let seq = ids(&r["input_ids"]);
-        for (kind, tol) in [(Kind::Float, Some(1e-5)), (Kind::Half, None)] {
+        // The Gemma fixtures scale their final norm by ~62× (gemma2) and ~19× (gemma3) to get
+        // usable logits from tied 0.02-std embeddings; that amplifies ulp-level differences,
+        // and transformers' own fp32 cached-vs-uncached logits differ by 3.0e-5 and 1.2e-5 on
+        // them (tests/fixtures/hf/README.md). Everything else is held to 1e-5.
+        let fp32_tol = if name(&dir).starts_with("gemma") {
+            5e-5
+        } else {
+            1e-5
+        };
+        for (kind, tol) in [(Kind::Float, Some(fp32_tol)), (Kind::Half, None)] {
             let model = load(&dir, kind)?;
             let prefill =
                 model.forward_full(&Tensor::from_slice(&seq).view([1, -1]), &ExecPolicy::Stock)?;
@@ -129,8 +138,27 @@ fn prefill_equals_decode_within_1e5_in_fp32_and_reports_fp16() -> Result<()> {
     }
     assert!(
         failures.is_empty(),
-        "prefill and decode differ by more than 1e-5: {failures:?}"
+        "prefill and decode differ beyond tolerance: {failures:?}"
     );
+    Ok(())
+}
+
+#[test]
+fn prefill_equals_decode_to_1e12_in_fp64() -> Result<()> {
+    // In double precision the cache path and the full forward agree to rounding, which shows
+    // the fp32 differences above are accumulation order, not a bug in the cache path.
+    for dir in fixture_dirs() {
+        let seq = ids(&reference(&dir)["input_ids"]);
+        let model = load(&dir, Kind::Double)?;
+        let prefill =
+            model.forward_full(&Tensor::from_slice(&seq).view([1, -1]), &ExecPolicy::Stock)?;
+        let diff = max_abs(&prefill, &decode_logits(&model, &seq, 4)?);
+        println!(
+            "{:>22} f64: max |prefill − decode| = {diff:.3e}",
+            name(&dir)
+        );
+        assert!(diff <= 1e-12, "{}: {diff}", name(&dir));
+    }
     Ok(())
 }
 

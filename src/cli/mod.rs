@@ -1,6 +1,10 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
+mod campaign;
+mod crosscheck;
+mod eval;
 mod generate;
 mod invariance;
+mod models;
 
 use clap::{Parser, Subcommand};
 
@@ -16,6 +20,17 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt or token ids.
     Generate(generate::Args),
+    /// Teacher-forced logits on a device/dtype against CPU fp32.
+    Crosscheck(crosscheck::Args),
+    /// The model registry: list and pull real models.
+    #[command(subcommand)]
+    Models(models::Cmd),
+    /// Task evaluations.
+    #[command(subcommand)]
+    Eval(eval::Cmd),
+    /// Counterfactual credit campaigns.
+    #[command(subcommand)]
+    Campaign(campaign::Cmd),
     /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
     Invariance(invariance::Args),
 }
@@ -25,6 +40,10 @@ pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Models(cmd) => models::run(cmd),
+        Command::Crosscheck(args) => crosscheck::run(args),
+        Command::Eval(cmd) => eval::run(cmd),
+        Command::Campaign(cmd) => campaign::run(cmd),
         Command::Invariance(args) => invariance::run(args),
     }
 }

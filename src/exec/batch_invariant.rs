@@ -33,7 +33,7 @@
 //! multiplies the work of a batch-1 decode on the CPU. Results are invariant for *one* tile
 //! configuration; changing the tiles changes the numerics (like changing the kernel), so keep
 //! them fixed across runs that are compared (they are recorded by `kvcredit invariance`).
-use super::AttnParams;
+use super::{AttnParams, accum_kind};
 use crate::config::Activation;
 use crate::{Error, Result};
 use std::sync::{OnceLock, RwLock};
@@ -214,17 +214,18 @@ pub(super) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
     out.narrow(0, 0, rows).reshape(shape)
 }
 
-/// `x / rms(x)` in fp32 over the last dimension, the sums of squares taken over fixed row tiles.
+/// `x / rms(x)` in fp32 (fp64 for fp64 runs) over the last dimension, the sums of squares taken over fixed row tiles.
 pub(super) fn rms_normalize(x: &Tensor, eps: f64) -> Tensor {
     let m = BiTiles::for_device(x.device()).norm_rows;
     let dims = x.size();
     let h = *dims.last().expect("at least 1-d");
-    let xf = x.to_kind(Kind::Float);
-    let (buf, rows, tiles) = padded_rows(&(&xf * &xf), m, Kind::Float);
+    let acc = accum_kind(x.kind());
+    let xf = x.to_kind(acc);
+    let (buf, rows, tiles) = padded_rows(&(&xf * &xf), m, acc);
     let sums: Vec<Tensor> = (0..tiles)
         .map(|i| {
             buf.narrow(0, i * m, m)
-                .sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)
+                .sum_dim_intlist([-1i64].as_slice(), false, acc)
         })
         .collect();
     let sums = if sums.len() == 1 {
@@ -238,9 +239,9 @@ pub(super) fn rms_normalize(x: &Tensor, eps: f64) -> Tensor {
     xf * (var + eps).rsqrt()
 }
 
-/// MLP activation from position-independent elementwise primitives, in fp32.
+/// MLP activation from position-independent elementwise primitives, in fp32 (fp64 for fp64).
 pub(super) fn activation(x: &Tensor, act: Activation) -> Tensor {
-    let xf = x.to_kind(Kind::Float);
+    let xf = x.to_kind(accum_kind(x.kind()));
     let y = match act {
         Activation::Silu => &xf / ((-&xf).exp() + 1.0),
         Activation::GeluTanh => {
@@ -265,7 +266,7 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
     let (nt, nc) = (ceil_div(t, tq), ceil_div(l, c));
     let (t_pad, l_pad) = (nt * tq, nc * c);
     let rows = group * tq;
-    let f = Kind::Float;
+    let f = accum_kind(q.kind());
     let dev = q.device();
 
     let msize = p.mask.size();

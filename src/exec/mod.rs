@@ -43,6 +43,16 @@ impl std::fmt::Display for ExecPolicy {
     }
 }
 
+/// The type reductions accumulate in: fp64 for fp64 runs, fp32 otherwise (as Hugging Face
+/// does for norms and softmax).
+pub fn accum_kind(kind: Kind) -> Kind {
+    if kind == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    }
+}
+
 /// Parameters of one attention call, shared by all policies.
 pub struct AttnParams<'a> {
     /// Multiplier applied to `q·k`.
@@ -75,8 +85,9 @@ impl ExecPolicy {
     pub fn rms_normalize(&self, x: &Tensor, eps: f64) -> Tensor {
         match self {
             ExecPolicy::Stock => {
-                let xf = x.to_kind(Kind::Float);
-                let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+                let acc = accum_kind(x.kind());
+                let xf = x.to_kind(acc);
+                let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, acc);
                 xf * (var + eps).rsqrt()
             }
             ExecPolicy::BatchInvariant => batch_invariant::rms_normalize(x, eps),

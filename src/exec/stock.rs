@@ -1,6 +1,6 @@
 //! Stock policy: plain libtorch ops, as an eager Hugging Face model would run them.
 use super::AttnParams;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 pub(super) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
     x.linear(w, b)
@@ -18,7 +18,9 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
         scores = (scores / cap).tanh() * cap;
     }
     let scores = scores.view([b, hkv, group, t, l]) + p.mask;
-    let probs = scores.softmax(-1, Kind::Float).to_kind(q.kind());
+    let probs = scores
+        .softmax(-1, super::accum_kind(q.kind()))
+        .to_kind(q.kind());
     probs
         .view([b, hkv, group * t, l])
         .matmul(v)

@@ -99,7 +99,11 @@ impl Decoder {
         let eps = cfg.rms_norm_eps;
         let off = cfg.norm_weight_offset;
         let norm = |w: &mut Weights, key: &str, n: i64| -> Result<RmsNorm> {
-            let kind = if off { Kind::Float } else { w.kind };
+            let kind = if off {
+                crate::exec::accum_kind(w.kind)
+            } else {
+                w.kind
+            };
             Ok(RmsNorm::new(w.take_as(key, &[n], kind)?, eps, off))
         };
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;

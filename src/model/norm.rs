@@ -1,6 +1,6 @@
 //! RMSNorm in the two flavours the supported families use.
 use crate::exec::ExecPolicy;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 /// RMSNorm over the last dimension.
 pub struct RmsNorm {
@@ -14,11 +14,7 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// A norm with the checkpoint's weight vector.
     pub fn new(weight: Tensor, eps: f64, weight_offset: bool) -> RmsNorm {
-        let weight = if weight_offset {
-            weight.to_kind(Kind::Float) + 1.0
-        } else {
-            weight
-        };
+        let weight = if weight_offset { &weight + 1.0 } else { weight };
         RmsNorm {
             weight,
             eps,

@@ -1,0 +1,59 @@
+//! `kvcredit crosscheck`: teacher-forced logits on a device/dtype against CPU fp32.
+use anyhow::bail;
+use kvcredit::ExecPolicy;
+use kvcredit::runtime::{self, Dtype, ModelSource};
+use tch::{Device, Kind, Tensor};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: registry name, GGUF file or Hugging Face folder.
+    #[arg(long)]
+    model: String,
+    /// Token ids, comma-separated (default: 32 fixed ids below the vocabulary size).
+    #[arg(long, value_delimiter = ',')]
+    ids: Option<Vec<i64>>,
+    /// Device under test.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// Dtypes under test.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Dtype::Fp16, Dtype::Bf16])]
+    dtype: Vec<Dtype>,
+    /// Largest allowed max-abs difference from CPU fp32.
+    #[arg(long, default_value_t = 2e-2)]
+    tol: f64,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let source = ModelSource::resolve(&a.model)?;
+    let reference = runtime::load(&source, Dtype::Fp32, Device::Cpu)?;
+    let vocab = reference.decoder.config().vocab_size as i64;
+    let ids = a
+        .ids
+        .unwrap_or_else(|| (0..32).map(|i| (i * 7919 + 11) % vocab).collect());
+    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let want = reference.decoder.forward_full(&t, &ExecPolicy::Stock)?;
+    drop(reference);
+    let device = runtime::parse_device(&a.device)?;
+    let mut failed = false;
+    for dtype in a.dtype {
+        let m = runtime::load(&source, dtype, device)?;
+        let got = m
+            .decoder
+            .forward_full(&t, &ExecPolicy::Stock)?
+            .to_device(Device::Cpu)
+            .to_kind(Kind::Float);
+        let diff = (got - &want).abs().max().double_value(&[]);
+        let ok = diff <= a.tol;
+        failed |= !ok;
+        println!(
+            "{} {dtype} vs cpu fp32: max |Δlogit| = {diff:.3e} over {} positions ({})",
+            a.device,
+            ids.len(),
+            if ok { "ok" } else { "FAIL" }
+        );
+    }
+    if failed {
+        bail!("logits differ from CPU fp32 by more than {}", a.tol);
+    }
+    Ok(())
+}

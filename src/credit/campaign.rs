@@ -1,0 +1,586 @@
+//! Running a campaign: per problem a rollout, pivots, the three passes of continuations, grading
+//! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
+//! tables are rebuilt from the shards at the end.
+use super::engine::{self, Decoding, Job, Outcome, SnapshotChecks, Start};
+use super::estimate::{Estimate, estimate};
+use super::records;
+use super::rollout::{self, Pivot, Rollout, RolloutParams};
+use super::spec::{CampaignSpec, Pass, ReplicaSchedule};
+use crate::io::parquet::concat_files;
+use crate::io::write_atomic;
+use crate::kv_cache::{KvCache, Snapshot};
+use crate::model::LogitsAt;
+use crate::runtime::LoadedModel;
+use crate::sampling::NoiseKey;
+use crate::tasks::gsm8k::{Gsm8k, PromptFormat};
+use crate::tasks::{Problem, Task};
+use crate::{Error, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::{Device, Tensor};
+
+/// The four tables of a campaign, in write order.
+pub const TABLES: [&str; 4] = ["rollouts", "pivots", "continuations", "estimates"];
+
+/// Work and time spent in one pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PassCost {
+    /// Wall seconds on the device (synchronized).
+    pub device_seconds: f64,
+    /// Tokens decoded (continuations) or prefilled (refeed prefixes are counted too).
+    pub tokens: u64,
+    /// Continuations run.
+    pub continuations: u64,
+}
+
+/// Per-shard bookkeeping, stored next to the shard's tables.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// Cost per pass name (plus `rollout`).
+    pub cost: BTreeMap<String, PassCost>,
+    /// Fingerprint verifications at resume.
+    pub snapshot_checks: u64,
+    /// Verifications that matched.
+    pub snapshot_hits: u64,
+    /// Pivots in this problem.
+    pub pivots: u64,
+}
+
+/// What a run records about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Campaign (configuration) label.
+    pub name: String,
+    /// SHA-256 of the spec file's bytes, recorded before anything ran.
+    pub spec_sha256: String,
+    /// The spec as parsed.
+    pub spec: CampaignSpec,
+    /// Model name.
+    pub model: String,
+    /// SHA-256 of the model file, when known.
+    pub model_sha256: Option<String>,
+    /// Run dtype.
+    pub dtype: String,
+    /// Run device.
+    pub device: String,
+    /// Execution policy.
+    pub policy: String,
+    /// Replica schedule.
+    pub replica_schedule: String,
+    /// Continuations per branch.
+    pub k: usize,
+    /// Campaign seed.
+    pub seed: u64,
+    /// kvcredit version.
+    pub kvcredit_version: String,
+    /// libtorch version the binary was built against.
+    pub libtorch_version: String,
+    /// When the run first started (UTC, RFC 3339).
+    pub started_at: String,
+    /// When each later invocation resumed it.
+    #[serde(default)]
+    pub resumed_at: Vec<String>,
+    /// When it finished, if it has.
+    pub finished_at: Option<String>,
+    /// Problems in the spec.
+    pub problems_total: usize,
+    /// Problems with a finished shard.
+    pub problems_done: usize,
+    /// Snapshot fingerprint verifications.
+    pub snapshot_checks: u64,
+    /// Verifications that matched.
+    pub snapshot_hits: u64,
+    /// `snapshot_hits / snapshot_checks` (1 when there were none).
+    pub snapshot_hit_rate: f64,
+    /// Cost per pass.
+    pub cost: BTreeMap<String, PassCost>,
+}
+
+/// Where a campaign writes and how it reports.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Output folder.
+    pub out_dir: PathBuf,
+    /// Hide progress bars.
+    pub quiet: bool,
+}
+
+/// UTC now as RFC 3339 (seconds).
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (H. Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn shard_dir(out: &Path, problem: usize) -> PathBuf {
+    out.join("shards").join(format!("problem-{problem:05}"))
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))?;
+    write_atomic(path, text.as_bytes())
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Output(format!("{}: {e}", path.display())))
+}
+
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// Run (or resume) a campaign; returns the final manifest.
+pub fn run_campaign(
+    spec: &CampaignSpec,
+    spec_sha256: &str,
+    model: &LoadedModel,
+    opts: &RunOptions,
+) -> Result<Manifest> {
+    let out = &opts.out_dir;
+    std::fs::create_dir_all(out.join("shards")).map_err(|e| Error::io(out, e))?;
+    let manifest_path = out.join("manifest.json");
+    let mut manifest = if manifest_path.exists() {
+        let mut m: Manifest = read_json(&manifest_path)?;
+        if m.spec_sha256 != spec_sha256 {
+            return Err(Error::Spec(format!(
+                "{} holds a run of a different spec (sha256 {}…); use another --out",
+                out.display(),
+                &m.spec_sha256[..12]
+            )));
+        }
+        m.resumed_at.push(now_rfc3339());
+        m
+    } else {
+        Manifest {
+            name: spec.name.clone(),
+            spec_sha256: spec_sha256.to_string(),
+            spec: spec.clone(),
+            model: model.name.clone(),
+            model_sha256: model.sha256.clone(),
+            dtype: spec.dtype.to_string(),
+            device: spec.device.clone(),
+            policy: spec.policy.to_string(),
+            replica_schedule: spec.passes.replica_schedule.as_str().to_string(),
+            k: spec.continuations.k,
+            seed: spec.seed,
+            kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
+            libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
+            started_at: now_rfc3339(),
+            resumed_at: vec![],
+            finished_at: None,
+            problems_total: spec.problems.count,
+            problems_done: 0,
+            snapshot_checks: 0,
+            snapshot_hits: 0,
+            snapshot_hit_rate: 1.0,
+            cost: BTreeMap::new(),
+        }
+    };
+    write_json(&manifest_path, &manifest)?;
+    // Leftovers of an interrupted shard write are incomplete by construction.
+    for entry in std::fs::read_dir(out.join("shards"))
+        .map_err(|e| Error::io(out, e))?
+        .flatten()
+    {
+        if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+
+    let format: PromptFormat = spec.problems.format.parse()?;
+    let task = Gsm8k::bundled(
+        spec.problems.start..spec.problems.start + spec.problems.count,
+        format,
+    )?;
+    let problems = task.problems().to_vec();
+    if problems.len() < spec.problems.count {
+        return Err(Error::Spec(format!(
+            "only {} GSM8K problems from index {}",
+            problems.len(),
+            spec.problems.start
+        )));
+    }
+
+    let bars = MultiProgress::with_draw_target(if opts.quiet {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    });
+    let pb_problems = bars.add(ProgressBar::new(problems.len() as u64));
+    pb_problems.set_style(
+        ProgressStyle::with_template(
+            "problems  {bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+        )
+        .map_err(|e| Error::Output(e.to_string()))?,
+    );
+    let pb_work = bars.add(ProgressBar::new(0));
+    pb_work.set_style(
+        ProgressStyle::with_template("{prefix:8} {bar:30} {pos}/{len} continuations, {msg}")
+            .map_err(|e| Error::Output(e.to_string()))?,
+    );
+
+    for problem in &problems {
+        let dir = shard_dir(out, problem.index);
+        if !dir.exists() {
+            pb_problems.set_message(format!("problem {}", problem.index));
+            let tmp = out.join("shards").join(format!(
+                ".tmp-problem-{:05}-{}",
+                problem.index,
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            let shard = run_problem(spec, model, &task, problem, &pb_work)?;
+            for (name, table) in TABLES.iter().zip(&shard.tables) {
+                table.write(&tmp.join(format!("{name}.parquet")))?;
+            }
+            write_json(&tmp.join("shard.json"), &shard.info)?;
+            std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))?;
+        }
+        pb_problems.inc(1);
+        refresh_manifest(&mut manifest, out, &problems)?;
+        write_json(&manifest_path, &manifest)?;
+    }
+    pb_work.finish_and_clear();
+    pb_problems.finish();
+
+    for name in TABLES {
+        let shards: Vec<PathBuf> = problems
+            .iter()
+            .map(|p| shard_dir(out, p.index).join(format!("{name}.parquet")))
+            .collect();
+        concat_files(&shards, &out.join(format!("{name}.parquet")))?;
+    }
+    manifest.finished_at = Some(now_rfc3339());
+    write_json(&manifest_path, &manifest)?;
+    Ok(manifest)
+}
+
+fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<()> {
+    let (mut done, mut checks, mut hits) = (0, 0, 0);
+    let mut cost: BTreeMap<String, PassCost> = BTreeMap::new();
+    for p in problems {
+        let path = shard_dir(out, p.index).join("shard.json");
+        if !path.exists() {
+            continue;
+        }
+        let info: ShardInfo = read_json(&path)?;
+        done += 1;
+        checks += info.snapshot_checks;
+        hits += info.snapshot_hits;
+        for (pass, c) in info.cost {
+            let e = cost.entry(pass).or_default();
+            e.device_seconds += c.device_seconds;
+            e.tokens += c.tokens;
+            e.continuations += c.continuations;
+        }
+    }
+    m.problems_done = done;
+    m.snapshot_checks = checks;
+    m.snapshot_hits = hits;
+    m.snapshot_hit_rate = if checks == 0 {
+        1.0
+    } else {
+        hits as f64 / checks as f64
+    };
+    m.cost = cost;
+    Ok(())
+}
+
+/// One problem's tables and bookkeeping.
+struct Shard {
+    tables: [crate::io::parquet::Table; 4],
+    info: ShardInfo,
+}
+
+/// One continuation job's coordinates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobId {
+    /// Index into the pivots.
+    pub pivot: usize,
+    /// 0 = original token, r = alternative of rank r.
+    pub branch: usize,
+    /// Sample index k.
+    pub sample: usize,
+}
+
+fn run_problem(
+    spec: &CampaignSpec,
+    model: &LoadedModel,
+    task: &Gsm8k,
+    problem: &Problem,
+    pb: &ProgressBar,
+) -> Result<Shard> {
+    let dec = &model.decoder;
+    let device = dec.device();
+    let prompt = model.encode_prompt(&task.prompt(problem))?;
+    let stops = task.stop_sequences();
+    let text_stop = |ids: &[i64]| -> bool {
+        model
+            .decode(ids)
+            .map(|t| stops.iter().any(|s| t.contains(s)))
+            .unwrap_or(false)
+    };
+    let text_stop_ref: &dyn Fn(&[i64]) -> bool = &text_stop;
+    let mut info = ShardInfo::default();
+
+    let t0 = Instant::now();
+    let roll = rollout::rollout(
+        dec,
+        &prompt,
+        &RolloutParams {
+            sampling: spec.rollout_sampling(),
+            max_new_tokens: spec.rollout.max_new_tokens,
+            key: NoiseKey {
+                seed: spec.seed,
+                problem: problem.index as u64,
+                pivot: 0,
+                branch: u64::MAX,
+                sample: 0,
+                step: 0,
+            },
+            stop_tokens: &model.stop_tokens,
+            text_stop: Some(text_stop_ref),
+            policy: spec.policy,
+            max_margin: spec.pivots.max_margin,
+            alternatives: spec.pivots.alternatives,
+        },
+    )?;
+    sync(device);
+    info.cost.insert(
+        "rollout".into(),
+        PassCost {
+            device_seconds: t0.elapsed().as_secs_f64(),
+            tokens: (prompt.len() + roll.steps.len()) as u64,
+            continuations: 0,
+        },
+    );
+    let pivots = rollout::select_pivots(&roll.steps, &spec.pivots);
+    info.pivots = pivots.len() as u64;
+
+    // Jobs in natural order: pivot, branch, sample.
+    let branches = 1 + spec.pivots.alternatives;
+    let mut ids = Vec::new();
+    for (p, pivot) in pivots.iter().enumerate() {
+        for branch in 0..branches.min(1 + pivot.alternatives.len()) {
+            for sample in 0..spec.continuations.k {
+                ids.push(JobId {
+                    pivot: p,
+                    branch,
+                    sample,
+                });
+            }
+        }
+    }
+    let branch_token = |id: &JobId| {
+        let p = &pivots[id.pivot];
+        if id.branch == 0 {
+            p.token
+        } else {
+            p.alternatives[id.branch - 1]
+        }
+    };
+    let key = |id: &JobId| NoiseKey {
+        seed: spec.seed,
+        problem: problem.index as u64,
+        pivot: pivots[id.pivot].pos as u64,
+        branch: id.branch as u64,
+        sample: id.sample as u64,
+        step: 0,
+    };
+    let decoding = Decoding {
+        model: dec,
+        policy: spec.policy,
+        sampling: spec.continuation_sampling(),
+        max_new_tokens: spec.continuations.max_new_tokens,
+        stop_tokens: &model.stop_tokens,
+        text_stop: Some(text_stop_ref),
+    };
+    let natural: Vec<usize> = (0..ids.len()).collect();
+
+    let mut outcomes: BTreeMap<Pass, Vec<Outcome>> = BTreeMap::new();
+    for &pass in &spec.passes.run {
+        pb.set_prefix(pass.as_str());
+        pb.set_length(ids.len() as u64);
+        pb.set_position(0);
+        let started = Instant::now();
+        let mut tokens = 0u64;
+        // Refeed: one fresh prefill of prompt ⊕ y_<t per pivot, as token ids.
+        let refeed_caches: Vec<KvCache> = if pass == Pass::Refeed {
+            pivots
+                .iter()
+                .map(|p| refeed_prefix(model, &roll, p, &mut tokens, spec))
+                .collect::<Result<_>>()?
+        } else {
+            vec![]
+        };
+        let jobs: Vec<Job> = ids
+            .iter()
+            .map(|id| {
+                let pivot = &pivots[id.pivot];
+                let start = match pass {
+                    Pass::Exact | Pass::Replica => Start {
+                        cache: &roll.cache,
+                        snap: roll.snapshot(pivot.pos),
+                        expect: Some(pivot.fingerprint),
+                    },
+                    Pass::Refeed => Start {
+                        cache: &refeed_caches[id.pivot],
+                        snap: Snapshot {
+                            row: 0,
+                            len: roll.snapshot(pivot.pos).len,
+                        },
+                        expect: None,
+                    },
+                };
+                Job {
+                    start,
+                    first_token: branch_token(id),
+                    key: key(id),
+                }
+            })
+            .collect();
+        let (order, batch) = match (pass, spec.passes.replica_schedule) {
+            (Pass::Replica, ReplicaSchedule::Shuffled) => (
+                natural.iter().rev().copied().collect::<Vec<_>>(),
+                spec.passes
+                    .replica_batch_size
+                    .unwrap_or(spec.passes.batch_size.div_ceil(2)),
+            ),
+            _ => (natural.clone(), spec.passes.batch_size),
+        };
+        let mut since = Instant::now();
+        let mut recent = 0u64;
+        let mut on_tokens = |n: u64| {
+            tokens += n;
+            recent += n;
+            let dt = since.elapsed().as_secs_f64();
+            if dt > 1.0 {
+                pb.set_message(format!("{:.1} tok/s", recent as f64 / dt));
+                since = Instant::now();
+                recent = 0;
+            }
+        };
+        let (outs, checks): (Vec<Outcome>, SnapshotChecks) =
+            engine::run(&decoding, &jobs, &order, batch, &mut on_tokens)?;
+        pb.set_position(ids.len() as u64);
+        sync(device);
+        info.snapshot_checks += checks.checks;
+        info.snapshot_hits += checks.hits;
+        info.cost.insert(
+            pass.as_str().into(),
+            PassCost {
+                device_seconds: started.elapsed().as_secs_f64(),
+                tokens,
+                continuations: ids.len() as u64,
+            },
+        );
+        outcomes.insert(pass, outs);
+    }
+
+    // Grading.
+    let generated = roll.tokens();
+    let rollout_text = model.decode(&generated)?;
+    let rollout_grade = task.grade(problem, &rollout_text);
+    let mut graded: BTreeMap<Pass, Vec<(Option<String>, bool)>> = BTreeMap::new();
+    for (&pass, outs) in &outcomes {
+        let g = ids
+            .iter()
+            .zip(outs)
+            .map(|(id, o)| {
+                let pos = pivots[id.pivot].pos;
+                let mut seq = generated[..pos].to_vec();
+                seq.push(branch_token(id));
+                seq.extend_from_slice(&o.tokens);
+                let grade = task.grade(problem, &model.decode(&seq)?);
+                Ok((grade.predicted, grade.correct))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        graded.insert(pass, g);
+    }
+    let mut estimates: Vec<Estimate> = Vec::new();
+    for (&pass, g) in &graded {
+        for (p, pivot) in pivots.iter().enumerate() {
+            let wins = |branch: usize| -> u32 {
+                ids.iter()
+                    .zip(g)
+                    .filter(|(id, _)| id.pivot == p && id.branch == branch)
+                    .filter(|(_, (_, ok))| *ok)
+                    .count() as u32
+            };
+            for rank in 1..=pivot.alternatives.len().min(spec.pivots.alternatives) {
+                estimates.push(estimate(
+                    pass,
+                    p,
+                    rank,
+                    wins(0),
+                    wins(rank),
+                    spec.continuations.k as u32,
+                ));
+            }
+        }
+    }
+    let ctx = records::Context {
+        config: &spec.name,
+        model: &model.name,
+        dtype: &spec.dtype.to_string(),
+        policy: &spec.policy.to_string(),
+        problem: problem.index as u32,
+    };
+    let tables = [
+        records::rollouts(
+            &ctx,
+            &roll,
+            &rollout_text,
+            &rollout_grade,
+            pivots.len(),
+            model,
+        )?,
+        records::pivots(&ctx, &roll, &pivots, model)?,
+        records::continuations(&ctx, &pivots, &ids, &outcomes, &graded),
+        records::estimates(&ctx, &roll, &pivots, &estimates, model)?,
+    ];
+    Ok(Shard { tables, info })
+}
+
+/// Prefill `prompt ⊕ y_<t` afresh into a cache with room for the continuation.
+fn refeed_prefix(
+    model: &LoadedModel,
+    roll: &Rollout,
+    pivot: &Pivot,
+    tokens: &mut u64,
+    spec: &CampaignSpec,
+) -> Result<KvCache> {
+    let mut ids = roll.prompt.clone();
+    ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
+    *tokens += ids.len() as u64;
+    let mut cache = model.decoder.new_cache(1, ids.len() as i64)?;
+    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let _ = model
+        .decoder
+        .forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
+    Ok(cache)
+}

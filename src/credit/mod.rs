@@ -1,0 +1,25 @@
+//! Three-pass counterfactual credit: rollouts, low-margin pivots, branch continuations resumed
+//! from verified decode-time KV snapshots (exact), the same under another batch schedule
+//! (replica), or from a fresh prefill of the transcript prefix (refeed); graded outcomes and
+//! per-pivot estimates written as Parquet.
+pub mod campaign;
+pub mod engine;
+pub mod estimate;
+pub mod records;
+pub mod rollout;
+pub mod spec;
+
+pub use campaign::{Manifest, RunOptions, run_campaign};
+pub use spec::{CampaignSpec, Pass};
+
+use sha2::{Digest, Sha256};
+
+/// Lower-case hex SHA-256 of some bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

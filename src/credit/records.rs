@@ -1,0 +1,233 @@
+//! The campaign's Parquet tables (schemas documented in the README): one builder per table.
+use super::campaign::JobId;
+use super::engine::Outcome;
+use super::estimate::Estimate;
+use super::hex;
+use super::rollout::{Pivot, Rollout};
+use super::spec::Pass;
+use crate::Result;
+use crate::io::parquet::{Column, Table};
+use crate::runtime::LoadedModel;
+use crate::tasks::Grade;
+use std::collections::BTreeMap;
+
+/// Columns every table starts with.
+pub struct Context<'a> {
+    /// Configuration label (campaign name).
+    pub config: &'a str,
+    /// Model name.
+    pub model: &'a str,
+    /// Run dtype.
+    pub dtype: &'a str,
+    /// Execution policy.
+    pub policy: &'a str,
+    /// GSM8K test index.
+    pub problem: u32,
+}
+
+fn common(ctx: &Context, n: usize) -> Table {
+    Table::new()
+        .with("config", Column::Str(vec![ctx.config.to_string(); n]))
+        .with("model", Column::Str(vec![ctx.model.to_string(); n]))
+        .with("dtype", Column::Str(vec![ctx.dtype.to_string(); n]))
+        .with("policy", Column::Str(vec![ctx.policy.to_string(); n]))
+        .with("problem", Column::U32(vec![ctx.problem; n]))
+}
+
+/// `rollouts`: one row per problem.
+pub fn rollouts(
+    ctx: &Context,
+    roll: &Rollout,
+    text: &str,
+    grade: &Grade,
+    n_pivots: usize,
+    _model: &LoadedModel,
+) -> Result<Table> {
+    let candidates = roll
+        .steps
+        .iter()
+        .filter(|s| s.fingerprint.is_some())
+        .count();
+    Ok(common(ctx, 1)
+        .with("prompt_len", Column::U32(vec![roll.prompt.len() as u32]))
+        .with("n_tokens", Column::U32(vec![roll.steps.len() as u32]))
+        .with("tokens", Column::ListI64(vec![roll.tokens()]))
+        .with(
+            "logprobs",
+            Column::ListF64(vec![roll.steps.iter().map(|s| s.logprob).collect()]),
+        )
+        .with(
+            "margins",
+            Column::ListF64(vec![roll.steps.iter().map(|s| s.margin).collect()]),
+        )
+        .with("stop", Column::Str(vec![roll.stop.as_str().into()]))
+        .with("text", Column::Str(vec![text.to_string()]))
+        .with("answer", Column::OptStr(vec![grade.predicted.clone()]))
+        .with("correct", Column::Bool(vec![grade.correct]))
+        .with("n_candidates", Column::U32(vec![candidates as u32]))
+        .with("n_pivots", Column::U32(vec![n_pivots as u32])))
+}
+
+/// `pivots`: one row per pivot × alternative.
+pub fn pivots(
+    ctx: &Context,
+    roll: &Rollout,
+    pivots: &[Pivot],
+    model: &LoadedModel,
+) -> Result<Table> {
+    let mut c = PivotCols::default();
+    for p in pivots {
+        for (r, &alt) in p.alternatives.iter().enumerate() {
+            c.pos.push(p.pos as u32);
+            c.abs.push((roll.prompt.len() + p.pos) as u32);
+            c.token.push(p.token);
+            c.token_text.push(model.decode(&[p.token])?);
+            c.margin.push(p.margin);
+            c.logprob.push(p.logprob);
+            c.rank.push(r as u32 + 1);
+            c.alt.push(alt);
+            c.alt_text.push(model.decode(&[alt])?);
+            c.fp.push(hex(&p.fingerprint));
+        }
+    }
+    let n = c.pos.len();
+    Ok(common(ctx, n)
+        .with("pivot_pos", Column::U32(c.pos))
+        .with("abs_pos", Column::U32(c.abs))
+        .with("token", Column::I64(c.token))
+        .with("token_text", Column::Str(c.token_text))
+        .with("margin", Column::F64(c.margin))
+        .with("logprob", Column::F64(c.logprob))
+        .with("alt_rank", Column::U32(c.rank))
+        .with("alt_token", Column::I64(c.alt))
+        .with("alt_text", Column::Str(c.alt_text))
+        .with("fingerprint", Column::Str(c.fp)))
+}
+
+#[derive(Default)]
+struct PivotCols {
+    pos: Vec<u32>,
+    abs: Vec<u32>,
+    token: Vec<i64>,
+    token_text: Vec<String>,
+    margin: Vec<f64>,
+    logprob: Vec<f64>,
+    rank: Vec<u32>,
+    alt: Vec<i64>,
+    alt_text: Vec<String>,
+    fp: Vec<String>,
+}
+
+/// `continuations`: one row per pass × pivot × branch × sample.
+pub(crate) fn continuations(
+    ctx: &Context,
+    pivots: &[Pivot],
+    ids: &[JobId],
+    outcomes: &BTreeMap<Pass, Vec<Outcome>>,
+    graded: &BTreeMap<Pass, Vec<(Option<String>, bool)>>,
+) -> Table {
+    let (mut pos, mut rank, mut branch, mut pass_col, mut sample) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut tokens, mut n_tokens, mut stop, mut answer, mut correct) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for (pass, outs) in outcomes {
+        for ((id, o), (ans, ok)) in ids.iter().zip(outs).zip(&graded[pass]) {
+            pos.push(pivots[id.pivot].pos as u32);
+            rank.push(id.branch as u32);
+            branch.push(if id.branch == 0 { "orig" } else { "alt" }.to_string());
+            pass_col.push(pass.as_str().to_string());
+            sample.push(id.sample as u32);
+            n_tokens.push(o.tokens.len() as u32);
+            tokens.push(o.tokens.clone());
+            stop.push(o.stop.as_str().to_string());
+            answer.push(ans.clone());
+            correct.push(*ok);
+        }
+    }
+    common(ctx, pos.len())
+        .with("pivot_pos", Column::U32(pos))
+        .with("alt_rank", Column::U32(rank))
+        .with("branch", Column::Str(branch))
+        .with("pass", Column::Str(pass_col))
+        .with("sample", Column::U32(sample))
+        .with("tokens", Column::ListI64(tokens))
+        .with("n_tokens", Column::U32(n_tokens))
+        .with("stop", Column::Str(stop))
+        .with("answer", Column::OptStr(answer))
+        .with("correct", Column::Bool(correct))
+}
+
+/// `estimates`: one row per pivot × alternative × pass.
+pub fn estimates(
+    ctx: &Context,
+    roll: &Rollout,
+    pivots: &[Pivot],
+    est: &[Estimate],
+    model: &LoadedModel,
+) -> Result<Table> {
+    let mut rows: Vec<&Estimate> = est.iter().collect();
+    rows.sort_by_key(|e| (pivots[e.pivot].pos, e.alt_rank, e.pass));
+    let p = |e: &Estimate| &pivots[e.pivot];
+    let alt = |e: &Estimate| p(e).alternatives[e.alt_rank - 1];
+    let texts = |f: &dyn Fn(&Estimate) -> i64| -> Result<Vec<String>> {
+        rows.iter().map(|e| model.decode(&[f(e)])).collect()
+    };
+    let orig_text = texts(&|e| p(e).token)?;
+    let alt_text = texts(&alt)?;
+    Ok(common(ctx, rows.len())
+        .with(
+            "pivot_pos",
+            Column::U32(rows.iter().map(|e| p(e).pos as u32).collect()),
+        )
+        .with(
+            "abs_pos",
+            Column::U32(
+                rows.iter()
+                    .map(|e| (roll.prompt.len() + p(e).pos) as u32)
+                    .collect(),
+            ),
+        )
+        .with(
+            "alt_rank",
+            Column::U32(rows.iter().map(|e| e.alt_rank as u32).collect()),
+        )
+        .with(
+            "pass",
+            Column::Str(rows.iter().map(|e| e.pass.as_str().to_string()).collect()),
+        )
+        .with(
+            "estimate",
+            Column::F64(rows.iter().map(|e| e.value).collect()),
+        )
+        .with(
+            "orig_successes",
+            Column::U32(rows.iter().map(|e| e.orig_successes).collect()),
+        )
+        .with(
+            "alt_successes",
+            Column::U32(rows.iter().map(|e| e.alt_successes).collect()),
+        )
+        .with("k", Column::U32(rows.iter().map(|e| e.k).collect()))
+        .with(
+            "informative",
+            Column::Bool(rows.iter().map(|e| e.informative).collect()),
+        )
+        .with(
+            "margin",
+            Column::F64(rows.iter().map(|e| p(e).margin).collect()),
+        )
+        .with(
+            "orig_token",
+            Column::I64(rows.iter().map(|e| p(e).token).collect()),
+        )
+        .with(
+            "alt_token",
+            Column::I64(rows.iter().map(|e| alt(e)).collect()),
+        )
+        .with("orig_text", Column::Str(orig_text))
+        .with("alt_text", Column::Str(alt_text))
+        .with(
+            "snapshot_verified",
+            Column::Bool(rows.iter().map(|e| e.pass != Pass::Refeed).collect()),
+        ))
+}

@@ -1,0 +1,234 @@
+//! Campaign specification: a TOML file fixed before anything runs (its hash goes into the
+//! manifest).
+use crate::exec::ExecPolicy;
+use crate::runtime::Dtype;
+use crate::sampling::Sampling;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A whole campaign.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CampaignSpec {
+    /// Label of this configuration (also the default output folder name).
+    pub name: String,
+    /// Model: a registry name (`kvcredit models list`), a GGUF file or a Hugging Face folder.
+    pub model: String,
+    /// Weights/activations dtype.
+    pub dtype: Dtype,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Execution policy.
+    #[serde(default)]
+    pub policy: ExecPolicy,
+    /// Seed of all sampling noise.
+    pub seed: u64,
+    /// Which GSM8K problems and how they are prompted.
+    pub problems: ProblemSpec,
+    /// How rollouts are generated.
+    pub rollout: RolloutSpec,
+    /// How pivots and alternatives are chosen.
+    pub pivots: PivotSpec,
+    /// Continuations per branch.
+    pub continuations: ContinuationSpec,
+    /// Passes and their batch schedules.
+    pub passes: PassSpec,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+/// Problem selection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProblemSpec {
+    /// First GSM8K test index.
+    #[serde(default)]
+    pub start: usize,
+    /// Number of problems.
+    pub count: usize,
+    /// `zero-shot-chat` or `eight-shot-cot`.
+    pub format: String,
+}
+
+/// Rollout generation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSpec {
+    /// Token cap of a rollout.
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 means greedy.
+    #[serde(default)]
+    pub temperature: f64,
+}
+
+/// How pivots are capped when more candidates qualify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PivotRule {
+    /// Lowest margins first (ties: earlier position).
+    LowestMargin,
+    /// Evenly spread over the candidates in position order.
+    Spread,
+}
+
+/// Pivot selection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PivotSpec {
+    /// A step is a candidate when `p(top1) − p(top2) ≤ max_margin`.
+    pub max_margin: f64,
+    /// At most this many pivots per rollout.
+    pub max_per_rollout: usize,
+    /// Which candidates to keep.
+    #[serde(default = "default_rule")]
+    pub rule: PivotRule,
+    /// Alternatives per pivot: the next most probable tokens other than the chosen one.
+    #[serde(default = "one")]
+    pub alternatives: usize,
+}
+
+fn default_rule() -> PivotRule {
+    PivotRule::LowestMargin
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Continuations.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContinuationSpec {
+    /// Continuations per branch and pass (K).
+    pub k: usize,
+    /// Token cap of one continuation (after the branch token).
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 means greedy.
+    pub temperature: f64,
+}
+
+/// One of the three ways the pivot state is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    /// Resume from the rollout's own (verified) decode-time KV.
+    Exact,
+    /// The exact pass again under another batch schedule: the noise floor.
+    Replica,
+    /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt.
+    Refeed,
+}
+
+impl Pass {
+    /// The pass's name in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::Exact => "exact",
+            Pass::Replica => "replica",
+            Pass::Refeed => "refeed",
+        }
+    }
+}
+
+/// How the replica pass is scheduled relative to exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaSchedule {
+    /// Exactly the exact pass's batches (must then be bitwise identical to it).
+    Same,
+    /// Jobs in reverse order, batched by `replica_batch_size`, as a serving engine might.
+    Shuffled,
+}
+
+impl ReplicaSchedule {
+    /// The schedule's name in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaSchedule::Same => "same",
+            ReplicaSchedule::Shuffled => "shuffled",
+        }
+    }
+}
+
+/// Passes and batching.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PassSpec {
+    /// Passes to run (exact is always run first; the others compare against it).
+    pub run: Vec<Pass>,
+    /// Replica batch schedule.
+    #[serde(default = "default_schedule")]
+    pub replica_schedule: ReplicaSchedule,
+    /// Continuations decoded together in the exact and refeed passes.
+    pub batch_size: usize,
+    /// Continuations decoded together in a shuffled replica pass.
+    #[serde(default)]
+    pub replica_batch_size: Option<usize>,
+}
+
+fn default_schedule() -> ReplicaSchedule {
+    ReplicaSchedule::Shuffled
+}
+
+fn sampling(temperature: f64) -> Sampling {
+    if temperature > 0.0 {
+        Sampling::Temperature { temperature }
+    } else {
+        Sampling::Greedy
+    }
+}
+
+impl CampaignSpec {
+    /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
+    pub fn load(path: &Path) -> Result<(CampaignSpec, String)> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let spec: CampaignSpec = toml::from_str(&text)
+            .map_err(|e| Error::Spec(format!("{}: {}", path.display(), e.message())))?;
+        spec.validate()?;
+        Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+    }
+
+    /// Reject specs that cannot run.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Spec(format!("campaign `{}`: {m}", self.name)));
+        if self.name.is_empty() || self.name.contains('/') {
+            return bad("name must be non-empty and contain no `/`");
+        }
+        if self.problems.count == 0 {
+            return bad("problems.count must be positive");
+        }
+        if self.continuations.k == 0 || self.passes.batch_size == 0 {
+            return bad("continuations.k and passes.batch_size must be positive");
+        }
+        if self.passes.replica_batch_size == Some(0) {
+            return bad("passes.replica_batch_size must be positive");
+        }
+        if self.pivots.alternatives == 0 {
+            return bad("pivots.alternatives must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.pivots.max_margin) {
+            return bad("pivots.max_margin must lie in [0, 1]");
+        }
+        if self.continuations.temperature < 0.0 || self.rollout.temperature < 0.0 {
+            return bad("temperatures must be non-negative");
+        }
+        if self.passes.run.first() != Some(&Pass::Exact) {
+            return bad("passes.run must start with \"exact\"");
+        }
+        Ok(())
+    }
+
+    /// Rollout sampling rule.
+    pub fn rollout_sampling(&self) -> Sampling {
+        sampling(self.rollout.temperature)
+    }
+
+    /// Continuation sampling rule.
+    pub fn continuation_sampling(&self) -> Sampling {
+        sampling(self.continuations.temperature)
+    }
+}
