@@ -314,16 +314,12 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
         .contiguous()
         .reshape([units, tq, c])
         .constant_pad_nd([0, 0, 0, 0, 0, u_pad - units]);
-    let mut q_idx = Vec::with_capacity(u_pad as usize);
-    let mut kv_idx = Vec::with_capacity(u_pad as usize);
-    for u in 0..u_pad {
-        let (block, chunk) = if u < units { (u / nc, u % nc) } else { (0, 0) };
-        q_idx.push(block);
-        kv_idx.push((block / nt) * nc + chunk);
-    }
-    let q_idx = Tensor::from_slice(&q_idx).to_device(dev);
-    let kv_idx = Tensor::from_slice(&kv_idx).to_device(dev);
-
+    // Unit u (padding units repeat the last real one) reads query block u / nc and key chunk
+    // (sequence of that block)·nc + u % nc. Built on the device: no host-to-device copy (which
+    // would synchronise with the GPU at every layer).
+    let u = Tensor::arange(u_pad, (Kind::Int64, dev)).clamp_max(units - 1);
+    let q_idx = u.floor_divide_scalar(nc);
+    let kv_idx = q_idx.floor_divide_scalar(nt) * nc + u.remainder(nc);
     let (mut maxes, mut sums, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..batches {
         let qi = q_idx.narrow(0, i * w, w);
