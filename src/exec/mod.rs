@@ -1,7 +1,9 @@
-//! Execution policy: how the decoder's reductions (matmuls, attention, norms) are executed.
+//! Execution policy: how the decoder's reductions (matmuls, attention, norms) — and the MLP
+//! activation, whose CPU kernel is position-dependent — are executed.
 //!
 //! The policy is picked once per run and handed to [`crate::model::Decoder::forward`]; model
-//! code calls the ops here and never branches on the policy itself.
+//! code calls the ops here and never branches on the policy itself. [`batch_invariant`]
+//! explains the batch-invariant implementation; [`invariance`] holds the checks of it.
 use crate::config::Activation;
 use tch::{Kind, Tensor};
 
