@@ -5,6 +5,7 @@ mod check;
 mod crosscheck;
 mod eval;
 mod generate;
+mod invariance;
 mod models;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,8 @@ enum Command {
     Analyze(analyze::Args),
     /// Check a campaign run dir's invariants (CI gate): exit 1 naming the offending rows.
     Check(check::Args),
+    /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
+    Invariance(invariance::Args),
 }
 
 /// Parse the command line and run the chosen subcommand.
@@ -49,5 +52,6 @@ pub fn run() -> anyhow::Result<()> {
         Command::Campaign(cmd) => campaign::run(cmd),
         Command::Analyze(args) => analyze::run(args),
         Command::Check(args) => check::run(args),
+        Command::Invariance(args) => invariance::run(args),
     }
 }

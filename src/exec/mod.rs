@@ -1,10 +1,17 @@
-//! Execution policy: how the decoder's reductions (matmuls, attention, norms) are executed.
+//! Execution policy: how the decoder's reductions (matmuls, attention, norms) — and the MLP
+//! activation, whose CPU kernel is position-dependent — are executed.
 //!
 //! The policy is picked once per run and handed to [`crate::model::Decoder::forward`]; model
-//! code calls the ops here and never branches on the policy itself.
+//! code calls the ops here and never branches on the policy itself. [`batch_invariant`]
+//! explains the batch-invariant implementation; [`invariance`] holds the checks of it.
+use crate::config::Activation;
 use tch::{Kind, Tensor};
 
+pub mod batch_invariant;
+pub mod invariance;
 mod stock;
+
+pub use batch_invariant::{BiTiles, TileOverrides, set_tile_overrides};
 
 /// How reductions are executed.
 #[derive(
@@ -25,6 +32,7 @@ pub enum ExecPolicy {
     Stock,
     /// Fixed-shape, fixed-order reductions: a token's logits and KV rows do not depend on
     /// how many tokens or sequences share the forward pass.
+    #[value(name = "batch_invariant", alias = "batch-invariant")]
     BatchInvariant,
 }
 
@@ -62,7 +70,7 @@ impl ExecPolicy {
     pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
         match self {
             ExecPolicy::Stock => stock::linear(x, w, b),
-            ExecPolicy::BatchInvariant => stock::linear(x, w, b),
+            ExecPolicy::BatchInvariant => batch_invariant::linear(x, w, b),
         }
     }
 
@@ -71,15 +79,32 @@ impl ExecPolicy {
     pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
         match self {
             ExecPolicy::Stock => stock::attention(q, k, v, p),
-            ExecPolicy::BatchInvariant => stock::attention(q, k, v, p),
+            ExecPolicy::BatchInvariant => batch_invariant::attention(q, k, v, p),
         }
     }
 
     /// Root-mean-square of the last dimension, computed in fp32: returns `x / rms(x)` in fp32.
     pub fn rms_normalize(&self, x: &Tensor, eps: f64) -> Tensor {
-        let acc = accum_kind(x.kind());
-        let xf = x.to_kind(acc);
-        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, acc);
-        xf * (var + eps).rsqrt()
+        match self {
+            ExecPolicy::Stock => {
+                let acc = accum_kind(x.kind());
+                let xf = x.to_kind(acc);
+                let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, acc);
+                xf * (var + eps).rsqrt()
+            }
+            ExecPolicy::BatchInvariant => batch_invariant::rms_normalize(x, eps),
+        }
+    }
+
+    /// The gated MLP's activation, elementwise, returning `x`'s dtype.
+    pub fn activation(&self, x: &Tensor, act: Activation) -> Tensor {
+        match self {
+            ExecPolicy::Stock => match act {
+                Activation::Silu => x.silu(),
+                Activation::GeluTanh => x.gelu("tanh"),
+                Activation::Gelu => x.gelu("none"),
+            },
+            ExecPolicy::BatchInvariant => batch_invariant::activation(x, act),
+        }
     }
 }

@@ -28,11 +28,7 @@ impl Mlp {
         let gu = policy.linear(x, &self.gate_up, None);
         let gate = gu.narrow(-1, 0, self.intermediate);
         let up = gu.narrow(-1, self.intermediate, self.intermediate);
-        let act = match self.activation {
-            Activation::Silu => gate.silu(),
-            Activation::GeluTanh => gate.gelu("tanh"),
-            Activation::Gelu => gate.gelu("none"),
-        };
+        let act = policy.activation(&gate, self.activation);
         policy.linear(&(act * up), &self.down, None)
     }
 }

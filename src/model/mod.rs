@@ -12,6 +12,7 @@ mod attention;
 mod mlp;
 mod norm;
 mod rope;
+pub mod synthetic;
 pub mod weights;
 
 use crate::config::{ArchConfig, LayerKind};

@@ -1,0 +1,369 @@
+//! Batch-invariant policy: every reduction runs through a call of a *fixed shape*, so a
+//! token's numerics cannot depend on how many other tokens share the forward pass.
+//!
+//! Library kernels (cuBLAS, MKL/oneDNN, the ATen reduction kernels) choose their algorithm —
+//! split-K, tile shape, threads per output, vector width — from the shapes, strides and
+//! alignment of a call; those choices change the order in which a dot product or a row sum is
+//! accumulated, which is why stock results move with the batch. Within one call of a given
+//! shape, every output row is computed the same way, whatever its position or neighbours (this
+//! is measured, not assumed: see `tests/invariance.rs` and `kvcredit invariance`). So:
+//!
+//! * **linear**: the rows (`B·T`) are copied into a fresh zero-padded buffer whose row count
+//!   is a multiple of [`BiTiles::gemm_rows`], and one `[gemm_rows, K] × [K, N]` matmul is issued
+//!   per tile.
+//! * **RMSNorm**: the squares are summed over row tiles of [`BiTiles::norm_rows`] rows; the rest
+//!   is elementwise.
+//! * **attention**: split-KV ("flash-decoding") with a fixed key chunk. Queries are grouped
+//!   into blocks of [`BiTiles::query_tile`] positions of one sequence (all query heads of a KV
+//!   head folded into the rows); each (block, key chunk) pair is a work unit; units are
+//!   batched [`BiTiles::units`] at a time into fixed-shape batched matmuls that return, per
+//!   query and chunk, the chunk max `m_c`, `l_c = Σ exp(s − m_c)` and `o_c = Σ exp(s − m_c)·v`.
+//!   Chunks are then combined with the exact max `M = max_c m_c` (max is order-free) by a
+//!   sequential fold over chunks in key order: `Σ_c o_c·exp(m_c − M) / Σ_c l_c·exp(m_c − M)`.
+//!   A key always lands in the same chunk at the same offset, whatever `L` is; chunks a query
+//!   cannot see get `exp(m_c − M) = 0` exactly and add an exact zero, and trailing chunks only
+//!   append zeros to the fold, so neither the number of chunks nor the values of masked keys
+//!   reach a query's result. Everything inside attention is fp32.
+//! * **activations**: on the CPU, ATen's SiLU/GELU-tanh/sigmoid use a vectorized (SLEEF) path
+//!   for the body of a buffer and a scalar path for its tail, so an element's result depends on
+//!   where it lands in the buffer. They are composed here from `exp`, `tanh` and `erf`, whose
+//!   two paths agree bitwise (measured), computed in fp32.
+//!
+//! Tile sizes are per device ([`BiTiles::for_device`]): a large row tile is free on the GPU but
+//! multiplies the work of a batch-1 decode on the CPU. Results are invariant for *one* tile
+//! configuration; changing the tiles changes the numerics (like changing the kernel), so keep
+//! them fixed across runs that are compared (they are recorded by `kvcredit invariance`).
+use super::{AttnParams, accum_kind};
+use crate::config::Activation;
+use crate::{Error, Result};
+use std::sync::{OnceLock, RwLock};
+use tch::{Device, Kind, Tensor};
+
+/// Fixed shapes of the batch-invariant policy's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BiTiles {
+    /// Rows per matmul of a linear layer.
+    pub gemm_rows: i64,
+    /// Rows per row-sum call of RMSNorm.
+    pub norm_rows: i64,
+    /// Query positions of one sequence per attention block.
+    pub query_tile: i64,
+    /// Keys per attention chunk.
+    pub key_chunk: i64,
+    /// (block, chunk) units per batched attention matmul.
+    pub units: i64,
+}
+
+impl BiTiles {
+    /// CPU defaults: a 16-row matmul tile costs ~2× a single-row decode GEMV on MKL and ~3× a
+    /// one-shot prefill GEMM (see the README numbers); attention tiles are small.
+    pub const CPU: BiTiles = BiTiles {
+        gemm_rows: 16,
+        norm_rows: 64,
+        query_tile: 4,
+        key_chunk: 32,
+        units: 8,
+    };
+    /// CUDA defaults: tiles large enough that a batch of 128 decoding rows is one matmul.
+    pub const CUDA: BiTiles = BiTiles {
+        gemm_rows: 128,
+        norm_rows: 1024,
+        query_tile: 8,
+        key_chunk: 128,
+        units: 256,
+    };
+
+    /// The tiles used on `device`: the default of its kind, then the `KVCREDIT_BI_TILES`
+    /// environment variable, then [`set_tile_overrides`], each overriding the one before.
+    pub fn for_device(device: Device) -> BiTiles {
+        let mut t = match device {
+            Device::Cpu => BiTiles::CPU,
+            _ => BiTiles::CUDA,
+        };
+        if let Some(env) = env_overrides() {
+            t = env.apply(t);
+        }
+        if let Some(o) = *OVERRIDES.read().expect("tile overrides lock") {
+            t = o.apply(t);
+        }
+        t
+    }
+
+    /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…`.
+    pub fn describe(&self) -> String {
+        format!(
+            "gemm_rows={},norm_rows={},query_tile={},key_chunk={},units={}",
+            self.gemm_rows, self.norm_rows, self.query_tile, self.key_chunk, self.units
+        )
+    }
+}
+
+/// Partial tile settings, e.g. parsed from `gemm_rows=64,key_chunk=256`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TileOverrides {
+    /// See [`BiTiles::gemm_rows`].
+    pub gemm_rows: Option<i64>,
+    /// See [`BiTiles::norm_rows`].
+    pub norm_rows: Option<i64>,
+    /// See [`BiTiles::query_tile`].
+    pub query_tile: Option<i64>,
+    /// See [`BiTiles::key_chunk`].
+    pub key_chunk: Option<i64>,
+    /// See [`BiTiles::units`].
+    pub units: Option<i64>,
+}
+
+impl TileOverrides {
+    /// Parse `key=value` pairs separated by commas (empty string: no overrides).
+    pub fn parse(s: &str) -> Result<TileOverrides> {
+        let mut o = TileOverrides::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| Error::Spec(format!("tile setting `{part}` is not key=value")))?;
+            let v: i64 = v.trim().parse().ok().filter(|v| *v > 0).ok_or_else(|| {
+                Error::Spec(format!("tile setting `{part}`: not a positive integer"))
+            })?;
+            let slot = match k.trim() {
+                "gemm_rows" => &mut o.gemm_rows,
+                "norm_rows" => &mut o.norm_rows,
+                "query_tile" => &mut o.query_tile,
+                "key_chunk" => &mut o.key_chunk,
+                "units" => &mut o.units,
+                other => {
+                    return Err(Error::Spec(format!(
+                        "unknown tile setting `{other}` (gemm_rows, norm_rows, query_tile, key_chunk, units)"
+                    )));
+                }
+            };
+            *slot = Some(v);
+        }
+        Ok(o)
+    }
+
+    fn apply(&self, mut t: BiTiles) -> BiTiles {
+        t.gemm_rows = self.gemm_rows.unwrap_or(t.gemm_rows);
+        t.norm_rows = self.norm_rows.unwrap_or(t.norm_rows);
+        t.query_tile = self.query_tile.unwrap_or(t.query_tile);
+        t.key_chunk = self.key_chunk.unwrap_or(t.key_chunk);
+        t.units = self.units.unwrap_or(t.units);
+        t
+    }
+}
+
+static OVERRIDES: RwLock<Option<TileOverrides>> = RwLock::new(None);
+
+fn env_overrides() -> Option<TileOverrides> {
+    static ENV: OnceLock<Option<TileOverrides>> = OnceLock::new();
+    *ENV.get_or_init(|| {
+        let s = std::env::var("KVCREDIT_BI_TILES").ok()?;
+        match TileOverrides::parse(&s) {
+            Ok(o) => Some(o),
+            Err(e) => panic!("KVCREDIT_BI_TILES: {e}"),
+        }
+    })
+}
+
+/// Set (or clear) process-wide tile overrides. Change them only between runs whose results
+/// are not compared with each other.
+pub fn set_tile_overrides(o: Option<TileOverrides>) {
+    *OVERRIDES.write().expect("tile overrides lock") = o;
+}
+
+fn ceil_div(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+/// `x` (`[…, K]`) as a fresh zero-padded `[tiles·rows, K]` buffer, with the number of real rows.
+fn padded_rows(x: &Tensor, rows_per_tile: i64, kind: Kind) -> (Tensor, i64, i64) {
+    let dims = x.size();
+    let k = *dims.last().expect("at least 1-d");
+    let rows: i64 = dims[..dims.len() - 1].iter().product();
+    let tiles = ceil_div(rows.max(1), rows_per_tile);
+    let buf = Tensor::zeros([tiles * rows_per_tile, k], (kind, x.device()));
+    if rows > 0 {
+        buf.narrow(0, 0, rows).copy_(&x.reshape([rows, k]));
+    }
+    (buf, rows, tiles)
+}
+
+/// `x @ w^T + b`, one fixed-shape matmul per row tile.
+pub(super) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+    let m = BiTiles::for_device(x.device()).gemm_rows;
+    let dims = x.size();
+    let n = w.size()[0];
+    let (buf, rows, tiles) = padded_rows(x, m, x.kind());
+    let k = buf.size()[1];
+    // Tiles start at multiples of m·K elements of a fresh buffer; copy a tile when that offset
+    // would change the pointer alignment a BLAS library sees (up to 256 bytes).
+    let aligned = (m * k * x.kind().elt_size_in_bytes() as i64) % 256 == 0;
+    let outs: Vec<Tensor> = (0..tiles)
+        .map(|i| {
+            let tile = buf.narrow(0, i * m, m);
+            let tile = if aligned || i == 0 { tile } else { tile.copy() };
+            tile.linear(w, b)
+        })
+        .collect();
+    let out = if outs.len() == 1 {
+        outs.into_iter().next().expect("one tile")
+    } else {
+        Tensor::cat(&outs, 0)
+    };
+    let mut shape = dims[..dims.len() - 1].to_vec();
+    shape.push(n);
+    out.narrow(0, 0, rows).reshape(shape)
+}
+
+/// `x / rms(x)` in fp32 (fp64 for fp64 runs) over the last dimension, the sums of squares taken over fixed row tiles.
+pub(super) fn rms_normalize(x: &Tensor, eps: f64) -> Tensor {
+    let m = BiTiles::for_device(x.device()).norm_rows;
+    let dims = x.size();
+    let h = *dims.last().expect("at least 1-d");
+    let acc = accum_kind(x.kind());
+    let xf = x.to_kind(acc);
+    let (buf, rows, tiles) = padded_rows(&(&xf * &xf), m, acc);
+    let sums: Vec<Tensor> = (0..tiles)
+        .map(|i| {
+            buf.narrow(0, i * m, m)
+                .sum_dim_intlist([-1i64].as_slice(), false, acc)
+        })
+        .collect();
+    let sums = if sums.len() == 1 {
+        sums.into_iter().next().expect("one tile")
+    } else {
+        Tensor::cat(&sums, 0)
+    };
+    let mut shape = dims[..dims.len() - 1].to_vec();
+    shape.push(1);
+    let var = sums.narrow(0, 0, rows).reshape(shape) / (h as f64);
+    xf * (var + eps).rsqrt()
+}
+
+/// MLP activation from position-independent elementwise primitives, in fp32 (fp64 for fp64).
+pub(super) fn activation(x: &Tensor, act: Activation) -> Tensor {
+    let xf = x.to_kind(accum_kind(x.kind()));
+    let y = match act {
+        Activation::Silu => &xf / ((-&xf).exp() + 1.0),
+        Activation::GeluTanh => {
+            // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), as ATen writes it.
+            let k_beta = std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5;
+            let cube = &xf * &xf * &xf;
+            let inner = (&xf + cube * 0.044715) * k_beta;
+            &xf * 0.5 * (inner.tanh() + 1.0)
+        }
+        Activation::Gelu => &xf * 0.5 * ((&xf * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0),
+    };
+    y.to_kind(x.kind())
+}
+
+/// Grouped-query attention by fixed-shape split-KV; see the module documentation.
+pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
+    let tiles = BiTiles::for_device(q.device());
+    let (b, hq, t, d) = q.size4().expect("q is 4-d");
+    let (hkv, l) = (k.size()[1], k.size()[2]);
+    let group = hq / hkv;
+    let (tq, c, w) = (tiles.query_tile, tiles.key_chunk, tiles.units);
+    let (nt, nc) = (ceil_div(t, tq), ceil_div(l, c));
+    let (t_pad, l_pad) = (nt * tq, nc * c);
+    let rows = group * tq;
+    let f = accum_kind(q.kind());
+    let dev = q.device();
+
+    let msize = p.mask.size();
+    assert!(
+        msize.len() == 5 && msize[1] == 1 && msize[2] == 1,
+        "batch-invariant attention needs a mask of shape [B, 1, 1, T, L], got {msize:?}"
+    );
+
+    // Query blocks [B·nt, Hkv, group·tq, D]: rows are (query head of the group, position).
+    let qb = q
+        .to_kind(f)
+        .reshape([b, hkv, group, t, d])
+        .constant_pad_nd([0, 0, 0, t_pad - t])
+        .reshape([b, hkv, group, nt, tq, d])
+        .permute([0, 3, 1, 2, 4, 5])
+        .contiguous()
+        .reshape([b * nt, hkv, rows, d]);
+    // Key/value chunks [B·nc, Hkv, c, D].
+    let chunks = |x: &Tensor| {
+        x.to_kind(f)
+            .constant_pad_nd([0, 0, 0, l_pad - l])
+            .reshape([b, hkv, nc, c, d])
+            .permute([0, 2, 1, 3, 4])
+            .contiguous()
+            .reshape([b * nc, hkv, c, d])
+    };
+    let (kc, vc) = (chunks(k), chunks(v));
+    // Mask per unit [B·nt·nc, tq, c], units ordered (sequence, block, chunk). Padded keys and
+    // padded query positions are masked.
+    let units = b * nt * nc;
+    let batches = ceil_div(units, w);
+    let u_pad = batches * w;
+    let mask = p
+        .mask
+        .to_kind(f)
+        .expand([b, 1, 1, t, l], false)
+        .reshape([b, t, l])
+        .pad(
+            [0, l_pad - l, 0, t_pad - t],
+            "constant",
+            f64::from(f32::MIN),
+        )
+        .reshape([b, nt, tq, nc, c])
+        .permute([0, 1, 3, 2, 4])
+        .contiguous()
+        .reshape([units, tq, c])
+        .constant_pad_nd([0, 0, 0, 0, 0, u_pad - units]);
+    // Unit u (padding units repeat the last real one) reads query block u / nc and key chunk
+    // (sequence of that block)·nc + u % nc. Built on the device: no host-to-device copy (which
+    // would synchronise with the GPU at every layer).
+    let u = Tensor::arange(u_pad, (Kind::Int64, dev)).clamp_max(units - 1);
+    let q_idx = u.floor_divide_scalar(nc);
+    let kv_idx = q_idx.floor_divide_scalar(nt) * nc + u.remainder(nc);
+    let (mut maxes, mut sums, mut outs) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..batches {
+        let qi = q_idx.narrow(0, i * w, w);
+        let ki = kv_idx.narrow(0, i * w, w);
+        let qs = qb.index_select(0, &qi).reshape([w * hkv, rows, d]);
+        let ks = kc.index_select(0, &ki).reshape([w * hkv, c, d]);
+        let vs = vc.index_select(0, &ki).reshape([w * hkv, c, d]);
+        let mut s = qs.bmm(&ks.transpose(1, 2)) * p.scale;
+        if let Some(cap) = p.softcap {
+            s = (s / cap).tanh() * cap;
+        }
+        let s = (s.view([w, hkv, group, tq, c]) + mask.narrow(0, i * w, w).view([w, 1, 1, tq, c]))
+            .view([w * hkv, rows, c]);
+        let m = s.amax([-1i64].as_slice(), true);
+        let e = (s - &m).exp();
+        sums.push(e.sum_dim_intlist([-1i64].as_slice(), true, f));
+        outs.push(e.bmm(&vs));
+        maxes.push(m);
+    }
+    let gather = |parts: Vec<Tensor>, last: i64| {
+        let all = if parts.len() == 1 {
+            parts.into_iter().next().expect("one batch")
+        } else {
+            Tensor::cat(&parts, 0)
+        };
+        all.narrow(0, 0, units * hkv)
+            .view([b * nt, nc, hkv, rows, last])
+    };
+    let (maxes, sums, outs) = (gather(maxes, 1), gather(sums, 1), gather(outs, d));
+    let top = maxes.amax([1i64].as_slice(), true);
+    let factor = (maxes - top).exp();
+    let outs = outs * &factor;
+    let sums = sums * &factor;
+    // Fixed-order fold over chunks (key order).
+    let mut num = outs.select(1, 0);
+    let mut den = sums.select(1, 0);
+    for ci in 1..nc {
+        num = &num + outs.select(1, ci);
+        den = &den + sums.select(1, ci);
+    }
+    (num / den)
+        .view([b, nt, hkv, group, tq, d])
+        .permute([0, 2, 3, 1, 4, 5])
+        .reshape([b, hq, t_pad, d])
+        .narrow(2, 0, t)
+        .to_kind(q.kind())
+}
