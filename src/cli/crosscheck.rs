@@ -1,14 +1,22 @@
 //! `kvcredit crosscheck`: teacher-forced logits on a device/dtype against CPU fp32.
 use anyhow::bail;
-use kvcredit::ExecPolicy;
+use kvcredit::model::synthetic;
 use kvcredit::runtime::{self, Dtype, ModelSource};
+use kvcredit::{Decoder, ExecPolicy};
 use tch::{Device, Kind, Tensor};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Model: registry name, GGUF file or Hugging Face folder.
+    #[arg(
+        long,
+        required_unless_present = "synthetic",
+        conflicts_with = "synthetic"
+    )]
+    model: Option<String>,
+    /// Instead of a model: seeded random weights (std 0.02) of a real shape, e.g. qwen2.5-0.5b.
     #[arg(long)]
-    model: String,
+    synthetic: Option<String>,
     /// Token ids, comma-separated (default: 32 fixed ids below the vocabulary size).
     #[arg(long, value_delimiter = ',')]
     ids: Option<Vec<i64>>,
@@ -23,22 +31,34 @@ pub struct Args {
     tol: f64,
 }
 
+/// Load the model under test (or the CPU fp32 reference) in `dtype` on `device`.
+fn load(a: &Args, dtype: Dtype, device: Device) -> anyhow::Result<Decoder> {
+    Ok(match (&a.model, &a.synthetic) {
+        (Some(m), _) => runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
+        (None, Some(name)) => {
+            // Weights are drawn on the CPU in fp32 so every device and dtype sees the same values.
+            let cfg = synthetic::config(name)?;
+            let w = synthetic::random_weights(&cfg, Kind::Float, Device::Cpu, 0);
+            Decoder::from_weights(cfg, w.with_target(dtype.kind(), device))?
+        }
+        (None, None) => bail!("give --model or --synthetic"),
+    })
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let source = ModelSource::resolve(&a.model)?;
-    let reference = runtime::load(&source, Dtype::Fp32, Device::Cpu)?;
-    let vocab = reference.decoder.config().vocab_size as i64;
+    let reference = load(&a, Dtype::Fp32, Device::Cpu)?;
+    let vocab = reference.config().vocab_size as i64;
     let ids = a
         .ids
         .unwrap_or_else(|| (0..32).map(|i| (i * 7919 + 11) % vocab).collect());
     let t = Tensor::from_slice(&ids).view([1, -1]);
-    let want = reference.decoder.forward_full(&t, &ExecPolicy::Stock)?;
+    let want = reference.forward_full(&t, &ExecPolicy::Stock)?;
     drop(reference);
     let device = runtime::parse_device(&a.device)?;
     let mut failed = false;
-    for dtype in a.dtype {
-        let m = runtime::load(&source, dtype, device)?;
+    for &dtype in &a.dtype {
+        let m = load(&a, dtype, device)?;
         let got = m
-            .decoder
             .forward_full(&t, &ExecPolicy::Stock)?
             .to_device(Device::Cpu)
             .to_kind(Kind::Float);

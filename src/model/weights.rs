@@ -69,6 +69,15 @@ impl Weights {
         Ok(Weights::from_named(named, kind, device))
     }
 
+    /// The same tensors, converted to `kind` on `device` as they are taken.
+    pub fn with_target(self, kind: Kind, device: Device) -> Weights {
+        Weights {
+            kind,
+            device,
+            ..self
+        }
+    }
+
     /// Whether a key is present.
     pub fn contains(&self, key: &str) -> bool {
         self.tensors.contains_key(key)
