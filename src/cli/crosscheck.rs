@@ -50,6 +50,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let vocab = reference.config().vocab_size as i64;
     let ids = a
         .ids
+        .clone()
         .unwrap_or_else(|| (0..32).map(|i| (i * 7919 + 11) % vocab).collect());
     let t = Tensor::from_slice(&ids).view([1, -1]);
     let want = reference.forward_full(&t, &ExecPolicy::Stock)?;
