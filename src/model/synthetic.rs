@@ -9,14 +9,16 @@ use crate::{Error, Result};
 use tch::{Device, Kind, Tensor};
 
 /// Shapes known to [`config`].
-pub const NAMES: &[&str] = &["qwen2.5-0.5b", "qwen2.5-1.5b"];
+pub const NAMES: &[&str] = &["qwen2.5-0.5b", "qwen2.5-1.5b", "tiny-qwen2"];
 
 /// The architecture of a named real checkpoint.
 pub fn config(name: &str) -> Result<ArchConfig> {
-    // (hidden, intermediate, layers, heads, kv heads, tied embeddings)
-    let (hidden, inter, layers, heads, kv, tied) = match name {
-        "qwen2.5-0.5b" => (896, 4864, 24, 14, 2, true),
-        "qwen2.5-1.5b" => (1536, 8960, 28, 12, 2, true),
+    // (hidden, intermediate, layers, heads, kv heads, tied embeddings, vocabulary)
+    let (hidden, inter, layers, heads, kv, tied, vocab) = match name {
+        "qwen2.5-0.5b" => (896, 4864, 24, 14, 2, true, 151_936),
+        "qwen2.5-1.5b" => (1536, 8960, 28, 12, 2, true, 151_936),
+        // A tiny Qwen2 (4 layers, d 128, head 32) for quick device checks.
+        "tiny-qwen2" => (128, 352, 4, 4, 2, true, 4096),
         other => {
             return Err(Error::Spec(format!(
                 "unknown synthetic shape `{other}` (known: {})",
@@ -27,7 +29,7 @@ pub fn config(name: &str) -> Result<ArchConfig> {
     let head_dim = hidden / heads;
     let cfg = ArchConfig {
         arch: Arch::Qwen2,
-        vocab_size: 151_936,
+        vocab_size: vocab,
         hidden_size: hidden,
         intermediate_size: inter,
         num_attention_heads: heads,
