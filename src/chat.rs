@@ -298,23 +298,9 @@ impl PyJson<'_> {
 /// `strftime_now(fmt)` for templates that print today's date (UTC). Supports `%Y %m %d %e
 /// %B %b %A %a %H %M %S %%`.
 fn strftime_now(fmt: &str) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let days = secs.div_euclid(86_400);
-    let tod = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let weekday = (days + 4).rem_euclid(7); // 1970-01-01 was a Thursday
+    let now = crate::io::UtcTime::now();
+    let (year, month, day, tod) = (now.year, now.month, now.day, now.seconds_of_day);
+    let weekday = now.weekday;
     const MONTHS: [&str; 12] = [
         "January",
         "February",

@@ -4,6 +4,67 @@ pub mod parquet;
 use crate::{Error, Result};
 use std::path::Path;
 
+/// A UTC calendar time, to the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UtcTime {
+    /// Year.
+    pub year: i64,
+    /// Month, 1–12.
+    pub month: i64,
+    /// Day of the month, 1–31.
+    pub day: i64,
+    /// Seconds since midnight.
+    pub seconds_of_day: i64,
+    /// Day of the week, 0 = Sunday.
+    pub weekday: i64,
+}
+
+impl UtcTime {
+    /// The current time (the Unix epoch if the clock is before it).
+    pub fn now() -> UtcTime {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        UtcTime::from_unix(secs)
+    }
+
+    /// Calendar time of Unix seconds (Howard Hinnant's civil_from_days).
+    pub fn from_unix(secs: i64) -> UtcTime {
+        let days = secs.div_euclid(86_400);
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        UtcTime {
+            year: yoe + era * 400 + i64::from(month <= 2),
+            month,
+            day,
+            seconds_of_day: secs.rem_euclid(86_400),
+            // 1970-01-01 was a Thursday.
+            weekday: (days + 4).rem_euclid(7),
+        }
+    }
+
+    /// RFC 3339, e.g. `2026-11-29T09:21:11Z`.
+    pub fn rfc3339(&self) -> String {
+        let t = self.seconds_of_day;
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            self.year,
+            self.month,
+            self.day,
+            t / 3600,
+            t / 60 % 60,
+            t % 60
+        )
+    }
+}
+
 /// Write `bytes` to `path` atomically (temporary file in the same folder, then rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -17,4 +78,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     ));
     std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UtcTime;
+
+    #[test]
+    fn calendar_dates_of_known_unix_times() {
+        let epoch = UtcTime::from_unix(0);
+        assert_eq!(
+            (epoch.year, epoch.month, epoch.day, epoch.weekday),
+            (1970, 1, 1, 4)
+        );
+        // 2000-02-29 23:59:59 (a leap day, Tuesday), then 2000-03-01 (Wednesday).
+        assert_eq!(
+            UtcTime::from_unix(951_868_799).rfc3339(),
+            "2000-02-29T23:59:59Z"
+        );
+        let t = UtcTime::from_unix(951_868_800);
+        assert_eq!(
+            (t.rfc3339().as_str(), t.weekday),
+            ("2000-03-01T00:00:00Z", 3)
+        );
+    }
 }
