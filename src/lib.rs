@@ -5,8 +5,9 @@
 //! how reductions run without forking model code ([`exec`]), counter-based sampling
 //! ([`sampling`]), three-pass counterfactual credit campaigns ([`credit`]) and the tooling
 //! around them.
-//! ([`sampling`]) and the tooling around them.
+pub mod analysis;
 pub mod chat;
+pub mod check;
 pub mod config;
 pub mod credit;
 pub mod error;

@@ -1,5 +1,7 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
+mod analyze;
 mod campaign;
+mod check;
 mod crosscheck;
 mod eval;
 mod generate;
@@ -33,6 +35,10 @@ enum Command {
     Campaign(campaign::Cmd),
     /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
     Invariance(invariance::Args),
+    /// Summarize campaign run dirs: summary.parquet, report.md, figures.
+    Analyze(analyze::Args),
+    /// Check a campaign run dir's invariants (CI gate): exit 1 naming the offending rows.
+    Check(check::Args),
 }
 
 /// Parse the command line and run the chosen subcommand.
@@ -45,5 +51,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Eval(cmd) => eval::run(cmd),
         Command::Campaign(cmd) => campaign::run(cmd),
         Command::Invariance(args) => invariance::run(args),
+        Command::Analyze(args) => analyze::run(args),
+        Command::Check(args) => check::run(args),
     }
 }

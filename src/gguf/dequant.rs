@@ -94,8 +94,16 @@ fn half(b: &[u8], at: usize) -> f32 {
 
 /// De-quantize `n` elements stored as `ty` in `data`.
 pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; n];
+    dequantize_into(ty, data, &mut out)?;
+    Ok(out)
+}
+
+/// De-quantize `data` (stored as `ty`) into `out`, whose length is the element count.
+pub fn dequantize_into(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
+    let n = out.len();
     let (block, bytes) = ty.block();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(Error::Gguf(format!(
             "{n} elements is not a multiple of the {ty:?} block size {block}"
         )));
@@ -108,7 +116,6 @@ pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
             n_blocks * bytes
         )));
     }
-    let mut out = vec![0f32; n];
     let decode: fn(&[u8], &mut [f32]) = match ty {
         GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => |b, y| y[0] = half(b, 0),
@@ -133,7 +140,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
                 decode(bb, yb);
             }
         });
-    Ok(out)
+    Ok(())
 }
 
 /// `d (f16) | qs[16]`: element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of

@@ -379,7 +379,7 @@ pub fn load_tensors(g: &GgufFile, cfg: &ArchConfig) -> Result<Vec<(String, Tenso
             }
         }
         if gemma && info.name.ends_with("norm.weight") {
-            t = t - 1.0;
+            t -= 1.0;
         }
         out.push((name, t));
     }

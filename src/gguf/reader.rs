@@ -132,7 +132,7 @@ impl TensorInfo {
         let (block, bytes) = self.ggml_type.block();
         let n = self.n_elements();
         let row = self.dims.first().copied().unwrap_or(1);
-        if row % block as u64 != 0 {
+        if !row.is_multiple_of(block as u64) {
             return Err(Error::Gguf(format!(
                 "tensor `{}`: row length {row} is not a multiple of the {:?} block size {block}",
                 self.name, self.ggml_type
@@ -542,9 +542,21 @@ impl GgufFile {
         })
     }
 
-    /// A tensor de-quantized to a float32 CPU `tch::Tensor` in PyTorch shape.
+    /// A tensor de-quantized to a float32 CPU `tch::Tensor` in PyTorch shape (decoded straight
+    /// into the tensor's storage).
     pub fn read_tensor(&self, info: &TensorInfo) -> Result<tch::Tensor> {
-        let data = self.read_f32(info)?;
-        Ok(tch::Tensor::from_slice(&data).reshape(info.torch_shape()))
+        let raw = self.read_raw(info)?;
+        let n = info.n_elements() as usize;
+        let t = tch::Tensor::f_empty([n as i64], (tch::Kind::Float, tch::Device::Cpu))?;
+        if n > 0 {
+            // SAFETY: `t` was just allocated as a contiguous CPU float32 tensor of `n` elements
+            // and nothing else refers to its storage while this slice lives.
+            let out = unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) };
+            dequant::dequantize_into(info.ggml_type, &raw, out).map_err(|e| match e {
+                Error::Gguf(m) => Error::Gguf(format!("tensor `{}`: {m}", info.name)),
+                other => other,
+            })?;
+        }
+        Ok(t.reshape(info.torch_shape()))
     }
 }

@@ -1,0 +1,214 @@
+//! Campaign analysis: `kvcredit analyze RUN_DIR...`.
+//!
+//! Reads the run dirs written by `kvcredit campaign run` ([`read`]), groups estimates by their
+//! `config` label, computes per configuration and conditioning the disagreement rates, the
+//! excess over the replica floor with problem-clustered inference, disagreement classes, the
+//! mean-zero check and critical-set overlap ([`summary`], built on [`crate::stats`]), and
+//! writes `summary.parquet` ([`table`]), `report.md` ([`report`]) and two figures as PNG and
+//! SVG ([`plot`]).
+//!
+//! ```no_run
+//! use kvcredit::analysis::{analyze, AnalyzeOptions};
+//! let out = analyze(&["runs/demo".into()], None, &AnalyzeOptions::default())?;
+//! println!("{}", out.report.display());
+//! # Ok::<(), kvcredit::Error>(())
+//! ```
+pub mod plot;
+pub mod read;
+pub mod report;
+pub mod summary;
+pub mod table;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use read::{EstimateRow, Key, Manifest, Pass, PassCost};
+pub use summary::{AnalyzeOptions, Conditioning, ConfigMeta, ConfigSummary, summarize};
+
+use crate::{Error, Result};
+
+/// One run dir's manifest and estimate rows.
+#[derive(Debug, Clone)]
+pub struct RunData {
+    /// The run dir.
+    pub dir: PathBuf,
+    /// Its `manifest.json`.
+    pub manifest: Manifest,
+    /// Its `estimates.parquet`.
+    pub estimates: Vec<EstimateRow>,
+}
+
+/// Read a run dir's manifest and estimates. The estimates must carry exactly one `config`
+/// label (one run dir is one configuration).
+pub fn load_run(dir: &Path) -> Result<RunData> {
+    let manifest = read::read_manifest(dir)?;
+    let estimates = read::read_estimates(dir)?;
+    let Some(first) = estimates.first() else {
+        return Err(Error::Output(format!(
+            "{}: no estimate rows",
+            dir.join(read::ESTIMATES).display()
+        )));
+    };
+    if let Some(other) = estimates.iter().find(|r| r.config != first.config) {
+        return Err(Error::Output(format!(
+            "{}: several config labels (`{}`, `{}`); one run dir holds one configuration",
+            dir.join(read::ESTIMATES).display(),
+            first.config,
+            other.config
+        )));
+    }
+    Ok(RunData {
+        dir: dir.to_path_buf(),
+        manifest,
+        estimates,
+    })
+}
+
+fn same<'a>(what: &str, cfg: &str, a: &'a str, b: &'a str) -> Result<()> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(Error::Output(format!(
+            "config `{cfg}`: rows or run dirs disagree on {what} (`{a}` vs `{b}`)"
+        )))
+    }
+}
+
+/// Group runs by `config` label (run dirs sharing a label are merged: rows concatenated,
+/// snapshot counts and costs summed) and summarize each, in label order.
+pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<ConfigSummary>> {
+    let mut groups: BTreeMap<&str, Vec<&RunData>> = BTreeMap::new();
+    for r in runs {
+        groups.entry(&r.estimates[0].config).or_default().push(r);
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    for (cfg, runs) in groups {
+        let first = &runs[0].estimates[0];
+        let mut meta = ConfigMeta {
+            config: cfg.to_string(),
+            model: first.model.clone(),
+            dtype: first.dtype.clone(),
+            policy: first.policy.clone(),
+            replica_schedule: runs[0].manifest.replica_schedule.clone(),
+            k: first.k,
+            run_dirs: Vec::new(),
+            n_problems: 0,
+            n_keys: 0,
+            n_incomplete: 0,
+            snapshot_checks: 0,
+            snapshot_hits: 0,
+            cost: BTreeMap::new(),
+        };
+        let mut rows = Vec::new();
+        for run in runs {
+            let m = &run.manifest;
+            same(
+                "replica_schedule",
+                cfg,
+                &meta.replica_schedule,
+                &m.replica_schedule,
+            )?;
+            same("policy", cfg, &meta.policy, &m.policy)?;
+            for r in &run.estimates {
+                same("model", cfg, &meta.model, &r.model)?;
+                same("dtype", cfg, &meta.dtype, &r.dtype)?;
+                same("policy", cfg, &meta.policy, &r.policy)?;
+            }
+            if m.k != first.k {
+                return Err(Error::Output(format!(
+                    "config `{cfg}`: manifest of {} has k = {} but the estimates have k = {}",
+                    run.dir.display(),
+                    m.k,
+                    first.k
+                )));
+            }
+            meta.run_dirs.push(run.dir.clone());
+            meta.snapshot_checks += m.snapshot_checks;
+            meta.snapshot_hits += m.snapshot_hits;
+            for (pass, c) in &m.cost {
+                let acc = meta.cost.entry(pass.clone()).or_default();
+                acc.device_seconds += c.device_seconds;
+                acc.tokens += c.tokens;
+                acc.continuations += c.continuations;
+            }
+            rows.extend(run.estimates.iter().cloned());
+        }
+        out.push(summarize(&rows, meta, opts)?);
+    }
+    Ok(out)
+}
+
+/// What `analyze` wrote.
+#[derive(Debug, Clone)]
+pub struct AnalyzeOutput {
+    /// The output dir.
+    pub dir: PathBuf,
+    /// `summary.parquet`.
+    pub summary: PathBuf,
+    /// `report.md`.
+    pub report: PathBuf,
+    /// The figures (PNG and SVG of each).
+    pub plots: Vec<PathBuf>,
+    /// The numbers.
+    pub summaries: Vec<ConfigSummary>,
+}
+
+/// Write `summary.parquet`, `report.md` and the figures of `summaries` into `dir`.
+pub fn write_outputs(
+    summaries: Vec<ConfigSummary>,
+    dir: &Path,
+    opts: &AnalyzeOptions,
+) -> Result<AnalyzeOutput> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let summary = dir.join(table::SUMMARY);
+    table::write_summary(&summaries, opts, &summary)?;
+    let report = dir.join(report::REPORT);
+    std::fs::write(&report, report::render(&summaries, opts)).map_err(|e| Error::io(&report, e))?;
+    let plots = plot::write_plots(&summaries, dir)?;
+    Ok(AnalyzeOutput {
+        dir: dir.to_path_buf(),
+        summary,
+        report,
+        plots,
+        summaries,
+    })
+}
+
+fn check_options(opts: &AnalyzeOptions) -> Result<()> {
+    if opts.reps == 0 {
+        return Err(Error::Spec("analyze: --reps must be at least 1".into()));
+    }
+    if !(opts.level > 0.0 && opts.level < 1.0) {
+        return Err(Error::Spec(format!(
+            "analyze: --level {} is not in (0, 1)",
+            opts.level
+        )));
+    }
+    Ok(())
+}
+
+/// `kvcredit analyze`: read `run_dirs`, summarize every configuration, and write the outputs
+/// into `out` (required for several run dirs) or the single run dir.
+pub fn analyze(
+    run_dirs: &[PathBuf],
+    out: Option<&Path>,
+    opts: &AnalyzeOptions,
+) -> Result<AnalyzeOutput> {
+    check_options(opts)?;
+    let dir = match (out, run_dirs) {
+        (Some(o), _) => o.to_path_buf(),
+        (None, [one]) => one.clone(),
+        (None, []) => return Err(Error::Spec("analyze: no run dir given".into())),
+        (None, _) => {
+            return Err(Error::Spec(
+                "analyze: several run dirs need --out DIR for the combined outputs".into(),
+            ));
+        }
+    };
+    let runs = run_dirs
+        .iter()
+        .map(|d| load_run(d))
+        .collect::<Result<Vec<_>>>()?;
+    let summaries = summarize_runs(&runs, opts)?;
+    write_outputs(summaries, &dir, opts)
+}

@@ -1,0 +1,406 @@
+//! The two figures of the report, each as PNG and SVG: disagreement rates against the replica
+//! floor per configuration (bars with cluster-bootstrap CIs), and critical-set Jaccard vs `τ`
+//! with the replica ceiling.
+//!
+//! Drawn with `plotters` (SVG backend, and the bitmap backend into an RGB buffer that the `png`
+//! crate encodes). Text is rendered with `ab_glyph` from a bundled subset of DejaVu Sans
+//! (`fonts/`, Bitstream Vera / DejaVu licence), so no system font is needed.
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};
+use plotters::prelude::*;
+
+use crate::{Error, Result};
+
+use super::summary::{Comparison, Conditioning, ConfigSummary};
+
+static FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
+
+type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// Line colours per configuration (the matplotlib "tab10" cycle).
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
+
+const REPLICA: RGBColor = RGBColor(0x8c, 0x8c, 0x8c);
+const REFEED: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
+
+fn register_font() -> Result<()> {
+    static DONE: OnceLock<bool> = OnceLock::new();
+    let ok = *DONE.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Output("plot: the bundled font is unreadable".into()))
+    }
+}
+
+/// A figure that can be drawn on any plotters backend.
+trait Figure {
+    fn size(&self) -> (u32, u32);
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB::ErrorType: 'static;
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Output(format!("plot {}: {e}", path.display()))
+}
+
+/// Write `stem.svg` and `stem.png`; returns both paths.
+fn render(fig: &impl Figure, stem: &Path) -> Result<Vec<PathBuf>> {
+    register_font()?;
+    let (w, h) = fig.size();
+    let svg = stem.with_extension("svg");
+    {
+        let root = SVGBackend::new(&svg, (w, h)).into_drawing_area();
+        fig.draw(&root).map_err(|e| plot_err(&svg, e))?;
+        root.present().map_err(|e| plot_err(&svg, e))?;
+    }
+    let png = stem.with_extension("png");
+    let mut buf = vec![0u8; w as usize * h as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        fig.draw(&root).map_err(|e| plot_err(&png, e))?;
+        root.present().map_err(|e| plot_err(&png, e))?;
+    }
+    write_png(&png, &buf, w, h)?;
+    Ok(vec![png, svg])
+}
+
+fn write_png(path: &Path, rgb: &[u8], w: u32, h: u32) -> Result<()> {
+    let file = File::create(path).map_err(|e| Error::io(path, e))?;
+    let mut enc = png::Encoder::new(BufWriter::new(file), w, h);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut writer = enc.write_header().map_err(|e| plot_err(path, e))?;
+    writer
+        .write_image_data(rgb)
+        .map_err(|e| plot_err(path, e))?;
+    writer.finish().map_err(|e| plot_err(path, e))
+}
+
+fn short(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n - 1).collect();
+        t.push('…');
+        t
+    }
+}
+
+fn conditioning_title(c: Conditioning) -> &'static str {
+    match c {
+        Conditioning::AnyInformative => "any-informative",
+        Conditioning::TreatmentIndependent => "treatment-independent (exact informative)",
+    }
+}
+
+/// A category x axis: categories at 0, 1, …, n − 1 (ticks there only), values in between
+/// allowed so that grouped bars can sit beside each tick.
+#[derive(Clone)]
+struct CategoryAxis {
+    labels: Vec<String>,
+}
+
+impl CategoryAxis {
+    fn span(&self) -> (f64, f64) {
+        (-0.5, self.labels.len() as f64 - 0.5)
+    }
+}
+
+impl Ranged for CategoryAxis {
+    type FormatOption = NoDefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        let (lo, hi) = self.span();
+        let frac = (v - lo) / (hi - lo);
+        limit.0 + (frac * f64::from(limit.1 - limit.0)).round() as i32
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, _hint: Hint) -> Vec<f64> {
+        (0..self.labels.len()).map(|i| i as f64).collect()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        let (lo, hi) = self.span();
+        lo..hi
+    }
+}
+
+impl ValueFormatter<f64> for CategoryAxis {
+    fn format(v: &f64) -> String {
+        format!("{v}")
+    }
+
+    fn format_ext(&self, v: &f64) -> String {
+        let i = v.round();
+        if (v - i).abs() < 1e-9 && i >= 0.0 {
+            self.labels.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    }
+}
+
+struct DisagreementFigure<'a> {
+    summaries: &'a [ConfigSummary],
+}
+
+/// `(rate, lo, hi)` in percent; the CI collapses to the point when absent.
+fn rate_pct(c: &Comparison) -> Option<(f64, f64, f64)> {
+    let r = c.rate?;
+    let (lo, hi) = c.rate_ci.map_or((r, r), |ci| (ci.lo, ci.hi));
+    Some((100.0 * r, 100.0 * lo, 100.0 * hi))
+}
+
+impl Figure for DisagreementFigure<'_> {
+    fn size(&self) -> (u32, u32) {
+        let n = self.summaries.len() as u32;
+        ((500 + 140 * n).min(2400) * 2, 520)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB::ErrorType: 'static,
+    {
+        root.fill(&WHITE)?;
+        let ymax = self
+            .summaries
+            .iter()
+            .flat_map(|s| &s.rows)
+            .flat_map(|r| [&r.replica, &r.refeed])
+            .filter_map(rate_pct)
+            .map(|(_, _, hi)| hi)
+            .fold(5.0_f64, f64::max)
+            * 1.15;
+        let panels = root.split_evenly((1, 2));
+        for (p, cond) in panels.iter().zip(Conditioning::ALL) {
+            let axis = CategoryAxis {
+                labels: self
+                    .summaries
+                    .iter()
+                    .map(|s| short(&s.meta.config, 22))
+                    .collect(),
+            };
+            let mut chart = ChartBuilder::on(p)
+                .caption(
+                    format!("Disagreement with exact: {}", conditioning_title(cond)),
+                    ("sans-serif", 18),
+                )
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(axis.clone(), 0.0..ymax)?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .bold_line_style(BLACK.mix(0.12))
+                .light_line_style(TRANSPARENT)
+                .x_label_formatter(&|x| axis.format_ext(x))
+                .y_desc("eligible estimates that disagree (%)")
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .label_style(("sans-serif", 13))
+                .draw()?;
+            for (pass_idx, (label, color)) in [
+                ("exact ≠ replica (floor)", REPLICA),
+                ("exact ≠ refeed", REFEED),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let off = if pass_idx == 0 { -0.19 } else { 0.19 };
+                let bars: Vec<(f64, (f64, f64, f64))> = self
+                    .summaries
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let row = s.rows.iter().find(|r| r.conditioning == cond)?;
+                        let cmp = if pass_idx == 0 {
+                            &row.replica
+                        } else {
+                            &row.refeed
+                        };
+                        rate_pct(cmp).map(|v| (i as f64 + off, v))
+                    })
+                    .collect();
+                chart
+                    .draw_series(bars.iter().map(|&(x, (r, _, _))| {
+                        Rectangle::new([(x - 0.17, 0.0), (x + 0.17, r)], color.filled())
+                    }))?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                    });
+                chart.draw_series(bars.iter().map(|&(x, (r, lo, hi))| {
+                    ErrorBar::new_vertical(x, lo, r, hi, BLACK.stroke_width(1), 8)
+                }))?;
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 13))
+                .draw()?;
+        }
+        Ok(())
+    }
+}
+
+struct JaccardFigure<'a> {
+    summaries: &'a [ConfigSummary],
+}
+
+/// Runs of consecutive defined points (an empty union breaks the line).
+fn segments(points: &[(f64, Option<f64>)]) -> Vec<Vec<(f64, f64)>> {
+    let mut out = vec![Vec::new()];
+    for &(x, y) in points {
+        match y {
+            Some(y) => out.last_mut().expect("non-empty").push((x, y)),
+            None => out.push(Vec::new()),
+        }
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+impl Figure for JaccardFigure<'_> {
+    fn size(&self) -> (u32, u32) {
+        (1400, 560)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB::ErrorType: 'static,
+    {
+        root.fill(&WHITE)?;
+        let panels = root.split_evenly((1, 2));
+        for (p, cond) in panels.iter().zip(Conditioning::ALL) {
+            let mut chart = ChartBuilder::on(p)
+                .caption(
+                    format!("Critical-set Jaccard vs τ: {}", conditioning_title(cond)),
+                    ("sans-serif", 18),
+                )
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(50)
+                .build_cartesian_2d(0.0..1.05_f64, 0.0..1.05_f64)?;
+            chart
+                .configure_mesh()
+                .bold_line_style(BLACK.mix(0.12))
+                .light_line_style(TRANSPARENT)
+                .x_desc("τ (threshold on |Â|)")
+                .y_desc("Jaccard with exact")
+                .x_label_formatter(&|x| format!("{x:.2}"))
+                .y_label_formatter(&|y| format!("{y:.1}"))
+                .label_style(("sans-serif", 13))
+                .draw()?;
+            for (i, s) in self.summaries.iter().enumerate() {
+                let Some(row) = s.rows.iter().find(|r| r.conditioning == cond) else {
+                    continue;
+                };
+                let color = PALETTE[i % PALETTE.len()];
+                for (cmp, is_refeed) in [(&row.refeed, true), (&row.replica, false)] {
+                    let pts: Vec<(f64, Option<f64>)> = cmp
+                        .jaccard
+                        .iter()
+                        .map(|j| (j.tau, j.result.value))
+                        .collect();
+                    let style = color.stroke_width(2);
+                    let label = if is_refeed {
+                        format!("{}: refeed", short(&s.meta.config, 24))
+                    } else {
+                        format!("{}: replica ceiling", short(&s.meta.config, 24))
+                    };
+                    for (n_seg, seg) in segments(&pts).into_iter().enumerate() {
+                        let anno = if is_refeed {
+                            chart.draw_series(LineSeries::new(seg.clone(), style))?
+                        } else {
+                            chart.draw_series(DashedLineSeries::new(seg.clone(), 8, 5, style))?
+                        };
+                        if n_seg == 0 && is_refeed {
+                            anno.label(label.clone()).legend(move |(x, y)| {
+                                PathElement::new(vec![(x, y), (x + 18, y)], style)
+                            });
+                        } else if n_seg == 0 {
+                            anno.label(label.clone()).legend(move |(x, y)| {
+                                EmptyElement::at((x, y))
+                                    + PathElement::new(vec![(0, 0), (6, 0)], style)
+                                    + PathElement::new(vec![(10, 0), (16, 0)], style)
+                            });
+                        }
+                        if is_refeed {
+                            chart.draw_series(
+                                seg.iter().map(|&c| Circle::new(c, 4, color.filled())),
+                            )?;
+                        } else {
+                            chart.draw_series(
+                                seg.iter()
+                                    .map(|&c| TriangleMarker::new(c, 5, color.filled())),
+                            )?;
+                        }
+                    }
+                    // Replica bars sit slightly right of τ so both CIs stay visible.
+                    let dx = if is_refeed { 0.0 } else { 0.012 };
+                    let bars = cmp.jaccard.iter().filter_map(|j| {
+                        let (v, ci) = (j.result.value?, j.ci?);
+                        Some(ErrorBar::new_vertical(
+                            j.tau + dx,
+                            ci.lo,
+                            v,
+                            ci.hi,
+                            color.stroke_width(1),
+                            6,
+                        ))
+                    });
+                    chart.draw_series(bars)?;
+                }
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::LowerLeft)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 12))
+                .draw()?;
+        }
+        Ok(())
+    }
+}
+
+/// File stem of the disagreement figure (`.png`/`.svg`).
+pub const DISAGREEMENT_STEM: &str = "disagreement";
+/// File stem of the Jaccard figure (`.png`/`.svg`).
+pub const JACCARD_STEM: &str = "jaccard";
+
+/// Draw both figures into `out_dir`; returns the four paths (PNG, SVG of each).
+pub fn write_plots(summaries: &[ConfigSummary], out_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut paths = render(
+        &DisagreementFigure { summaries },
+        &out_dir.join(DISAGREEMENT_STEM),
+    )?;
+    paths.extend(render(
+        &JaccardFigure { summaries },
+        &out_dir.join(JACCARD_STEM),
+    )?);
+    Ok(paths)
+}

@@ -1,0 +1,583 @@
+//! Reading a campaign run dir: `manifest.json`, `estimates.parquet`, `continuations.parquet`.
+//!
+//! Only the columns the analysis needs are read (by name, so extra columns are ignored and
+//! column order does not matter). Integer columns accept any Arrow integer width that holds
+//! the values, string columns any of Utf8 / LargeUtf8 / Utf8View, list columns List or
+//! LargeList: files written by pyarrow or polars read as well as those written by kvcredit.
+//! Every failure is one `Error::Output` line naming the file and the column.
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type,
+    UInt32Type, UInt64Type,
+};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde::Deserialize;
+
+use crate::{Error, Result};
+
+/// File names inside a run dir.
+pub const MANIFEST: &str = "manifest.json";
+/// One row per problem × pivot × alternative × pass.
+pub const ESTIMATES: &str = "estimates.parquet";
+/// One row per continuation.
+pub const CONTINUATIONS: &str = "continuations.parquet";
+
+/// How the decode-time state was obtained for a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Pass {
+    /// The rollout's own KV snapshot.
+    Exact,
+    /// The same snapshot and noise under another batch schedule (the noise floor).
+    Replica,
+    /// A fresh prefill of the prefix token ids.
+    Refeed,
+}
+
+impl Pass {
+    /// All passes, in column order.
+    pub const ALL: [Pass; 3] = [Pass::Exact, Pass::Replica, Pass::Refeed];
+
+    /// The label used in the Parquet files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::Exact => "exact",
+            Pass::Replica => "replica",
+            Pass::Refeed => "refeed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Pass> {
+        match s {
+            "exact" => Some(Pass::Exact),
+            "replica" => Some(Pass::Replica),
+            "refeed" => Some(Pass::Refeed),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Pass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Device time and work of one pass, from the manifest's `cost` map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+pub struct PassCost {
+    /// Seconds of device time spent in the pass.
+    #[serde(default)]
+    pub device_seconds: f64,
+    /// Tokens processed (prefill + decode).
+    #[serde(default)]
+    pub tokens: u64,
+    /// Continuations sampled.
+    #[serde(default)]
+    pub continuations: u64,
+}
+
+/// The fields of `manifest.json` the analysis and the gate use; others are ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Manifest {
+    /// Campaign name (the `config` label of its estimates).
+    pub name: String,
+    /// Model name.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Weights/activations dtype.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// Device the campaign ran on.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Execution policy: `stock` or `batch_invariant`.
+    pub policy: String,
+    /// Replica batch schedule: `same` or `shuffled`.
+    pub replica_schedule: String,
+    /// Continuations per branch and pass.
+    pub k: u32,
+    /// Campaign seed.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Exact/replica resumes whose KV fingerprint was checked.
+    pub snapshot_checks: u64,
+    /// Checks whose fingerprint matched the decode-time one.
+    pub snapshot_hits: u64,
+    /// `snapshot_hits / snapshot_checks` as written by the campaign.
+    #[serde(default)]
+    pub snapshot_hit_rate: Option<f64>,
+    /// Cost per pass (`exact`, `replica`, `refeed`, and e.g. `rollout`).
+    #[serde(default)]
+    pub cost: BTreeMap<String, PassCost>,
+    /// Problems finished.
+    #[serde(default)]
+    pub problems_done: Option<u64>,
+    /// kvcredit version that wrote the run.
+    #[serde(default)]
+    pub kvcredit_version: Option<String>,
+}
+
+/// Whether a policy label names the batch-invariant execution policy (`batch_invariant`, also
+/// accepted as `batch-invariant`).
+pub fn is_batch_invariant(policy: &str) -> bool {
+    matches!(policy, "batch_invariant" | "batch-invariant")
+}
+
+/// Read and parse `RUN_DIR/manifest.json`.
+pub fn read_manifest(run_dir: &Path) -> Result<Manifest> {
+    let path = run_dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Output(format!("{}: {e}", path.display())))
+}
+
+/// One row of `estimates.parquet` (the columns the analysis uses).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EstimateRow {
+    /// Configuration label (campaign name).
+    pub config: String,
+    /// Model name.
+    pub model: String,
+    /// Dtype label.
+    pub dtype: String,
+    /// Policy label.
+    pub policy: String,
+    /// GSM8K problem index (the cluster id).
+    pub problem: u32,
+    /// Index of the pivot among generated tokens.
+    pub pivot_pos: u32,
+    /// 1 = runner-up alternative, 2 = the next, ...
+    pub alt_rank: u32,
+    /// Which pass.
+    pub pass: Pass,
+    /// `Â` as written by the campaign.
+    pub estimate: f64,
+    /// Correct continuations of the orig branch.
+    pub orig_successes: u32,
+    /// Correct continuations of the alt branch.
+    pub alt_successes: u32,
+    /// Continuations per branch.
+    pub k: u32,
+    /// As written: this pass's 2K outcomes are not all equal.
+    pub informative: bool,
+    /// KV fingerprint verified at resume (exact/replica).
+    pub snapshot_verified: bool,
+}
+
+impl EstimateRow {
+    /// The canonical quantized estimate `(orig_successes − alt_successes) / k`, computed from
+    /// the integer counts so that equal estimates compare equal and thresholds `m/k` land
+    /// exactly.
+    pub fn a_hat(&self) -> f64 {
+        (f64::from(self.orig_successes) - f64::from(self.alt_successes)) / f64::from(self.k)
+    }
+
+    /// Whether the pass's 2K outcomes are not all equal, from the counts.
+    pub fn is_informative(&self) -> bool {
+        !(self.orig_successes == self.alt_successes
+            && (self.orig_successes == 0 || self.orig_successes == self.k))
+    }
+
+    /// `(problem, pivot_pos, alt_rank)`.
+    pub fn key(&self) -> Key {
+        Key {
+            problem: self.problem,
+            pivot_pos: self.pivot_pos,
+            alt_rank: self.alt_rank,
+        }
+    }
+}
+
+/// Identity of one estimate across passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    /// Problem index.
+    pub problem: u32,
+    /// Pivot index among generated tokens.
+    pub pivot_pos: u32,
+    /// Alternative rank.
+    pub alt_rank: u32,
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "problem={} pivot_pos={} alt_rank={}",
+            self.problem, self.pivot_pos, self.alt_rank
+        )
+    }
+}
+
+/// One row of `continuations.parquet`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContinuationRow {
+    /// Problem index.
+    pub problem: u32,
+    /// Pivot index.
+    pub pivot_pos: u32,
+    /// 0 for the orig branch, else the alternative's rank.
+    pub alt_rank: u32,
+    /// `orig` or `alt`.
+    pub branch: String,
+    /// Which pass.
+    pub pass: Pass,
+    /// Sample index `k`.
+    pub sample: u32,
+    /// Generated token ids.
+    pub tokens: Vec<i64>,
+    /// Number of tokens.
+    pub n_tokens: u32,
+    /// `eos` or `length`.
+    pub stop: String,
+    /// Extracted answer, if any.
+    pub answer: Option<String>,
+    /// Graded outcome.
+    pub correct: bool,
+}
+
+/// Columns of one Parquet file, read by name.
+pub(crate) struct Frame {
+    path: PathBuf,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+}
+
+fn out_err(path: &Path, msg: impl fmt::Display) -> Error {
+    Error::Output(format!("{}: {msg}", path.display()))
+}
+
+impl Frame {
+    /// Read `columns` (top-level names) of a Parquet file; a missing column is an error.
+    pub(crate) fn read(path: &Path, columns: &[&str]) -> Result<Frame> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| out_err(path, format_args!("not a readable Parquet file ({e})")))?;
+        let schema = builder.schema().clone();
+        let mut roots = Vec::with_capacity(columns.len());
+        for &c in columns {
+            match schema.fields().iter().position(|f| f.name() == c) {
+                Some(i) => roots.push(i),
+                None => return Err(out_err(path, format_args!("missing column `{c}`"))),
+            }
+        }
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let reader = builder
+            .with_projection(mask)
+            .build()
+            .map_err(|e| out_err(path, e))?;
+        let mut batches = Vec::new();
+        let mut rows = 0;
+        for b in reader {
+            let b = b.map_err(|e| out_err(path, e))?;
+            rows += b.num_rows();
+            batches.push(b);
+        }
+        Ok(Frame {
+            path: path.to_path_buf(),
+            batches,
+            rows,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.rows
+    }
+
+    fn err(&self, col: &str, msg: impl fmt::Display) -> Error {
+        out_err(&self.path, format_args!("column `{col}`: {msg}"))
+    }
+
+    fn arrays<'a>(&'a self, col: &'a str) -> impl Iterator<Item = Result<&'a dyn Array>> + 'a {
+        self.batches.iter().map(move |b| {
+            b.column_by_name(col)
+                .map(|a| a.as_ref())
+                .ok_or_else(|| self.err(col, "missing"))
+        })
+    }
+
+    fn no_nulls(&self, col: &str, a: &dyn Array) -> Result<()> {
+        if a.null_count() > 0 {
+            Err(self.err(col, format_args!("{} null values", a.null_count())))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Any integer column as `i64` (u64 values above `i64::MAX` are an error).
+    pub(crate) fn i64s(&self, col: &str) -> Result<Vec<i64>> {
+        let mut out = Vec::with_capacity(self.rows);
+        for a in self.arrays(col) {
+            let a = a?;
+            self.no_nulls(col, a)?;
+            push_ints(a, &mut out).map_err(|m| self.err(col, m))?;
+        }
+        Ok(out)
+    }
+
+    /// An integer column whose values must fit `u32`.
+    pub(crate) fn u32s(&self, col: &str) -> Result<Vec<u32>> {
+        self.i64s(col)?
+            .into_iter()
+            .map(|v| u32::try_from(v).map_err(|_| self.err(col, format_args!("{v} is not a u32"))))
+            .collect()
+    }
+
+    /// A Float64 (or Float32) column.
+    pub(crate) fn f64s(&self, col: &str) -> Result<Vec<f64>> {
+        let mut out = Vec::with_capacity(self.rows);
+        for a in self.arrays(col) {
+            let a = a?;
+            self.no_nulls(col, a)?;
+            match a.data_type() {
+                DataType::Float64 => out.extend(a.as_primitive::<Float64Type>().values()),
+                DataType::Float32 => out.extend(
+                    a.as_primitive::<Float32Type>()
+                        .values()
+                        .iter()
+                        .map(|&x| f64::from(x)),
+                ),
+                t => return Err(self.err(col, format_args!("type {t}, expected Float64"))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// A Boolean column.
+    pub(crate) fn bools(&self, col: &str) -> Result<Vec<bool>> {
+        let mut out = Vec::with_capacity(self.rows);
+        for a in self.arrays(col) {
+            let a = a?;
+            self.no_nulls(col, a)?;
+            match a.data_type() {
+                DataType::Boolean => out.extend(a.as_boolean().values().iter()),
+                t => return Err(self.err(col, format_args!("type {t}, expected Boolean"))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// A string column that may hold nulls.
+    pub(crate) fn opt_strings(&self, col: &str) -> Result<Vec<Option<String>>> {
+        let mut out = Vec::with_capacity(self.rows);
+        for a in self.arrays(col) {
+            let a = a?;
+            let own = |s: Option<&str>| s.map(str::to_owned);
+            match a.data_type() {
+                DataType::Utf8 => out.extend(a.as_string::<i32>().iter().map(own)),
+                DataType::LargeUtf8 => out.extend(a.as_string::<i64>().iter().map(own)),
+                DataType::Utf8View => out.extend(a.as_string_view().iter().map(own)),
+                t => return Err(self.err(col, format_args!("type {t}, expected Utf8"))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// A string column without nulls.
+    pub(crate) fn strings(&self, col: &str) -> Result<Vec<String>> {
+        self.opt_strings(col)?
+            .into_iter()
+            .map(|s| s.ok_or_else(|| self.err(col, "null values")))
+            .collect()
+    }
+
+    /// A List/LargeList of integers.
+    pub(crate) fn int_lists(&self, col: &str) -> Result<Vec<Vec<i64>>> {
+        let mut out = Vec::with_capacity(self.rows);
+        for a in self.arrays(col) {
+            let a = a?;
+            self.no_nulls(col, a)?;
+            let mut push = |v: Option<std::sync::Arc<dyn Array>>| -> Result<()> {
+                let v = v.ok_or_else(|| self.err(col, "null list"))?;
+                self.no_nulls(col, v.as_ref())?;
+                let mut row = Vec::with_capacity(v.len());
+                push_ints(v.as_ref(), &mut row).map_err(|m| self.err(col, m))?;
+                out.push(row);
+                Ok(())
+            };
+            match a.data_type() {
+                DataType::List(_) => a.as_list::<i32>().iter().try_for_each(&mut push)?,
+                DataType::LargeList(_) => a.as_list::<i64>().iter().try_for_each(&mut push)?,
+                t => return Err(self.err(col, format_args!("type {t}, expected List<Int64>"))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn push_ints(a: &dyn Array, out: &mut Vec<i64>) -> std::result::Result<(), String> {
+    macro_rules! widen {
+        ($t:ty) => {
+            out.extend(
+                a.as_primitive::<$t>()
+                    .values()
+                    .iter()
+                    .map(|&x| i64::from(x)),
+            )
+        };
+    }
+    match a.data_type() {
+        DataType::Int8 => widen!(Int8Type),
+        DataType::Int16 => widen!(Int16Type),
+        DataType::Int32 => widen!(Int32Type),
+        DataType::Int64 => widen!(Int64Type),
+        DataType::UInt8 => widen!(UInt8Type),
+        DataType::UInt16 => widen!(UInt16Type),
+        DataType::UInt32 => widen!(UInt32Type),
+        DataType::UInt64 => {
+            for &x in a.as_primitive::<UInt64Type>().values() {
+                out.push(i64::try_from(x).map_err(|_| format!("{x} does not fit i64"))?);
+            }
+        }
+        t => return Err(format!("type {t}, expected an integer type")),
+    }
+    Ok(())
+}
+
+fn passes(frame: &Frame, col: &str) -> Result<Vec<Pass>> {
+    frame
+        .strings(col)?
+        .into_iter()
+        .map(|s| {
+            Pass::parse(&s).ok_or_else(|| {
+                frame.err(
+                    col,
+                    format_args!("unknown pass `{s}` (expected exact, replica or refeed)"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Read `RUN_DIR/estimates.parquet`.
+pub fn read_estimates(run_dir: &Path) -> Result<Vec<EstimateRow>> {
+    let path = run_dir.join(ESTIMATES);
+    let cols = [
+        "config",
+        "model",
+        "dtype",
+        "policy",
+        "problem",
+        "pivot_pos",
+        "alt_rank",
+        "pass",
+        "estimate",
+        "orig_successes",
+        "alt_successes",
+        "k",
+        "informative",
+        "snapshot_verified",
+    ];
+    let f = Frame::read(&path, &cols)?;
+    let (config, model, dtype, policy) = (
+        f.strings("config")?,
+        f.strings("model")?,
+        f.strings("dtype")?,
+        f.strings("policy")?,
+    );
+    let (problem, pivot_pos, alt_rank) = (
+        f.u32s("problem")?,
+        f.u32s("pivot_pos")?,
+        f.u32s("alt_rank")?,
+    );
+    let pass = passes(&f, "pass")?;
+    let estimate = f.f64s("estimate")?;
+    let (orig, alt, k) = (
+        f.u32s("orig_successes")?,
+        f.u32s("alt_successes")?,
+        f.u32s("k")?,
+    );
+    let (informative, verified) = (f.bools("informative")?, f.bools("snapshot_verified")?);
+    let mut rows = Vec::with_capacity(f.len());
+    let mut strs = config.into_iter().zip(model).zip(dtype).zip(policy);
+    for j in 0..f.len() {
+        let (((config, model), dtype), policy) = strs.next().expect("columns have equal length");
+        let row = EstimateRow {
+            config,
+            model,
+            dtype,
+            policy,
+            problem: problem[j],
+            pivot_pos: pivot_pos[j],
+            alt_rank: alt_rank[j],
+            pass: pass[j],
+            estimate: estimate[j],
+            orig_successes: orig[j],
+            alt_successes: alt[j],
+            k: k[j],
+            informative: informative[j],
+            snapshot_verified: verified[j],
+        };
+        if row.k == 0 || row.orig_successes > row.k || row.alt_successes > row.k {
+            return Err(out_err(
+                &path,
+                format_args!(
+                    "row {j} ({}, pass={}): successes {}/{} out of k={}",
+                    row.key(),
+                    row.pass,
+                    row.orig_successes,
+                    row.alt_successes,
+                    row.k
+                ),
+            ));
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Read `RUN_DIR/continuations.parquet`.
+pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
+    let path = run_dir.join(CONTINUATIONS);
+    let cols = [
+        "problem",
+        "pivot_pos",
+        "alt_rank",
+        "branch",
+        "pass",
+        "sample",
+        "tokens",
+        "n_tokens",
+        "stop",
+        "answer",
+        "correct",
+    ];
+    let f = Frame::read(&path, &cols)?;
+    let (problem, pivot_pos, alt_rank, sample, n_tokens) = (
+        f.u32s("problem")?,
+        f.u32s("pivot_pos")?,
+        f.u32s("alt_rank")?,
+        f.u32s("sample")?,
+        f.u32s("n_tokens")?,
+    );
+    let pass = passes(&f, "pass")?;
+    let correct = f.bools("correct")?;
+    let mut branch = f.strings("branch")?.into_iter();
+    let mut tokens = f.int_lists("tokens")?.into_iter();
+    let mut stop = f.strings("stop")?.into_iter();
+    let mut answer = f.opt_strings("answer")?.into_iter();
+    let mut rows = Vec::with_capacity(f.len());
+    for j in 0..f.len() {
+        rows.push(ContinuationRow {
+            problem: problem[j],
+            pivot_pos: pivot_pos[j],
+            alt_rank: alt_rank[j],
+            branch: branch.next().expect("equal length"),
+            pass: pass[j],
+            sample: sample[j],
+            tokens: tokens.next().expect("equal length"),
+            n_tokens: n_tokens[j],
+            stop: stop.next().expect("equal length"),
+            answer: answer.next().expect("equal length"),
+            correct: correct[j],
+        });
+    }
+    Ok(rows)
+}

@@ -1,0 +1,465 @@
+//! The numbers of one configuration: disagreement rates, the excess over the replica floor
+//! with problem-clustered inference, disagreement classes, the mean-zero check and critical-set
+//! overlap, under both conditionings.
+//!
+//! All formulas are in `crate::stats`; this module only chooses the eligible sets and feeds
+//! them in. The choices (see also `SCHEMA.md`):
+//! - Estimates are recomputed from the integer counts, `Â = (orig_successes −
+//!   alt_successes)/k`, and "informative" from the counts, so equal estimates compare equal
+//!   and thresholds `m/k` land exactly (`kvcredit check` verifies the written columns agree).
+//! - An estimate key `(problem, pivot_pos, alt_rank)` enters only with all three passes;
+//!   keys missing a pass are counted (`n_incomplete`) and left out.
+//! - *any-informative*: the comparison exact-vs-X uses the keys where exact or X is
+//!   informative (so the two comparisons have their own sets); the headline excess is the
+//!   difference of the two rates. The paired contrast `D_j` is taken over the **union** of the
+//!   two sets (any of the three passes informative): a key outside a comparison's set has both
+//!   estimates equal to 0, so its indicator there is 0 and `Σ D_j` is exactly
+//!   `#disagree(refeed) − #disagree(replica)`; the intersection would drop the keys where only
+//!   the refeed (or only the replica) pass is informative, which are the refeed-induced zero
+//!   crossings the test is about. The intersection is kept as a sensitivity column.
+//! - *treatment-independent*: one set for both comparisons, exact informative; the excess is
+//!   the mean of `D_j` over it.
+//! - Critical sets are taken within each comparison's eligible set (under any-informative this
+//!   equals the unconditioned set for every `τ > 0`), over `τ = m/K`, `m = 1..K`.
+//! - Every bootstrap uses the same seed and `reps`, resampling problems.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use crate::stats::{self, BootstrapCi, ClusteredMeanCi, DisagreementCounts, JaccardResult, TTest};
+use crate::{Error, Result};
+
+use super::read::{EstimateRow, Key, Pass, PassCost};
+
+/// Bootstrap and interval settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AnalyzeOptions {
+    /// Cluster-bootstrap replicates per statistic.
+    pub reps: usize,
+    /// Seed of every bootstrap.
+    pub seed: u64,
+    /// Confidence level of every interval.
+    pub level: f64,
+}
+
+impl Default for AnalyzeOptions {
+    fn default() -> Self {
+        AnalyzeOptions {
+            reps: 2000,
+            seed: 20_251_129,
+            level: 0.95,
+        }
+    }
+}
+
+/// Which estimates are eligible for a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Conditioning {
+    /// Eligible if either compared pass is informative (depends on the treatment pass).
+    AnyInformative,
+    /// Eligible iff the exact pass is informative (the same set for both comparisons).
+    TreatmentIndependent,
+}
+
+impl Conditioning {
+    /// Both conditionings, in output order.
+    pub const ALL: [Conditioning; 2] = [
+        Conditioning::AnyInformative,
+        Conditioning::TreatmentIndependent,
+    ];
+
+    /// Label used in `summary.parquet`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Conditioning::AnyInformative => "any_informative",
+            Conditioning::TreatmentIndependent => "treatment_independent",
+        }
+    }
+
+    /// Whether a key is eligible for the comparison of exact with `other`.
+    pub fn eligible(self, exact: Est, other: Est) -> bool {
+        match self {
+            Conditioning::AnyInformative => exact.informative || other.informative,
+            Conditioning::TreatmentIndependent => exact.informative,
+        }
+    }
+}
+
+/// One pass's quantized estimate at a key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Est {
+    /// `Â = (orig_successes − alt_successes)/k`.
+    pub a_hat: f64,
+    /// The pass's 2K outcomes are not all equal.
+    pub informative: bool,
+}
+
+/// The three passes' estimates at one key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Triple {
+    /// `(problem, pivot_pos, alt_rank)`.
+    pub key: Key,
+    /// Exact resume.
+    pub exact: Est,
+    /// Replica.
+    pub replica: Est,
+    /// Refeed.
+    pub refeed: Est,
+}
+
+impl Triple {
+    /// The estimate of `pass`.
+    pub fn get(&self, pass: Pass) -> Est {
+        match pass {
+            Pass::Exact => self.exact,
+            Pass::Replica => self.replica,
+            Pass::Refeed => self.refeed,
+        }
+    }
+}
+
+/// Join rows into complete triples (sorted by key). Returns the triples and the number of keys
+/// that lack a pass. A key with two rows for one pass is an error.
+pub fn triples(rows: &[EstimateRow]) -> Result<(Vec<Triple>, usize)> {
+    let mut by_key: BTreeMap<Key, [Option<Est>; 3]> = BTreeMap::new();
+    for r in rows {
+        let slot = &mut by_key.entry(r.key()).or_default()[r.pass as usize];
+        if slot.is_some() {
+            return Err(Error::Output(format!(
+                "config `{}`: duplicate estimate row ({}, pass={})",
+                r.config,
+                r.key(),
+                r.pass
+            )));
+        }
+        *slot = Some(Est {
+            a_hat: r.a_hat(),
+            informative: r.is_informative(),
+        });
+    }
+    let mut out = Vec::with_capacity(by_key.len());
+    let mut incomplete = 0;
+    for (key, e) in by_key {
+        match e {
+            [Some(exact), Some(replica), Some(refeed)] => out.push(Triple {
+                key,
+                exact,
+                replica,
+                refeed,
+            }),
+            _ => incomplete += 1,
+        }
+    }
+    Ok((out, incomplete))
+}
+
+/// Critical-set overlap at one threshold.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JaccardPoint {
+    /// Threshold `τ = m/K`.
+    pub tau: f64,
+    /// Sizes, intersection, union and value (`None` for an empty union).
+    pub result: JaccardResult,
+    /// Cluster-bootstrap CI (`None` if no replicate had a non-empty union).
+    pub ci: Option<BootstrapCi>,
+}
+
+/// Exact vs one other pass under one conditioning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    /// The other pass (replica or refeed).
+    pub pass: Pass,
+    /// Eligible estimates.
+    pub n_eligible: usize,
+    /// Problems with at least one eligible estimate.
+    pub n_problems: usize,
+    /// Eligible estimates with `Â_exact ≠ Â_other`.
+    pub n_disagree: usize,
+    /// `n_disagree / n_eligible`; `None` when nothing is eligible.
+    pub rate: Option<f64>,
+    /// Cluster-bootstrap percentile CI of the rate.
+    pub rate_ci: Option<BootstrapCi>,
+    /// Disagreements by class.
+    pub classes: DisagreementCounts,
+    /// Clustered mean of `Â_other − Â_exact` (the mean-zero check).
+    pub mean_diff: Option<ClusteredMeanCi>,
+    /// Critical-set overlap with exact, per `τ`.
+    pub jaccard: Vec<JaccardPoint>,
+}
+
+/// Clustered inference for the paired contrast `D_j`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairedExcess {
+    /// Estimates in the paired set.
+    pub n: usize,
+    /// Problems in the paired set (`G`).
+    pub n_problems: usize,
+    /// Pooled mean of `D_j` (the CR1 estimate).
+    pub mean: f64,
+    /// Cluster-mean t test (estimate = mean of per-problem means).
+    pub cluster_mean: TTest,
+    /// CR1 t test (estimate = pooled mean).
+    pub cr1: TTest,
+    /// Cluster-bootstrap percentile CI of the pooled mean.
+    pub bootstrap_ci: Option<BootstrapCi>,
+}
+
+/// All numbers of one configuration under one conditioning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConditioningSummary {
+    /// Which conditioning.
+    pub conditioning: Conditioning,
+    /// Exact vs replica (the floor).
+    pub replica: Comparison,
+    /// Exact vs refeed.
+    pub refeed: Comparison,
+    /// `rate(refeed) − rate(replica)`; `None` if either rate is.
+    pub excess: Option<f64>,
+    /// `D_j` over the paired set (union / exact-informative); `None` if the set is empty.
+    pub paired: Option<PairedExcess>,
+    /// Any-informative only: `D_j` over the intersection of the two eligible sets.
+    pub intersection: Option<PairedExcess>,
+}
+
+/// What a configuration is and what it cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigMeta {
+    /// Configuration label.
+    pub config: String,
+    /// Model label.
+    pub model: String,
+    /// Dtype label.
+    pub dtype: String,
+    /// Policy label.
+    pub policy: String,
+    /// Replica schedule from the manifest.
+    pub replica_schedule: String,
+    /// Continuations per branch.
+    pub k: u32,
+    /// Run dirs the configuration was read from.
+    pub run_dirs: Vec<PathBuf>,
+    /// Problems with at least one complete estimate.
+    pub n_problems: usize,
+    /// Complete estimate keys (all three passes present).
+    pub n_keys: usize,
+    /// Keys lacking a pass (left out).
+    pub n_incomplete: usize,
+    /// Snapshot fingerprint checks (manifest, summed over run dirs).
+    pub snapshot_checks: u64,
+    /// Matching checks.
+    pub snapshot_hits: u64,
+    /// Cost per pass label (manifest, summed over run dirs).
+    pub cost: BTreeMap<String, PassCost>,
+}
+
+impl ConfigMeta {
+    /// `snapshot_hits / snapshot_checks`, `None` without checks.
+    pub fn snapshot_hit_rate(&self) -> Option<f64> {
+        (self.snapshot_checks > 0).then(|| self.snapshot_hits as f64 / self.snapshot_checks as f64)
+    }
+}
+
+/// The full analysis of one configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigSummary {
+    /// Labels, counts and cost.
+    pub meta: ConfigMeta,
+    /// `τ = m/K`, `m = 1..K`.
+    pub taus: Vec<f64>,
+    /// One entry per conditioning, in [`Conditioning::ALL`] order.
+    pub rows: Vec<ConditioningSummary>,
+}
+
+/// The threshold grid `τ = m/K`, `m = 1..=K` (computed as `m as f64 / K as f64`, like `Â`).
+pub fn tau_grid(k: u32) -> Vec<f64> {
+    (1..=k).map(|m| f64::from(m) / f64::from(k)).collect()
+}
+
+fn ind(b: bool) -> f64 {
+    f64::from(u8::from(b))
+}
+
+fn problems_of(ts: &[&Triple]) -> Vec<u64> {
+    ts.iter().map(|t| u64::from(t.key.problem)).collect()
+}
+
+fn n_clusters(ts: &[&Triple]) -> usize {
+    ts.iter()
+        .map(|t| t.key.problem)
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+fn compare(
+    triples: &[Triple],
+    cond: Conditioning,
+    pass: Pass,
+    taus: &[f64],
+    opts: &AnalyzeOptions,
+) -> Result<Comparison> {
+    let elig: Vec<&Triple> = triples
+        .iter()
+        .filter(|t| cond.eligible(t.exact, t.get(pass)))
+        .collect();
+    let ex: Vec<f64> = elig.iter().map(|t| t.exact.a_hat).collect();
+    let ot: Vec<f64> = elig.iter().map(|t| t.get(pass).a_hat).collect();
+    let classes = stats::tally_disagreements(&ex, &ot)?;
+    let n = elig.len();
+    let n_disagree = n - classes.agree;
+    let clusters = problems_of(&elig);
+    let (rate, rate_ci, mean_diff) = if n == 0 {
+        (None, None, None)
+    } else {
+        let flags: Vec<f64> = ex.iter().zip(&ot).map(|(a, b)| ind(a != b)).collect();
+        let diffs: Vec<f64> = ex.iter().zip(&ot).map(|(a, b)| b - a).collect();
+        (
+            Some(n_disagree as f64 / n as f64),
+            stats::cluster_bootstrap_ci(
+                &flags,
+                &clusters,
+                stats::pooled_mean,
+                opts.reps,
+                opts.seed,
+                opts.level,
+            )?,
+            Some(stats::clustered_mean_ci(
+                &diffs, &clusters, opts.level, opts.reps, opts.seed,
+            )?),
+        )
+    };
+    let keyed = |f: &dyn Fn(&Triple) -> f64| -> Vec<(Key, f64)> {
+        elig.iter().map(|t| (t.key, f(t))).collect()
+    };
+    let (ka, kb) = (keyed(&|t| t.exact.a_hat), keyed(&|t| t.get(pass).a_hat));
+    let mut jaccard = Vec::with_capacity(taus.len());
+    for &tau in taus {
+        let result = stats::jaccard(&ka, &kb, tau)?;
+        let ci = if n == 0 {
+            None
+        } else {
+            stats::jaccard_bootstrap_ci(
+                &ka,
+                &kb,
+                tau,
+                |k: &Key| u64::from(k.problem),
+                opts.reps,
+                opts.seed,
+                opts.level,
+            )?
+        };
+        jaccard.push(JaccardPoint { tau, result, ci });
+    }
+    Ok(Comparison {
+        pass,
+        n_eligible: n,
+        n_problems: n_clusters(&elig),
+        n_disagree,
+        rate,
+        rate_ci,
+        classes,
+        mean_diff,
+        jaccard,
+    })
+}
+
+fn paired(set: &[&Triple], opts: &AnalyzeOptions) -> Result<Option<PairedExcess>> {
+    if set.is_empty() {
+        return Ok(None);
+    }
+    let d: Vec<f64> = set
+        .iter()
+        .map(|t| stats::flip_contrast(t.exact.a_hat, t.refeed.a_hat, t.replica.a_hat))
+        .collect();
+    let clusters = problems_of(set);
+    Ok(Some(PairedExcess {
+        n: set.len(),
+        n_problems: n_clusters(set),
+        mean: stats::pooled_mean(&d, &clusters),
+        cluster_mean: stats::cluster_mean_t(&d, &clusters)?,
+        cr1: stats::cr1_t(&d, &clusters)?,
+        bootstrap_ci: stats::cluster_bootstrap_ci(
+            &d,
+            &clusters,
+            stats::pooled_mean,
+            opts.reps,
+            opts.seed,
+            opts.level,
+        )?,
+    }))
+}
+
+/// Summarize complete triples under one conditioning.
+pub fn summarize_conditioning(
+    triples: &[Triple],
+    cond: Conditioning,
+    taus: &[f64],
+    opts: &AnalyzeOptions,
+) -> Result<ConditioningSummary> {
+    let replica = compare(triples, cond, Pass::Replica, taus, opts)?;
+    let refeed = compare(triples, cond, Pass::Refeed, taus, opts)?;
+    let excess = refeed.rate.zip(replica.rate).map(|(a, b)| a - b);
+    let el = |t: &Triple, p: Pass| cond.eligible(t.exact, t.get(p));
+    let union: Vec<&Triple> = triples
+        .iter()
+        .filter(|t| el(t, Pass::Replica) || el(t, Pass::Refeed))
+        .collect();
+    let intersection = match cond {
+        Conditioning::AnyInformative => {
+            let both: Vec<&Triple> = triples
+                .iter()
+                .filter(|t| el(t, Pass::Replica) && el(t, Pass::Refeed))
+                .collect();
+            paired(&both, opts)?
+        }
+        Conditioning::TreatmentIndependent => None,
+    };
+    Ok(ConditioningSummary {
+        conditioning: cond,
+        paired: paired(&union, opts)?,
+        replica,
+        refeed,
+        excess,
+        intersection,
+    })
+}
+
+/// Summarize one configuration's estimate rows (all rows must carry `meta.config`).
+/// `meta.n_*` and `meta.k` are filled in here.
+pub fn summarize(
+    rows: &[EstimateRow],
+    mut meta: ConfigMeta,
+    opts: &AnalyzeOptions,
+) -> Result<ConfigSummary> {
+    let cfg = &meta.config;
+    let first = rows
+        .first()
+        .ok_or_else(|| Error::Output(format!("config `{cfg}`: no estimate rows")))?;
+    if let Some(r) = rows.iter().find(|r| r.k != first.k) {
+        return Err(Error::Output(format!(
+            "config `{cfg}`: mixed k ({} and {}) at ({}, pass={})",
+            first.k,
+            r.k,
+            r.key(),
+            r.pass
+        )));
+    }
+    let (triples, incomplete) = triples(rows)?;
+    if triples.is_empty() {
+        return Err(Error::Output(format!(
+            "config `{cfg}`: no estimate has all three passes (exact, replica, refeed)"
+        )));
+    }
+    meta.k = first.k;
+    meta.n_keys = triples.len();
+    meta.n_incomplete = incomplete;
+    meta.n_problems = triples
+        .iter()
+        .map(|t| t.key.problem)
+        .collect::<BTreeSet<_>>()
+        .len();
+    let taus = tau_grid(first.k);
+    let rows = Conditioning::ALL
+        .iter()
+        .map(|&c| summarize_conditioning(&triples, c, &taus, opts))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ConfigSummary { meta, taus, rows })
+}

@@ -1,0 +1,518 @@
+//! `summary.parquet`: one row per configuration × conditioning with every number of the
+//! analysis. Column names, types and descriptions are declared once, here, row by row; the
+//! schema documentation (`SCHEMA.md`) is generated from the same declarations
+//! ([`schema_markdown`]) and a test keeps the checked-in copy equal to it.
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{Float64Builder, ListBuilder, UInt64Builder};
+use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use crate::stats::{BootstrapCi, TTest};
+use crate::{Error, Result};
+
+use super::read::Pass;
+use super::summary::{AnalyzeOptions, Comparison, ConditioningSummary, ConfigSummary};
+
+/// File name of the summary table.
+pub const SUMMARY: &str = "summary.parquet";
+
+#[derive(Debug, Clone, PartialEq)]
+enum Value {
+    Str(String),
+    U64(u64),
+    OptU64(Option<u64>),
+    F64(Option<f64>),
+    ListF64(Vec<Option<f64>>),
+    ListU64(Vec<u64>),
+}
+
+impl Value {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Value::Str(_) => "utf8",
+            Value::U64(_) => "u64",
+            Value::OptU64(_) => "u64?",
+            Value::F64(_) => "f64?",
+            Value::ListF64(_) => "list<f64?>",
+            Value::ListU64(_) => "list<u64>",
+        }
+    }
+}
+
+struct Cell {
+    name: String,
+    doc: String,
+    value: Value,
+}
+
+#[derive(Default)]
+struct Row(Vec<Cell>);
+
+impl Row {
+    fn put(&mut self, name: impl Into<String>, doc: impl Into<String>, value: Value) {
+        self.0.push(Cell {
+            name: name.into(),
+            doc: doc.into(),
+            value,
+        });
+    }
+    fn s(&mut self, n: &str, d: &str, v: &str) {
+        self.put(n, d, Value::Str(v.to_string()));
+    }
+    fn u(&mut self, n: impl Into<String>, d: impl Into<String>, v: usize) {
+        self.put(n, d, Value::U64(v as u64));
+    }
+    fn f(&mut self, n: impl Into<String>, d: impl Into<String>, v: Option<f64>) {
+        self.put(n, d, Value::F64(v));
+    }
+}
+
+fn boot(ci: Option<BootstrapCi>) -> (Option<f64>, Option<f64>) {
+    ci.map_or((None, None), |c| (Some(c.lo), Some(c.hi)))
+}
+
+fn comparison(row: &mut Row, c: &Comparison) {
+    let p = c.pass.as_str();
+    let vs = format!("exact vs {p}");
+    row.u(
+        format!("{p}_n_eligible"),
+        format!("{vs}: eligible estimates under this conditioning"),
+        c.n_eligible,
+    );
+    row.u(
+        format!("{p}_n_problems"),
+        format!("{vs}: problems with an eligible estimate"),
+        c.n_problems,
+    );
+    row.u(
+        format!("{p}_n_disagree"),
+        format!("{vs}: eligible estimates with Â_exact ≠ Â_{p}"),
+        c.n_disagree,
+    );
+    let rate_doc = if c.pass == Pass::Replica {
+        "the replica floor: n_disagree / n_eligible (null if nothing is eligible)".to_string()
+    } else {
+        format!("{vs}: n_disagree / n_eligible (null if nothing is eligible)")
+    };
+    row.f(format!("{p}_rate"), rate_doc, c.rate);
+    let (lo, hi) = boot(c.rate_ci);
+    row.f(
+        format!("{p}_rate_lo"),
+        format!("{vs}: cluster-bootstrap percentile CI of the rate, lower"),
+        lo,
+    );
+    row.f(format!("{p}_rate_hi"), "… upper", hi);
+    row.u(
+        format!("{p}_zero_boundary"),
+        format!("{vs}: disagreements where exactly one estimate is 0"),
+        c.classes.zero_boundary,
+    );
+    row.u(
+        format!("{p}_polarity_reversal"),
+        format!("{vs}: disagreements of opposite non-zero sign"),
+        c.classes.polarity_reversal,
+    );
+    row.u(
+        format!("{p}_magnitude"),
+        format!("{vs}: disagreements of equal non-zero sign"),
+        c.classes.magnitude,
+    );
+    let md = c.mean_diff.as_ref();
+    row.f(
+        format!("{p}_mean_diff"),
+        format!(
+            "{vs}: mean over problems of the per-problem mean of Â_{p} − Â_exact (mean-zero check)"
+        ),
+        md.map(|m| m.t_test.estimate),
+    );
+    let t_ci = md.and_then(|m| m.t_ci);
+    row.f(
+        format!("{p}_mean_diff_t_lo"),
+        format!("{vs}: cluster-mean t CI of mean_diff, lower"),
+        t_ci.map(|c| c.0),
+    );
+    row.f(format!("{p}_mean_diff_t_hi"), "… upper", t_ci.map(|c| c.1));
+    let (lo, hi) = boot(md.and_then(|m| m.bootstrap_ci));
+    row.f(
+        format!("{p}_mean_diff_boot_lo"),
+        format!("{vs}: cluster-bootstrap CI of mean_diff, lower"),
+        lo,
+    );
+    row.f(format!("{p}_mean_diff_boot_hi"), "… upper", hi);
+    row.f(
+        format!("{p}_mean_diff_p"),
+        format!(
+            "{vs}: two-sided cluster-mean t p-value of mean_diff = 0 (null if se is 0 or G < 2)"
+        ),
+        md.and_then(|m| m.t_test.p_value),
+    );
+    let j = &c.jaccard;
+    row.put(
+        format!("{p}_jaccard"),
+        format!("{vs}: Jaccard of the critical sets at each tau (null for an empty union)"),
+        Value::ListF64(j.iter().map(|x| x.result.value).collect()),
+    );
+    row.put(
+        format!("{p}_jaccard_lo"),
+        format!("{vs}: cluster-bootstrap CI of the Jaccard, lower (null if no replicate had a non-empty union)"),
+        Value::ListF64(j.iter().map(|x| x.ci.map(|c| c.lo)).collect()),
+    );
+    row.put(
+        format!("{p}_jaccard_hi"),
+        "… upper",
+        Value::ListF64(j.iter().map(|x| x.ci.map(|c| c.hi)).collect()),
+    );
+    let sizes = |f: &dyn Fn(&crate::stats::JaccardResult) -> usize| {
+        Value::ListU64(j.iter().map(|x| f(&x.result) as u64).collect())
+    };
+    row.put(
+        format!("{p}_crit_exact"),
+        format!("{vs}: |C_exact(tau)| within this comparison's eligible set"),
+        sizes(&|r| r.size_a),
+    );
+    row.put(
+        format!("{p}_crit_{p}"),
+        format!("{vs}: |C_{p}(tau)|"),
+        sizes(&|r| r.size_b),
+    );
+    row.put(
+        format!("{p}_crit_intersection"),
+        format!("{vs}: |C_exact ∩ C_{p}|"),
+        sizes(&|r| r.intersection),
+    );
+    row.put(
+        format!("{p}_crit_union"),
+        format!("{vs}: |C_exact ∪ C_{p}|"),
+        sizes(&|r| r.union),
+    );
+}
+
+fn t_test(row: &mut Row, prefix: &str, what: &str, t: Option<&TTest>) {
+    row.f(
+        format!("{prefix}_se"),
+        format!("{what}: standard error (0 when all problem means are equal; null if G < 2)"),
+        t.and_then(|t| t.se),
+    );
+    row.f(
+        format!("{prefix}_t"),
+        format!("{what}: t statistic (null if se is 0 or null)"),
+        t.and_then(|t| t.t),
+    );
+    row.put(
+        format!("{prefix}_df"),
+        format!("{what}: degrees of freedom, G − 1"),
+        Value::OptU64(t.map(|t| t.df as u64)),
+    );
+    row.f(
+        format!("{prefix}_p"),
+        format!("{what}: two-sided p-value, Student t with G − 1 df"),
+        t.and_then(|t| t.p_value),
+    );
+}
+
+fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions) -> Row {
+    let m = &s.meta;
+    let mut row = Row::default();
+    row.s("config", "configuration label (campaign name)", &m.config);
+    row.s("model", "model label", &m.model);
+    row.s("dtype", "dtype label", &m.dtype);
+    row.s(
+        "policy",
+        "execution policy: stock | batch_invariant",
+        &m.policy,
+    );
+    row.s(
+        "replica_schedule",
+        "replica batch schedule from the manifest: same | shuffled",
+        &m.replica_schedule,
+    );
+    row.s(
+        "conditioning",
+        "any_informative (eligible if either compared pass is informative) | treatment_independent (eligible iff exact is informative)",
+        r.conditioning.as_str(),
+    );
+    row.u("k", "continuations per branch and pass (K)", m.k as usize);
+    row.u(
+        "n_runs",
+        "run dirs merged into this configuration",
+        m.run_dirs.len(),
+    );
+    row.u(
+        "n_problems",
+        "problems with a complete estimate",
+        m.n_problems,
+    );
+    row.u(
+        "n_keys",
+        "complete estimates: (problem, pivot_pos, alt_rank) with all three passes",
+        m.n_keys,
+    );
+    row.u(
+        "n_incomplete",
+        "estimate keys lacking a pass (left out of every number)",
+        m.n_incomplete,
+    );
+    row.put(
+        "snapshot_checks",
+        "exact/replica resumes whose KV fingerprint was checked (manifest, summed)",
+        Value::U64(m.snapshot_checks),
+    );
+    row.put(
+        "snapshot_hits",
+        "checks that matched (manifest, summed)",
+        Value::U64(m.snapshot_hits),
+    );
+    row.f(
+        "snapshot_hit_rate",
+        "snapshot_hits / snapshot_checks (null without checks)",
+        m.snapshot_hit_rate(),
+    );
+    comparison(&mut row, &r.replica);
+    comparison(&mut row, &r.refeed);
+    row.f(
+        "excess",
+        "refeed_rate − replica_rate (each over its own eligible set)",
+        r.excess,
+    );
+    let p = r.paired.as_ref();
+    row.u(
+        "paired_n",
+        "estimates in the paired set of D_j = 1[exact≠refeed] − 1[exact≠replica]: union of the two eligible sets (any_informative) or exact informative (treatment_independent)",
+        p.map_or(0, |p| p.n),
+    );
+    row.u(
+        "paired_n_problems",
+        "problems in the paired set (G)",
+        p.map_or(0, |p| p.n_problems),
+    );
+    row.f(
+        "paired_mean",
+        "pooled mean of D_j over the paired set (the CR1 estimate)",
+        p.map(|p| p.mean),
+    );
+    let (lo, hi) = boot(p.and_then(|p| p.bootstrap_ci));
+    row.f(
+        "paired_boot_lo",
+        "cluster-bootstrap percentile CI of paired_mean, lower",
+        lo,
+    );
+    row.f("paired_boot_hi", "… upper", hi);
+    row.f(
+        "cm_estimate",
+        "cluster-mean t test of D_j: mean over problems of the per-problem mean of D_j",
+        p.map(|p| p.cluster_mean.estimate),
+    );
+    t_test(
+        &mut row,
+        "cm",
+        "cluster-mean t test of D_j",
+        p.map(|p| &p.cluster_mean),
+    );
+    t_test(&mut row, "cr1", "CR1 t test of D_j", p.map(|p| &p.cr1));
+    let b = r.intersection.as_ref();
+    row.put(
+        "both_n",
+        "any_informative only (else null): estimates eligible for both comparisons (sensitivity)",
+        Value::OptU64(b.map(|b| b.n as u64)),
+    );
+    row.f(
+        "both_mean",
+        "pooled mean of D_j over both_n (sensitivity)",
+        b.map(|b| b.mean),
+    );
+    row.f(
+        "both_cr1_t",
+        "CR1 t of D_j over both_n (sensitivity)",
+        b.and_then(|b| b.cr1.t),
+    );
+    row.f(
+        "both_cr1_p",
+        "CR1 p-value of D_j over both_n (sensitivity)",
+        b.and_then(|b| b.cr1.p_value),
+    );
+    row.put(
+        "tau",
+        "critical-set thresholds m/K, m = 1..K (the index of every list column)",
+        Value::ListF64(s.taus.iter().map(|&t| Some(t)).collect()),
+    );
+    let mut total = (0.0, 0u64, 0u64);
+    for c in m.cost.values() {
+        total.0 += c.device_seconds;
+        total.1 += c.tokens;
+        total.2 += c.continuations;
+    }
+    for pass in Pass::ALL {
+        let c = m.cost.get(pass.as_str());
+        let p = pass.as_str();
+        row.f(
+            format!("cost_{p}_device_seconds"),
+            format!("manifest cost.{p}.device_seconds (null if absent)"),
+            c.map(|c| c.device_seconds),
+        );
+        row.put(
+            format!("cost_{p}_tokens"),
+            format!("manifest cost.{p}.tokens"),
+            Value::OptU64(c.map(|c| c.tokens)),
+        );
+        row.put(
+            format!("cost_{p}_continuations"),
+            format!("manifest cost.{p}.continuations"),
+            Value::OptU64(c.map(|c| c.continuations)),
+        );
+    }
+    row.f(
+        "cost_total_device_seconds",
+        "sum over every pass in the manifest's cost map (including e.g. rollout)",
+        Some(total.0),
+    );
+    row.put("cost_total_tokens", "… tokens", Value::U64(total.1));
+    row.put(
+        "cost_total_continuations",
+        "… continuations",
+        Value::U64(total.2),
+    );
+    row.put(
+        "boot_reps",
+        "cluster-bootstrap replicates per statistic",
+        Value::U64(opts.reps as u64),
+    );
+    row.put(
+        "boot_seed",
+        "seed of every bootstrap",
+        Value::U64(opts.seed),
+    );
+    row.f(
+        "level",
+        "confidence level of every interval",
+        Some(opts.level),
+    );
+    row
+}
+
+fn rows(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> Vec<Row> {
+    summaries
+        .iter()
+        .flat_map(|s| s.rows.iter().map(move |r| summary_row(s, r, opts)))
+        .collect()
+}
+
+fn arrow_type(v: &Value) -> (DataType, bool) {
+    let item = |t| DataType::List(Arc::new(Field::new("item", t, true)));
+    match v {
+        Value::Str(_) => (DataType::Utf8, false),
+        Value::U64(_) => (DataType::UInt64, false),
+        Value::OptU64(_) => (DataType::UInt64, true),
+        Value::F64(_) => (DataType::Float64, true),
+        Value::ListF64(_) => (item(DataType::Float64), false),
+        Value::ListU64(_) => (item(DataType::UInt64), false),
+    }
+}
+
+fn column(rows: &[Row], j: usize) -> ArrayRef {
+    let vals = rows.iter().map(|r| &r.0[j].value);
+    match &rows[0].0[j].value {
+        Value::Str(_) => Arc::new(StringArray::from_iter_values(vals.map(|v| match v {
+            Value::Str(s) => s.as_str(),
+            _ => unreachable!("column types are fixed by summary_row"),
+        }))),
+        Value::U64(_) | Value::OptU64(_) => {
+            Arc::new(UInt64Array::from_iter(vals.map(|v| match v {
+                Value::U64(x) => Some(*x),
+                Value::OptU64(x) => *x,
+                _ => unreachable!("column types are fixed by summary_row"),
+            })))
+        }
+        Value::F64(_) => Arc::new(Float64Array::from_iter(vals.map(|v| match v {
+            Value::F64(x) => *x,
+            _ => unreachable!("column types are fixed by summary_row"),
+        }))),
+        Value::ListF64(_) => {
+            let mut b = ListBuilder::new(Float64Builder::new());
+            for v in vals {
+                if let Value::ListF64(xs) = v {
+                    b.values().extend(xs.iter().copied());
+                }
+                b.append(true);
+            }
+            Arc::new(b.finish())
+        }
+        Value::ListU64(_) => {
+            let mut b = ListBuilder::new(UInt64Builder::new());
+            for v in vals {
+                if let Value::ListU64(xs) = v {
+                    b.values().extend(xs.iter().map(|&x| Some(x)));
+                }
+                b.append(true);
+            }
+            Arc::new(b.finish())
+        }
+    }
+}
+
+/// The summary as one Arrow record batch.
+pub fn summary_batch(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> Result<RecordBatch> {
+    let rows = rows(summaries, opts);
+    let first = rows
+        .first()
+        .ok_or_else(|| Error::Output("summary: no configuration to write".into()))?;
+    let fields: Vec<Field> = first
+        .0
+        .iter()
+        .map(|c| {
+            let (t, nullable) = arrow_type(&c.value);
+            Field::new(c.name.clone(), t, nullable)
+        })
+        .collect();
+    let columns: Vec<ArrayRef> = (0..first.0.len()).map(|j| column(&rows, j)).collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| Error::Output(format!("summary: {e}")))
+}
+
+/// Write `summary.parquet` (Snappy-compressed).
+pub fn write_summary(
+    summaries: &[ConfigSummary],
+    opts: &AnalyzeOptions,
+    path: &Path,
+) -> Result<()> {
+    let batch = summary_batch(summaries, opts)?;
+    let file = File::create(path).map_err(|e| Error::io(path, e))?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    let err = |e: parquet::errors::ParquetError| Error::Output(format!("{}: {e}", path.display()));
+    let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(err)?;
+    w.write(&batch).map_err(err)?;
+    w.close().map_err(err)?;
+    Ok(())
+}
+
+/// The schema of `summary.parquet` as a Markdown section (name, type, meaning), generated
+/// from the same declarations that write it. `?` marks a nullable column.
+pub fn schema_markdown(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
+    let mut out = String::from(
+        "### `summary.parquet`\n\n\
+         Written by `kvcredit analyze` next to `report.md`: one row per configuration \
+         (`config` label) × conditioning (`any_informative`, `treatment_independent`). \
+         Rates and means are fractions (not percent). List columns are indexed like `tau`. \
+         Estimates are recomputed from the counts, `Â = (orig_successes − alt_successes)/k`. \
+         `?` marks a nullable column.\n\n\
+         | column | type | meaning |\n| --- | --- | --- |\n",
+    );
+    if let Some(row) = rows(summaries, opts).first() {
+        for c in &row.0 {
+            out.push_str(&format!(
+                "| `{}` | {} | {} |\n",
+                c.name,
+                c.value.type_name(),
+                c.doc.replace('|', "\\|")
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,42 @@
+//! `kvcredit analyze`: summarize campaign run dirs into `summary.parquet`, `report.md` and
+//! figures.
+use std::path::PathBuf;
+
+use kvcredit::analysis::{AnalyzeOptions, analyze};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Campaign run dirs (each with manifest.json and estimates.parquet).
+    #[arg(required = true, value_name = "RUN_DIR")]
+    run_dirs: Vec<PathBuf>,
+    /// Output dir (required for several run dirs; default: the single run dir).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Cluster-bootstrap replicates per statistic.
+    #[arg(long, default_value_t = AnalyzeOptions::default().reps)]
+    reps: usize,
+    /// Seed of every bootstrap.
+    #[arg(long, default_value_t = AnalyzeOptions::default().seed)]
+    seed: u64,
+    /// Confidence level of every interval.
+    #[arg(long, default_value_t = AnalyzeOptions::default().level)]
+    level: f64,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let opts = AnalyzeOptions {
+        reps: a.reps,
+        seed: a.seed,
+        level: a.level,
+    };
+    let out = analyze(&a.run_dirs, a.out.as_deref(), &opts)?;
+    println!(
+        "analyzed {} configuration(s) into {}: {}, {}, {} figure files",
+        out.summaries.len(),
+        out.dir.display(),
+        kvcredit::analysis::table::SUMMARY,
+        kvcredit::analysis::report::REPORT,
+        out.plots.len()
+    );
+    Ok(())
+}

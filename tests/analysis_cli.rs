@@ -1,0 +1,299 @@
+//! `kvcredit analyze` and `kvcredit check` on the synthetic run dirs of
+//! `tests/fixtures/analysis/runs/` (written by `gen_runs.py`; `planted.json` names the rows
+//! each `bad_*` run breaks).
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn runs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/analysis/runs")
+}
+
+fn kvcredit(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit"))
+        .args(args)
+        .output()
+        .expect("binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvcredit-analysis-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Copy fixture run dirs into a scratch dir (analyze writes into the run dir).
+fn copy_runs(names: &[&str], scratch_name: &str) -> PathBuf {
+    let dst = scratch(scratch_name);
+    for n in names {
+        let d = dst.join(n);
+        std::fs::create_dir_all(&d).unwrap();
+        for e in std::fs::read_dir(runs().join(n)).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, d.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    dst
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn assert_outputs(dir: &Path) {
+    for f in ["summary.parquet", "report.md"] {
+        assert!(dir.join(f).is_file(), "{f} missing in {}", dir.display());
+    }
+    for stem in ["disagreement", "jaccard"] {
+        let png = std::fs::read(dir.join(format!("{stem}.png"))).unwrap();
+        assert!(
+            png.starts_with(b"\x89PNG\r\n\x1a\n"),
+            "{stem}.png is not a PNG"
+        );
+        assert!(
+            png.len() > 10_000,
+            "{stem}.png looks empty ({} bytes)",
+            png.len()
+        );
+        let svg = std::fs::read_to_string(dir.join(format!("{stem}.svg"))).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("</svg>"), "{stem}.svg");
+        assert!(svg.contains("<text"), "{stem}.svg has no text");
+    }
+}
+
+#[test]
+fn analyze_one_run_writes_outputs_into_the_run_dir() {
+    let root = copy_runs(&["stock_shuffled"], "one");
+    let run = root.join("stock_shuffled");
+    let (code, out, err) = kvcredit(&["analyze", &s(&run), "--reps", "200"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_outputs(&run);
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    for needle in [
+        "qwen-stock-fp16",
+        "any-informative",
+        "treatment-independent",
+        "seed paper",
+        "14–28",
+        "0.63–0.96",
+        "replica ceiling",
+        "zero-boundary",
+        "Mean-zero",
+        "disagreement.png",
+        "jaccard.png",
+        "device-seconds",
+    ] {
+        assert!(report.contains(needle), "`{needle}` not in report.md");
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn analyze_several_runs_needs_out_and_writes_one_row_pair_per_config() {
+    let names = [
+        "stock_shuffled",
+        "stock_k5",
+        "same_schedule",
+        "batch_invariant",
+    ];
+    let root = copy_runs(&names, "many");
+    let dirs: Vec<String> = names.iter().map(|n| s(&root.join(n))).collect();
+    let mut args: Vec<&str> = vec!["analyze"];
+    args.extend(dirs.iter().map(String::as_str));
+    let (code, _, err) = kvcredit(&args);
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: ") && err.contains("--out"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let out = root.join("combined");
+    let out_s = s(&out);
+    args.extend(["--out", &out_s, "--reps", "200"]);
+    let (code, o, err) = kvcredit(&args);
+    assert_eq!(code, 0, "{o}{err}");
+    assert_outputs(&out);
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains("(batch-invariant)"),
+        "batch-invariant row missing"
+    );
+    assert!(report.contains("5/5 = 1.000"), "K = 5 grid missing");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn analyze_bad_input_is_one_line() {
+    let root = scratch("bad");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec![s(&root.join("nope"))], "manifest.json"),
+        (
+            {
+                std::fs::write(root.join("manifest.json"), "{ not json").unwrap();
+                vec![s(&root)]
+            },
+            "manifest.json",
+        ),
+    ];
+    for (dirs, needle) in cases {
+        let mut args = vec!["analyze"];
+        args.extend(dirs.iter().map(String::as_str));
+        let (code, _, err) = kvcredit(&args);
+        assert_eq!(code, 1, "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
+    }
+    // a manifest but estimates that are not Parquet
+    let run = copy_runs(&["stock_shuffled"], "bad-parquet").join("stock_shuffled");
+    std::fs::write(run.join("estimates.parquet"), b"not parquet").unwrap();
+    let (code, _, err) = kvcredit(&["analyze", &s(&run)]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("estimates.parquet") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn check_passes_clean_runs() {
+    for name in [
+        "stock_shuffled",
+        "stock_k5",
+        "same_schedule",
+        "batch_invariant",
+    ] {
+        let (code, out, err) = kvcredit(&["check", &s(&runs().join(name))]);
+        assert_eq!(code, 0, "{name}: {out}{err}");
+        assert_eq!(out.trim().lines().count(), 1, "{out}");
+        assert!(out.starts_with("check passed: "), "{out}");
+    }
+    let (_, out, _) = kvcredit(&["check", &s(&runs().join("same_schedule"))]);
+    assert!(out.contains("replica-same"), "{out}");
+    let (_, out, _) = kvcredit(&["check", &s(&runs().join("batch_invariant"))]);
+    assert!(out.contains("batch-invariant"), "{out}");
+}
+
+fn planted() -> serde_json::Value {
+    let text = std::fs::read_to_string(runs().join("planted.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn est(v: &serde_json::Value, pass: &str) -> String {
+    format!(
+        "estimate problem={} pivot_pos={} alt_rank={} pass={pass}",
+        v[0], v[1], v[2]
+    )
+}
+
+fn cont(v: &serde_json::Value, pass: &str) -> String {
+    format!(
+        "continuation problem={} pivot_pos={} alt_rank={} pass={pass} branch={} sample={}",
+        v[0],
+        v[1],
+        v[2],
+        v[3].as_str().unwrap(),
+        v[4]
+    )
+}
+
+/// Run `check` on a bad run: exit 1, exactly `rule` violated, every needle on stdout.
+fn assert_fails(name: &str, rule: &str, needles: &[String]) {
+    let (code, out, err) = kvcredit(&["check", &s(&runs().join(name))]);
+    assert_eq!(code, 1, "{name} should fail: {out}{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.starts_with("error: invariant: check failed"), "{err}");
+    assert!(err.contains(rule), "{err}");
+    for line in out.lines() {
+        assert!(
+            line.starts_with(&format!("{rule}: ")),
+            "{name}: unexpected `{line}`"
+        );
+    }
+    for n in needles {
+        assert!(out.contains(n.as_str()), "{name}: `{n}` not in:\n{out}");
+    }
+}
+
+#[test]
+fn check_fails_on_a_snapshot_hit_rate_below_one() {
+    assert_fails(
+        "bad_hit_rate",
+        "snapshot-hit-rate",
+        &["manifest: snapshot hit rate".into()],
+    );
+}
+
+#[test]
+fn check_names_unverified_snapshot_rows() {
+    let p = &planted()["bad_unverified"];
+    assert_fails(
+        "bad_unverified",
+        "snapshot-verified",
+        &[est(&p["exact"], "exact"), est(&p["replica"], "replica")],
+    );
+}
+
+#[test]
+fn check_names_missing_and_inconsistent_rows() {
+    let p = &planted()["bad_structure"];
+    let (code, out, _) = kvcredit(&["check", &s(&runs().join("bad_structure"))]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains(&format!(
+            "complete: {}: missing",
+            est(&p["missing_refeed"], "refeed")
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "consistent: {}",
+            est(&p["inconsistent_exact"], "exact")
+        )),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 2, "{out}");
+}
+
+#[test]
+fn check_names_replica_rows_that_differ_under_the_same_schedule() {
+    let p = &planted()["bad_replica_same"];
+    assert_fails(
+        "bad_replica_same",
+        "replica-same",
+        &[
+            est(&p["estimate"], "replica"),
+            cont(&p["continuation"], "replica"),
+        ],
+    );
+}
+
+#[test]
+fn check_names_rows_that_differ_under_batch_invariance() {
+    let p = &planted()["bad_batch_inv"];
+    assert_fails(
+        "bad_batch_inv",
+        "batch-invariant",
+        &[
+            est(&p["estimate"], "refeed"),
+            cont(&p["continuation"], "replica"),
+        ],
+    );
+}
+
+#[test]
+fn check_fails_several_dirs_if_any_fails() {
+    let (code, out, err) = kvcredit(&[
+        "check",
+        &s(&runs().join("stock_shuffled")),
+        &s(&runs().join("bad_hit_rate")),
+    ]);
+    assert_eq!(code, 1);
+    assert!(out.contains("check passed: "), "{out}");
+    assert!(err.contains("bad_hit_rate"), "{err}");
+}

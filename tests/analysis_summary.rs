@@ -1,0 +1,360 @@
+//! Summary numbers for a small literal table, checked against values worked out by hand.
+//!
+//! K = 2, so `Â ∈ {−1, −½, 0, ½, 1}` and τ ∈ {½, 1}. Rows are `(orig, alt)` success counts
+//! per pass; `I` = informative (the 2K outcomes are not all equal), `N` = not.
+//!
+//! | key (problem, pivot, alt) | exact     | replica   | refeed     |
+//! |---------------------------|-----------|-----------|------------|
+//! | A (0, 1, 1)               | 2,0 → 1 I | 2,0 → 1 I | 1,0 → ½ I  |
+//! | B (0, 2, 1)               | 0,0 → 0 N | 0,0 → 0 N | 1,0 → ½ I  |
+//! | C (1, 1, 1)               | 1,1 → 0 I | 2,1 → ½ I | 1,1 → 0 I  |
+//! | D (1, 3, 1)               | 2,2 → 0 N | 2,2 → 0 N | 2,2 → 0 N  |
+//! | E (2, 1, 1)               | 2,0 → 1 I | 2,0 → 1 I | 1,2 → −½ I |
+//! | F (2, 1, 2)               | 2,1 → ½ I | 2,2 → 0 N | 1,0 → ½ I  |
+//! | G (3, 5, 1)               | 2,0 → 1 I | 1,0 → ½ I | 2,1 → ½ I  |
+//! | H (3, 6, 1)               | 2,0 (exact only: incomplete)         |
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, UInt64Type};
+use arrow_array::{Array, RecordBatch};
+use kvcredit::analysis::summary::{Conditioning, ConditioningSummary};
+use kvcredit::analysis::{
+    AnalyzeOptions, ConfigMeta, ConfigSummary, EstimateRow, Pass, PassCost, summarize, table,
+    write_outputs,
+};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+const K: u32 = 2;
+
+/// `(orig, alt)` successes of exact, replica, refeed.
+type Counts = [(u32, u32); 3];
+
+fn row(problem: u32, pivot_pos: u32, alt_rank: u32, pass: Pass, o: u32, a: u32) -> EstimateRow {
+    EstimateRow {
+        config: "hand".into(),
+        model: "m".into(),
+        dtype: "fp16".into(),
+        policy: "stock".into(),
+        problem,
+        pivot_pos,
+        alt_rank,
+        pass,
+        estimate: (f64::from(o) - f64::from(a)) / f64::from(K),
+        orig_successes: o,
+        alt_successes: a,
+        k: K,
+        informative: !(o == a && (o == 0 || o == K)),
+        snapshot_verified: pass != Pass::Refeed,
+    }
+}
+
+fn table_rows() -> Vec<EstimateRow> {
+    use Pass::{Exact, Refeed, Replica};
+    let keys: [((u32, u32, u32), Counts); 7] = [
+        ((0, 1, 1), [(2, 0), (2, 0), (1, 0)]),
+        ((0, 2, 1), [(0, 0), (0, 0), (1, 0)]),
+        ((1, 1, 1), [(1, 1), (2, 1), (1, 1)]),
+        ((1, 3, 1), [(2, 2), (2, 2), (2, 2)]),
+        ((2, 1, 1), [(2, 0), (2, 0), (1, 2)]),
+        ((2, 1, 2), [(2, 1), (2, 2), (1, 0)]),
+        ((3, 5, 1), [(2, 0), (1, 0), (2, 1)]),
+    ];
+    let mut rows = Vec::new();
+    for ((p, t, a), counts) in keys {
+        for (pass, (o, al)) in [Exact, Replica, Refeed].into_iter().zip(counts) {
+            rows.push(row(p, t, a, pass, o, al));
+        }
+    }
+    rows.push(row(3, 6, 1, Exact, 2, 0));
+    rows
+}
+
+fn meta() -> ConfigMeta {
+    let mut cost = BTreeMap::new();
+    for (pass, s) in [
+        ("exact", 10.0),
+        ("replica", 11.0),
+        ("refeed", 17.5),
+        ("rollout", 4.0),
+    ] {
+        cost.insert(
+            pass.to_string(),
+            PassCost {
+                device_seconds: s,
+                tokens: 100,
+                continuations: 28,
+            },
+        );
+    }
+    ConfigMeta {
+        config: "hand".into(),
+        model: "m".into(),
+        dtype: "fp16".into(),
+        policy: "stock".into(),
+        replica_schedule: "shuffled".into(),
+        k: 0,
+        run_dirs: vec![PathBuf::from("hand")],
+        n_problems: 0,
+        n_keys: 0,
+        n_incomplete: 0,
+        snapshot_checks: 15,
+        snapshot_hits: 15,
+        cost,
+    }
+}
+
+fn opts() -> AnalyzeOptions {
+    AnalyzeOptions {
+        reps: 500,
+        seed: 7,
+        level: 0.95,
+    }
+}
+
+fn summary() -> ConfigSummary {
+    summarize(&table_rows(), meta(), &opts()).expect("summarize")
+}
+
+fn cond(s: &ConfigSummary, c: Conditioning) -> &ConditioningSummary {
+    s.rows.iter().find(|r| r.conditioning == c).expect("row")
+}
+
+fn close(a: f64, b: f64) {
+    assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+}
+
+#[test]
+fn counts_keys_problems_and_incomplete() {
+    let s = summary();
+    assert_eq!(s.meta.k, 2);
+    assert_eq!(s.meta.n_keys, 7);
+    assert_eq!(s.meta.n_incomplete, 1);
+    assert_eq!(s.meta.n_problems, 4);
+    assert_eq!(s.taus, vec![0.5, 1.0]);
+}
+
+#[test]
+fn any_informative_rates_excess_and_classes() {
+    let s = summary();
+    let r = cond(&s, Conditioning::AnyInformative);
+    // replica set: exact or replica informative = A C E F G; disagree C (zero), F (zero), G (mag)
+    assert_eq!(
+        (
+            r.replica.n_eligible,
+            r.replica.n_problems,
+            r.replica.n_disagree
+        ),
+        (5, 4, 3)
+    );
+    close(r.replica.rate.unwrap(), 0.6);
+    let c = r.replica.classes;
+    assert_eq!(
+        (c.zero_boundary, c.polarity_reversal, c.magnitude),
+        (2, 0, 1)
+    );
+    // refeed set: A B C E F G; disagree A (mag), B (zero), E (polarity), G (mag)
+    assert_eq!(
+        (
+            r.refeed.n_eligible,
+            r.refeed.n_problems,
+            r.refeed.n_disagree
+        ),
+        (6, 4, 4)
+    );
+    close(r.refeed.rate.unwrap(), 4.0 / 6.0);
+    let c = r.refeed.classes;
+    assert_eq!(
+        (c.zero_boundary, c.polarity_reversal, c.magnitude),
+        (1, 1, 2)
+    );
+    close(r.excess.unwrap(), 4.0 / 6.0 - 0.6);
+}
+
+#[test]
+fn any_informative_paired_contrast_over_the_union() {
+    let s = summary();
+    let p = cond(&s, Conditioning::AnyInformative).paired.unwrap();
+    // union = A B C E F G; D = [1, 1, −1, 1, −1, 0]
+    assert_eq!((p.n, p.n_problems), (6, 4));
+    close(p.mean, 1.0 / 6.0);
+    // cluster means d = [1, −1, 0, 0]: mean 0, sd² = 2/3, se = √(2/3 / 4)
+    close(p.cluster_mean.estimate, 0.0);
+    close(p.cluster_mean.se.unwrap(), (2.0_f64 / 3.0 / 4.0).sqrt());
+    close(p.cluster_mean.t.unwrap(), 0.0);
+    close(p.cluster_mean.p_value.unwrap(), 1.0);
+    assert_eq!(p.cluster_mean.df, 3);
+    // CR1: residual sums per problem 5/3, −7/6, −1/3, −1/6 → Σ² = 77/18;
+    // V = 4/3 · 77/18 / 36
+    let v: f64 = 4.0 / 3.0 * (77.0 / 18.0) / 36.0;
+    close(p.cr1.estimate, 1.0 / 6.0);
+    close(p.cr1.se.unwrap(), v.sqrt());
+    close(p.cr1.t.unwrap(), (1.0 / 6.0) / v.sqrt());
+    assert_eq!(p.cr1.df, 3);
+    // sensitivity: intersection = A C E F G, D = [1, −1, 1, −1, 0]
+    let b = cond(&s, Conditioning::AnyInformative).intersection.unwrap();
+    assert_eq!(b.n, 5);
+    close(b.mean, 0.0);
+}
+
+#[test]
+fn treatment_independent_uses_exact_informative_for_both() {
+    let s = summary();
+    let r = cond(&s, Conditioning::TreatmentIndependent);
+    // exact informative = A C E F G
+    assert_eq!((r.replica.n_eligible, r.refeed.n_eligible), (5, 5));
+    assert_eq!((r.replica.n_disagree, r.refeed.n_disagree), (3, 3));
+    let c = r.refeed.classes;
+    assert_eq!(
+        (c.zero_boundary, c.polarity_reversal, c.magnitude),
+        (0, 1, 2)
+    );
+    close(r.excess.unwrap(), 0.0);
+    let p = r.paired.unwrap();
+    assert_eq!(p.n, 5);
+    close(p.mean, 0.0);
+    assert!(r.intersection.is_none());
+}
+
+#[test]
+fn mean_zero_check_is_the_mean_of_problem_means() {
+    let s = summary();
+    let r = cond(&s, Conditioning::AnyInformative);
+    // refeed − exact over A B C E F G: problem means 0, 0, −0.75, −0.5
+    let m = r.refeed.mean_diff.unwrap();
+    close(m.t_test.estimate, -0.3125);
+    // replica − exact over A C E F G: problem means 0, 0.5, −0.25, −0.5
+    close(r.replica.mean_diff.unwrap().t_test.estimate, -0.0625);
+}
+
+#[test]
+fn jaccard_of_critical_sets_by_hand() {
+    let s = summary();
+    let r = cond(&s, Conditioning::AnyInformative);
+    let j = |c: &kvcredit::analysis::summary::Comparison, i: usize| {
+        let x = c.jaccard[i].result;
+        (x.size_a, x.size_b, x.intersection, x.union, x.value)
+    };
+    // τ = ½: exact {A E F G}, refeed {A B E F G}, replica {A C E G}
+    assert_eq!(j(&r.refeed, 0), (4, 5, 4, 5, Some(0.8)));
+    assert_eq!(j(&r.replica, 0), (4, 4, 3, 5, Some(0.6)));
+    // τ = 1: exact {A E G}, refeed {}, replica {A E}
+    assert_eq!(j(&r.refeed, 1), (3, 0, 0, 3, Some(0.0)));
+    assert_eq!(j(&r.replica, 1), (3, 2, 2, 3, Some(2.0 / 3.0)));
+    // treatment-independent drops B from refeed's universe: τ = ½ sets coincide
+    let t = cond(&s, Conditioning::TreatmentIndependent);
+    assert_eq!(j(&t.refeed, 0), (4, 4, 4, 4, Some(1.0)));
+    for c in [&r.refeed, &r.replica] {
+        for p in &c.jaccard {
+            let ci = p.ci.expect("bootstrap CI");
+            assert!(ci.lo <= ci.hi && ci.lo >= 0.0 && ci.hi <= 1.0, "{ci:?}");
+        }
+    }
+}
+
+#[test]
+fn empty_union_has_no_jaccard() {
+    // every |Â| ≤ ½, so at τ = 1 neither pass has a critical estimate
+    let rows: Vec<EstimateRow> = [Pass::Exact, Pass::Replica, Pass::Refeed]
+        .into_iter()
+        .flat_map(|p| [row(0, 1, 1, p, 1, 0), row(1, 1, 1, p, 1, 1)])
+        .collect();
+    let s = summarize(&rows, meta(), &opts()).unwrap();
+    let r = cond(&s, Conditioning::AnyInformative);
+    let last = r.refeed.jaccard[1];
+    assert_eq!((last.result.union, last.result.value), (0, None));
+    assert!(last.ci.is_none());
+    assert_eq!(r.refeed.rate, Some(0.0));
+    let p = r.paired.unwrap();
+    assert_eq!((p.cr1.se, p.cr1.t), (Some(0.0), None));
+}
+
+#[test]
+fn bootstrap_is_deterministic_and_brackets_rates() {
+    let (a, b) = (summary(), summary());
+    assert_eq!(a, b);
+    let r = cond(&a, Conditioning::AnyInformative);
+    for c in [&r.replica, &r.refeed] {
+        let ci = c.rate_ci.unwrap();
+        assert_eq!(ci.reps, 500);
+        assert!(ci.lo <= c.rate.unwrap() && c.rate.unwrap() <= ci.hi);
+    }
+}
+
+#[test]
+fn duplicate_rows_are_an_error() {
+    let mut rows = table_rows();
+    rows.push(rows[0].clone());
+    let e = summarize(&rows, meta(), &opts()).unwrap_err().to_string();
+    assert!(e.contains("duplicate estimate row"), "{e}");
+    assert!(e.contains("problem=0 pivot_pos=1 alt_rank=1"), "{e}");
+}
+
+fn read_batch(path: &std::path::Path) -> RecordBatch {
+    let f = std::fs::File::open(path).unwrap();
+    let mut r = ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    r.next().unwrap().unwrap()
+}
+
+fn f64_at(b: &RecordBatch, col: &str, row: usize) -> Option<f64> {
+    let a = b.column_by_name(col).unwrap_or_else(|| panic!("{col}"));
+    let a = a.as_primitive::<Float64Type>();
+    a.is_valid(row).then(|| a.value(row))
+}
+
+fn u64_at(b: &RecordBatch, col: &str, row: usize) -> u64 {
+    b.column_by_name(col)
+        .unwrap_or_else(|| panic!("{col}"))
+        .as_primitive::<UInt64Type>()
+        .value(row)
+}
+
+#[test]
+fn summary_parquet_holds_the_hand_numbers() {
+    let dir = std::env::temp_dir().join(format!("kvcredit-analysis-hand-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = write_outputs(vec![summary()], &dir, &opts()).unwrap();
+    let b = read_batch(&out.summary);
+    assert_eq!(b.num_rows(), 2);
+    let conds = b.column_by_name("conditioning").unwrap().as_string::<i32>();
+    assert_eq!(conds.value(0), "any_informative");
+    assert_eq!(conds.value(1), "treatment_independent");
+    assert_eq!(u64_at(&b, "replica_n_eligible", 0), 5);
+    assert_eq!(u64_at(&b, "refeed_n_eligible", 0), 6);
+    assert_eq!(u64_at(&b, "refeed_n_eligible", 1), 5);
+    assert_eq!(u64_at(&b, "n_incomplete", 0), 1);
+    close(f64_at(&b, "replica_rate", 0).unwrap(), 0.6);
+    close(f64_at(&b, "refeed_rate", 0).unwrap(), 4.0 / 6.0);
+    close(f64_at(&b, "excess", 0).unwrap(), 4.0 / 6.0 - 0.6);
+    close(f64_at(&b, "paired_mean", 0).unwrap(), 1.0 / 6.0);
+    close(f64_at(&b, "excess", 1).unwrap(), 0.0);
+    assert_eq!(f64_at(&b, "both_mean", 1), None);
+    close(f64_at(&b, "cost_refeed_device_seconds", 0).unwrap(), 17.5);
+    close(f64_at(&b, "cost_total_device_seconds", 0).unwrap(), 42.5);
+    close(f64_at(&b, "snapshot_hit_rate", 0).unwrap(), 1.0);
+    let jac = b.column_by_name("refeed_jaccard").unwrap().as_list::<i32>();
+    let v = jac.value(0);
+    let v = v.as_primitive::<Float64Type>();
+    assert_eq!((v.value(0), v.value(1)), (0.8, 0.0));
+    assert!(out.report.exists());
+    assert_eq!(out.plots.len(), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn schema_doc_matches_the_writer() {
+    let want = table::schema_markdown(&[summary()], &opts());
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/analysis/SCHEMA.md");
+    if std::env::var_os("KVCREDIT_BLESS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "src/analysis/SCHEMA.md is stale: rerun this test with KVCREDIT_BLESS=1"
+    );
+}
