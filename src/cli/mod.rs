@@ -1,5 +1,6 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
 mod analyze;
+mod bench;
 mod campaign;
 mod check;
 mod crosscheck;
@@ -35,6 +36,8 @@ enum Command {
     Campaign(campaign::Cmd),
     /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
     Invariance(invariance::Args),
+    /// Throughput of prefill, decode steps and the continuation engine; snapshot memory.
+    Bench(bench::Args),
     /// Summarize campaign run dirs: summary.parquet, report.md, figures.
     Analyze(analyze::Args),
     /// Check a campaign run dir's invariants (CI gate): exit 1 naming the offending rows.
@@ -52,6 +55,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Campaign(cmd) => campaign::run(cmd),
         Command::Invariance(args) => invariance::run(args),
         Command::Analyze(args) => analyze::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Check(args) => check::run(args),
     }
 }

@@ -1,7 +1,7 @@
 //! Rollouts: generate from the prompt, keeping per step the token, its log-probability, the
 //! top-2 margin, the runner-up tokens and — for pivot candidates — the fingerprint of the
 //! decode-time KV state the token was sampled from.
-use super::engine::Stop;
+use super::engine::{Stop, TextStop};
 use super::spec::{PivotRule, PivotSpec};
 use crate::Result;
 use crate::exec::ExecPolicy;
@@ -64,7 +64,7 @@ pub struct RolloutParams<'a> {
     /// End-of-sequence tokens.
     pub stop_tokens: &'a [i64],
     /// Text stop test, if any.
-    pub text_stop: Option<&'a dyn Fn(&[i64]) -> bool>,
+    pub text_stop: Option<TextStop<'a>>,
     /// Execution policy.
     pub policy: ExecPolicy,
     /// Steps with margin at most this are pivot candidates (fingerprinted at decode time).

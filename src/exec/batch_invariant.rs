@@ -295,34 +295,39 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
     };
     let (kc, vc) = (chunks(k), chunks(v));
     // Mask per unit [B·nt·nc, tq, c], units ordered (sequence, block, chunk). Padded keys and
-    // padded query positions are masked.
+    // padded query positions are masked. Unit u < units is (block u / nc, chunk u % nc);
+    // padding units read block 0, chunk 0. Built on the device (no host copy, so the step can
+    // be captured in a CUDA graph), once per forward pass when the layers share a scratch.
     let units = b * nt * nc;
     let batches = ceil_div(units, w);
     let u_pad = batches * w;
-    let mask = p
-        .mask
-        .to_kind(f)
-        .expand([b, 1, 1, t, l], false)
-        .reshape([b, t, l])
-        .pad(
-            [0, l_pad - l, 0, t_pad - t],
-            "constant",
-            f64::from(f32::MIN),
-        )
-        .reshape([b, nt, tq, nc, c])
-        .permute([0, 1, 3, 2, 4])
-        .contiguous()
-        .reshape([units, tq, c])
-        .constant_pad_nd([0, 0, 0, 0, 0, u_pad - units]);
-    let mut q_idx = Vec::with_capacity(u_pad as usize);
-    let mut kv_idx = Vec::with_capacity(u_pad as usize);
-    for u in 0..u_pad {
-        let (block, chunk) = if u < units { (u / nc, u % nc) } else { (0, 0) };
-        q_idx.push(block);
-        kv_idx.push((block / nt) * nc + chunk);
-    }
-    let q_idx = Tensor::from_slice(&q_idx).to_device(dev);
-    let kv_idx = Tensor::from_slice(&kv_idx).to_device(dev);
+    let make = || {
+        let mask = p
+            .mask
+            .to_kind(f)
+            .expand([b, 1, 1, t, l], false)
+            .reshape([b, t, l])
+            .pad(
+                [0, l_pad - l, 0, t_pad - t],
+                "constant",
+                f64::from(f32::MIN),
+            )
+            .reshape([b, nt, tq, nc, c])
+            .permute([0, 1, 3, 2, 4])
+            .contiguous()
+            .reshape([units, tq, c])
+            .constant_pad_nd([0, 0, 0, 0, 0, u_pad - units]);
+        let u = Tensor::arange(u_pad, (Kind::Int64, dev));
+        let u = u.masked_fill(&u.ge(units), 0);
+        let q_idx = u.divide_scalar_mode(nc, "floor");
+        let kv_idx = q_idx.divide_scalar_mode(nt, "floor") * nc + u.remainder(nc);
+        vec![mask, q_idx, kv_idx]
+    };
+    let prepared = match p.scratch {
+        Some(scratch) => scratch.get_or([b, t, l, tq, c, w], make),
+        None => make(),
+    };
+    let (mask, q_idx, kv_idx) = (&prepared[0], &prepared[1], &prepared[2]);
 
     let (mut maxes, mut sums, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..batches {
