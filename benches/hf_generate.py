@@ -113,8 +113,8 @@ def main():
     gen_cfg = transformers.GenerationConfig(
         do_sample=True,
         temperature=a.temperature,
-        top_k=a.top_k if a.top_k > 0 else None,
-        top_p=None,
+        top_k=a.top_k,  # 0 disables top-k (None could fall back to the default of 50)
+        top_p=1.0,
         max_new_tokens=a.new_tokens,
         min_new_tokens=None,
         eos_token_id=None,
@@ -201,7 +201,7 @@ def main():
         "device": a.device,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor(),
         "attn_implementation": a.attn,
-        "sampling": {"temperature": a.temperature, "top_k": a.top_k or None, "top_p": None},
+        "sampling": {"temperature": a.temperature, "top_k": a.top_k, "top_p": 1.0},
         "model_build_seconds": build_s,
         "results": results,
     }

@@ -183,3 +183,34 @@ pub fn count_ops<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, Option<u64>)> {
     let n = unsafe { kvc_ops_count_stop() };
     Ok((out?, (started && n >= 0).then_some(n as u64)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Kind, Tensor};
+
+    #[test]
+    fn op_counter_counts_top_level_non_view_ops() -> Result<()> {
+        let a = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+        let (_, n) = count_ops(|| {
+            let b = &a + 1.0;
+            let c = b.view([16]).narrow(0, 0, 8);
+            Ok((c * 2.0).sum(Kind::Float))
+        })?;
+        if cfg!(kvcredit_shim) {
+            // add, mul, sum; the view and narrow are not counted.
+            assert_eq!(n, Some(3));
+        } else {
+            assert_eq!(n, None);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn capture_on_the_cpu_is_a_clear_error() {
+        let err = CudaGraph::capture(Device::Cpu, || Ok(()))
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("need a CUDA device"), "{err}");
+    }
+}

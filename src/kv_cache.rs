@@ -327,6 +327,18 @@ impl KvCache {
             if longest == 0 {
                 continue;
             }
+            if let [i] = rows[..] {
+                // A source of one row: copy its prefix directly (one op per buffer).
+                let s = parts[i].1;
+                for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
+                    for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
+                        d.narrow(0, i as i64, 1)
+                            .narrow(2, 0, s.len)
+                            .f_copy_(&f.narrow(0, s.row as i64, 1).narrow(2, 0, s.len))?;
+                    }
+                }
+                continue;
+            }
             let to_i64 = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
             let dst_idx = to_i64(rows.iter().map(|&i| i as i64).collect());
             let src_idx = to_i64(rows.iter().map(|&i| parts[i].1.row as i64).collect());
@@ -452,6 +464,78 @@ impl KvCache {
             .narrow(0, row as i64, 1)
             .narrow(2, pos, 1)
             .f_copy_(&nudged)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(batch: usize, lens: &[i64], seed: f64) -> KvCache {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut c = KvCache::new(shape, batch, 12, Kind::Float, Device::Cpu).unwrap();
+        for (i, layer) in c.layers.iter_mut().enumerate() {
+            let n = layer.k.numel() as i64;
+            let vals = Tensor::arange(n, (Kind::Float, Device::Cpu)) + seed + i as f64;
+            layer.k.copy_(&vals.view(layer.k.size().as_slice()));
+            layer
+                .v
+                .copy_(&(vals * -1.0).view(layer.v.size().as_slice()));
+        }
+        c.lens = lens.to_vec();
+        c
+    }
+
+    #[test]
+    fn gather_and_load_rows_copy_exact_prefixes_and_zero_the_rest() -> Result<()> {
+        let a = filled(3, &[10, 7, 12], 0.0);
+        let b = filled(1, &[9], 1000.0);
+        let snaps = [
+            (&a, Snapshot { row: 2, len: 5 }),
+            (&b, Snapshot { row: 0, len: 9 }),
+            (&a, Snapshot { row: 0, len: 8 }),
+            (&a, Snapshot { row: 2, len: 5 }),
+        ];
+        let g = KvCache::gather(&snaps, 3)?;
+        assert_eq!(g.lens(), &[5, 9, 8, 5]);
+        assert_eq!(g.capacity(), 12);
+        // Reuse a dirty cache: load_rows must give the same buffers.
+        let mut r = filled(5, &[1, 1, 1, 1, 1], 50.0);
+        r.load_rows(&snaps)?;
+        assert_eq!(r.lens(), g.lens());
+        for (i, (src, s)) in snaps.iter().enumerate() {
+            let fp = src.fingerprint(*s)?;
+            assert_eq!(g.fingerprint(g.snapshot(i))?, fp);
+            assert_eq!(r.fingerprint(r.snapshot(i))?, fp);
+            for (lg, lr) in g.layers.iter().zip(&r.layers) {
+                for buf in [&lg.k, &lg.v, &lr.k, &lr.v] {
+                    let rest = buf.narrow(0, i as i64, 1).narrow(2, s.len, 12 - s.len);
+                    assert_eq!(rest.abs().sum(Kind::Float).double_value(&[]), 0.0);
+                }
+            }
+        }
+        assert!(g.rows_equal(&[3, 1], &[0, 1], 12)?);
+        assert!(!g.rows_equal(&[2], &[0], 12)?);
+        Ok(())
+    }
+
+    #[test]
+    fn compact_rows_moves_rows_in_place() -> Result<()> {
+        let mut c = filled(4, &[3, 4, 5, 6], 0.0);
+        let before: Vec<[u8; 32]> = (0..4)
+            .map(|r| c.fingerprint(c.snapshot(r)).unwrap())
+            .collect();
+        let ptr = c.layers[0].k.data_ptr();
+        c.compact_rows(&[3, 1])?;
+        assert_eq!(c.lens(), &[6, 4]);
+        assert_eq!(c.layers[0].k.data_ptr(), ptr);
+        assert_eq!(c.fingerprint(c.snapshot(0))?, before[3]);
+        assert_eq!(c.fingerprint(c.snapshot(1))?, before[1]);
         Ok(())
     }
 }
