@@ -57,8 +57,8 @@ pub struct BenchConfig {
     pub cont_batches: Vec<usize>,
     /// Continuation sampling temperature.
     pub temperature: f64,
-    /// Memory bandwidth of the device in GB/s, for the decode roofline.
-    pub bandwidth_gbs: f64,
+    /// Memory bandwidth of the device in GB/s, for the decode roofline (none: no roofline).
+    pub bandwidth_gbs: Option<f64>,
     /// Seed of prompts and sampling noise.
     pub seed: u64,
 }
@@ -79,7 +79,7 @@ impl Default for BenchConfig {
             new_tokens: 128,
             cont_batches: vec![64],
             temperature: 1.0,
-            bandwidth_gbs: 4300.0,
+            bandwidth_gbs: Some(4300.0),
             seed: 0,
         }
     }
@@ -113,8 +113,8 @@ pub struct DecodeResult {
     pub step_ms: f64,
     /// `batch / step` tokens per second.
     pub tokens_per_s: f64,
-    /// Weight-bandwidth floor of one step, ms.
-    pub floor_ms: f64,
+    /// Weight-bandwidth floor of one step, ms (when a bandwidth is known).
+    pub floor_ms: Option<f64>,
     /// Launches of one step: CUDA-graph nodes (graph engine) or top-level non-view ATen ops
     /// dispatched (other engines; about their kernel launches).
     pub launches_per_step: Option<u64>,
@@ -337,7 +337,9 @@ pub fn run(
     }
     let started = Instant::now();
     let device = model.device();
-    let floor_ms = decode_weight_bytes(model) as f64 / (cfg.bandwidth_gbs * 1e9) * 1e3;
+    let floor_ms = cfg
+        .bandwidth_gbs
+        .map(|bw| decode_weight_bytes(model) as f64 / (bw * 1e9) * 1e3);
     let mut report = BenchReport {
         kvcredit_version: env!("CARGO_PKG_VERSION").into(),
         libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").into(),
@@ -774,7 +776,7 @@ impl BenchReport {
         }
         // 2. Batch-1 decode step (1.5B shape target), with the roofline.
         if let Some((ms, mode)) = self.decode_ms(ExecPolicy::Stock, 1) {
-            let floor = self.decode.first().map(|d| d.floor_ms).unwrap_or(0.0);
+            let floor = self.decode.first().and_then(|d| d.floor_ms);
             let is_15b = self.shape.as_deref() == Some("qwen2.5-1.5b");
             targets.push(Target {
                 name: "decode step, batch 1, stock (ms)".into(),
@@ -785,11 +787,13 @@ impl BenchReport {
                     "— (target is for 1.5B)".into()
                 },
                 met: is_15b.then_some(ms <= 2.9),
-                note: format!(
-                    "roofline {floor:.3} ms at {:.0} GB/s; {:.1}x the roofline (engine {mode})",
-                    self.config.bandwidth_gbs,
-                    ms / floor
-                ),
+                note: match (floor, self.config.bandwidth_gbs) {
+                    (Some(f), Some(bw)) => format!(
+                        "roofline {f:.3} ms at {bw:.0} GB/s; {:.1}x the roofline (engine {mode})",
+                        ms / f
+                    ),
+                    _ => format!("no roofline (give --bandwidth-gbs); engine {mode}"),
+                },
             });
         }
         // 3. Batch-invariant cost relative to stock.
@@ -831,15 +835,20 @@ impl BenchReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{} | {} {} | threads {} | libtorch {} | decode floor {:.3} ms ({:.0} MB of weights at {:.0} GB/s)",
+            "{} | {} {} | threads {} | libtorch {} | {:.0} MB of weights per decode step{}",
             self.model,
             self.dtype,
             self.device,
             self.threads,
             self.libtorch_version,
-            self.decode.first().map(|d| d.floor_ms).unwrap_or(0.0),
             self.decode_weight_bytes as f64 / 1e6,
-            self.config.bandwidth_gbs
+            match (
+                self.config.bandwidth_gbs,
+                self.decode.first().and_then(|d| d.floor_ms)
+            ) {
+                (Some(bw), Some(f)) => format!(" | floor {f:.3} ms at {bw:.0} GB/s"),
+                _ => String::new(),
+            }
         );
         let _ = writeln!(s, "\nprefill (batch 1)");
         for p in &self.prefill {
@@ -868,13 +877,14 @@ impl BenchReport {
                 .map_or("-".to_string(), |n| format!("{n} {}", d.launches_source));
             let _ = writeln!(
                 s,
-                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9.1} {:>20}",
+                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20}",
                 d.policy.to_string(),
                 d.engine.to_string(),
                 d.batch,
                 d.step_ms,
                 d.tokens_per_s,
-                d.step_ms / d.floor_ms,
+                d.floor_ms
+                    .map_or("-".to_string(), |f| format!("{:.1}", d.step_ms / f)),
                 launches
             );
             if let Some(why) = &d.graph_fallback {

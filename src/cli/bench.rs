@@ -74,9 +74,10 @@ pub struct Args {
     /// Continuation sampling temperature.
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
-    /// Device memory bandwidth in GB/s, for the decode roofline (H200: 4300).
-    #[arg(long, default_value_t = 4300.0)]
-    bandwidth_gbs: f64,
+    /// Device memory bandwidth in GB/s, for the decode roofline. Default: 4300 (H200) on
+    /// CUDA, none on the CPU.
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
     /// JSON from `benches/hf_generate.py` to compare against (matched on shape and dtype; a
     /// missing file is skipped with a warning). Without one, bf16 CUDA runs of a synthetic
     /// shape use the H200 numbers of the project's measurements.
@@ -150,7 +151,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         new_tokens: a.new_tokens,
         cont_batches: a.cont_batches.clone(),
         temperature: a.temperature,
-        bandwidth_gbs: a.bandwidth_gbs,
+        bandwidth_gbs: a
+            .bandwidth_gbs
+            .or((device != Device::Cpu).then_some(4300.0)),
         seed: a.seed,
     };
     let pb = ProgressBar::new(bench::measurement_count(&cfg));

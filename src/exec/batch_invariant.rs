@@ -221,7 +221,14 @@ pub(super) fn rms_normalize(x: &Tensor, eps: f64) -> Tensor {
     let h = *dims.last().expect("at least 1-d");
     let acc = accum_kind(x.kind());
     let xf = x.to_kind(acc);
-    let (buf, rows, tiles) = padded_rows(&(&xf * &xf), m, acc);
+    // The squares, written straight into a zero-padded buffer of whole tiles.
+    let rows: i64 = dims[..dims.len() - 1].iter().product();
+    let tiles = ceil_div(rows.max(1), m);
+    let buf = Tensor::zeros([tiles * m, h], (acc, x.device()));
+    if rows > 0 {
+        let flat = xf.reshape([rows, h]);
+        let _ = flat.mul_out(&buf.narrow(0, 0, rows), &flat);
+    }
     let sums: Vec<Tensor> = (0..tiles)
         .map(|i| {
             buf.narrow(0, i * m, m)
@@ -360,15 +367,15 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
     let (maxes, sums, outs) = (gather(maxes, 1), gather(sums, 1), gather(outs, d));
     let top = maxes.amax([1i64].as_slice(), true);
     let factor = (maxes - top).exp();
-    let outs = outs * &factor;
-    let sums = sums * &factor;
+    // Numerators and denominators side by side ([…, D + 1]): one product and one add per
+    // chunk for both (elementwise, so bitwise the same as two separate folds).
+    let both = Tensor::cat(&[outs, sums], -1) * &factor;
     // Fixed-order fold over chunks (key order).
-    let mut num = outs.select(1, 0);
-    let mut den = sums.select(1, 0);
+    let mut acc = both.select(1, 0);
     for ci in 1..nc {
-        num = &num + outs.select(1, ci);
-        den = &den + sums.select(1, ci);
+        acc = &acc + both.select(1, ci);
     }
+    let (num, den) = (acc.narrow(-1, 0, d), acc.narrow(-1, d, 1));
     (num / den)
         .view([b, nt, hkv, group, tq, d])
         .permute([0, 2, 3, 1, 4, 5])
