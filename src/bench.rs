@@ -868,16 +868,30 @@ impl BenchReport {
         );
         let _ = writeln!(
             s,
-            "  {:<16} {:<8} {:>6} {:>11} {:>12} {:>9} {:>20}",
-            "policy", "engine", "batch", "ms/step", "tok/s", "x floor", "launches/step"
+            "  {:<16} {:<8} {:>6} {:>11} {:>12} {:>9} {:>20} {:>10}",
+            "policy",
+            "engine",
+            "batch",
+            "ms/step",
+            "tok/s",
+            "x floor",
+            "launches/step",
+            "vs HF gen"
         );
         for d in &self.decode {
             let launches = d
                 .launches_per_step
                 .map_or("-".to_string(), |n| format!("{n} {}", d.launches_source));
+            let hf = self
+                .hf
+                .iter()
+                .find(|h| h.batch == d.batch)
+                .map_or("-".to_string(), |h| {
+                    format!("{:.1}x", d.tokens_per_s / h.generate_tokens_per_s)
+                });
             let _ = writeln!(
                 s,
-                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20}",
+                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20} {:>10}",
                 d.policy.to_string(),
                 d.engine.to_string(),
                 d.batch,
@@ -885,7 +899,8 @@ impl BenchReport {
                 d.tokens_per_s,
                 d.floor_ms
                     .map_or("-".to_string(), |f| format!("{:.1}", d.step_ms / f)),
-                launches
+                launches,
+                hf
             );
             if let Some(why) = &d.graph_fallback {
                 let _ = writeln!(s, "  {:<16} graphs abandoned: {why}", "");

@@ -125,7 +125,13 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
         Sampling::Greedy => logits.f_argmax(-1, false)?,
         Sampling::Temperature { temperature } => {
             let noise = gumbel_noise_from(words, logits.size()[1]);
-            (logits / temperature + noise).f_argmax(-1, false)?
+            // x / 1 is x exactly: skip the pass over [B, V].
+            let scaled = if temperature == 1.0 {
+                logits
+            } else {
+                logits / temperature
+            };
+            (scaled + noise).f_argmax(-1, false)?
         }
     })
 }
