@@ -235,6 +235,8 @@ pub struct BenchReport {
     pub hf: Vec<HfBaseline>,
     /// Targets and whether they were met.
     pub targets: Vec<Target>,
+    /// Measurements that failed (the others still ran).
+    pub errors: Vec<String>,
     /// Wall seconds of the whole run.
     pub seconds: f64,
 }
@@ -362,37 +364,52 @@ pub fn run(
         memory: None,
         hf: vec![],
         targets: vec![],
+        errors: vec![],
         seconds: 0.0,
     };
     let vocab = model.config().vocab_size as i64;
     let prompt = random_ids(cfg.prompt, vocab, cfg.seed);
+    let mut errors: Vec<String> = Vec::new();
     for &policy in &cfg.policies {
         progress.start(&format!("{policy}: prefill {}", cfg.prompt));
-        report
-            .prefill
-            .push(prefill(model, policy, &prompt, cfg.prefill_reps)?);
+        let what = format!("{policy} prefill");
+        if let Some(p) = attempt(&mut errors, &what, || {
+            prefill(model, policy, &prompt, cfg.prefill_reps)
+        }) {
+            report.prefill.push(p);
+        }
         progress.done();
 
         // The decode steps resume B copies of one prefilled row.
-        let mut base = model.new_cache(1, cfg.prompt as i64)?;
-        let ids = Tensor::from_slice(&prompt).view([1, -1]);
-        let _ = model.forward(&ids, &mut base, &policy, &LogitsAt::Last)?;
+        let base = attempt(&mut errors, &format!("{policy} base prefill"), || {
+            let mut base = model.new_cache(1, cfg.prompt as i64)?;
+            let ids = Tensor::from_slice(&prompt).view([1, -1]);
+            let _ = model.forward(&ids, &mut base, &policy, &LogitsAt::Last)?;
+            Ok(base)
+        });
         for &b in &cfg.batches {
             for &mode in &cfg.engines {
                 progress.start(&format!("{policy}: decode batch {b} ({mode})"));
-                let d = decode_steps(model, policy, mode, &base, b, cfg)?;
-                report.decode.push(DecodeResult {
-                    policy,
-                    engine: d.mode,
-                    batch: b,
-                    context: cfg.prompt,
-                    step_ms: d.seconds * 1e3,
-                    tokens_per_s: b as f64 / d.seconds,
-                    floor_ms,
-                    launches_per_step: d.launches,
-                    launches_source: d.launches_source.into(),
-                    graph_fallback: d.fallback,
+                let what = format!("{policy} decode batch {b} ({mode})");
+                let d = base.as_ref().and_then(|base| {
+                    attempt(&mut errors, &what, || {
+                        decode_steps(model, policy, mode, base, b, cfg)
+                    })
                 });
+                if let Some(d) = d {
+                    report.decode.push(DecodeResult {
+                        policy,
+                        engine: d.mode,
+                        batch: b,
+                        context: cfg.prompt,
+                        step_ms: d.seconds * 1e3,
+                        tokens_per_s: b as f64 / d.seconds,
+                        floor_ms,
+                        launches_per_step: d.launches,
+                        launches_source: d.launches_source.into(),
+                        graph_fallback: d.fallback,
+                    });
+                }
                 progress.done();
             }
         }
@@ -405,23 +422,53 @@ pub fn run(
             "{policy}: rollout of {} tokens",
             cfg.rollout_tokens
         ));
-        let setup = ContinuationSetup::new(model, policy, &prompt, cfg)?;
-        if report.memory.is_none() {
+        let setup = attempt(&mut errors, &format!("{policy} rollout"), || {
+            ContinuationSetup::new(model, policy, &prompt, cfg)
+        });
+        if let Some(setup) = &setup
+            && report.memory.is_none()
+        {
             report.memory = Some(setup.memory(model));
         }
         progress.done();
         for &b in &cfg.cont_batches {
             for &mode in &cfg.engines {
                 progress.start(&format!("{policy}: continuations batch {b} ({mode})"));
-                report
-                    .continuations
-                    .push(setup.run(model, policy, mode, b, cfg)?);
+                let what = format!("{policy} continuations batch {b} ({mode})");
+                if let Some(c) = setup.as_ref().and_then(|setup| {
+                    attempt(&mut errors, &what, || {
+                        setup.run(model, policy, mode, b, cfg)
+                    })
+                }) {
+                    report.continuations.push(c);
+                }
                 progress.done();
             }
         }
     }
+    report.errors = errors;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Run one measurement; record its error (or panic) and go on without it.
+fn attempt<T>(errors: &mut Vec<String>, what: &str, f: impl FnOnce() -> Result<T>) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) => {
+            errors.push(format!("{what}: {e}"));
+            None
+        }
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            errors.push(format!("{what}: panicked: {msg}"));
+            None
+        }
+    }
 }
 
 fn prefill(
@@ -964,6 +1011,12 @@ impl BenchReport {
                 m.prefix_copy_bytes as f64 / 1048576.0,
                 m.prefix_copy_ratio
             );
+        }
+        if !self.errors.is_empty() {
+            let _ = writeln!(s, "\nfailed measurements");
+            for e in &self.errors {
+                let _ = writeln!(s, "  {e}");
+            }
         }
         if !self.targets.is_empty() {
             let _ = writeln!(s, "\ntargets");

@@ -338,6 +338,12 @@ impl Decoder {
                 positions.size()
             )));
         }
+        if tokens.device() != self.device || positions.device() != self.device {
+            return Err(Error::KvCache(format!(
+                "static step: tokens and positions must be on the model's device ({:?})",
+                self.device
+            )));
+        }
         if cache.lens().iter().any(|&l| l >= cache.capacity()) {
             return Err(Error::KvCache(format!(
                 "static step: a row is full (capacity {})",
