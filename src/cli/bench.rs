@@ -44,7 +44,7 @@ pub struct Args {
     /// Prompt length: prefill length and cached context of the decode steps.
     #[arg(long, default_value_t = 256)]
     prompt: usize,
-    /// Batch sizes of the decode-step timing (empty: skip).
+    /// Batch sizes of the decode-step timing.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     batches: Vec<usize>,
     /// Timed decode steps per batch size.
@@ -68,9 +68,12 @@ pub struct Args {
     /// Tokens sampled per continuation.
     #[arg(long, default_value_t = 128)]
     new_tokens: usize,
-    /// Batch sizes of the continuation engine (empty: skip continuations).
+    /// Batch sizes of the continuation engine.
     #[arg(long, value_delimiter = ',', default_value = "64")]
     cont_batches: Vec<usize>,
+    /// Skip the rollout, continuations and snapshot memory.
+    #[arg(long)]
+    no_continuations: bool,
     /// Continuation sampling temperature.
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
@@ -149,7 +152,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         pivots: a.pivots,
         k: a.k,
         new_tokens: a.new_tokens,
-        cont_batches: a.cont_batches.clone(),
+        cont_batches: if a.no_continuations {
+            vec![]
+        } else {
+            a.cont_batches.clone()
+        },
         temperature: a.temperature,
         bandwidth_gbs: a
             .bandwidth_gbs
