@@ -36,6 +36,15 @@ pub struct KvCache {
     device: Device,
 }
 
+/// How a forward pass writes its new K/V rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KvWrite {
+    /// Every row at this position (all rows have the same length): a slice copy.
+    At(i64),
+    /// Each row at its own positions, by scatter along the position axis (device-side).
+    Scatter,
+}
+
 /// A reference to the state of one row after `len` tokens. Valid as long as the cache it
 /// came from lives, since positions below a row's length are never overwritten.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,30 +155,72 @@ impl KvCache {
         Ok(())
     }
 
-    /// Write `k`, `v` (`[B, Hkv, T, D]`) for `layer` at each row's current length and return
-    /// views of the valid prefix `[B, Hkv, max_len + T, D]`. Lengths advance in [`Self::advance`].
+    /// Write `k`, `v` (`[B, Hkv, T, D]`) for `layer` as `how` says and return views of keys
+    /// and values `0..key_len` (`[B, Hkv, key_len, D]`). Device ops only: lengths advance in
+    /// [`Self::advance`].
     pub(crate) fn write(
         &mut self,
         layer: usize,
         k: &Tensor,
         v: &Tensor,
+        how: KvWrite,
         positions: &Tensor,
+        key_len: i64,
     ) -> Result<(Tensor, Tensor)> {
         let t = k.size()[2];
-        let uniform = self.lens.windows(2).all(|w| w[0] == w[1]);
-        let start = self.lens.first().copied().unwrap_or(0);
-        let end = self.lens.iter().copied().max().unwrap_or(0) + t;
         let buf = &mut self.layers[layer];
-        if uniform {
-            buf.k.narrow(2, start, t).f_copy_(k)?;
-            buf.v.narrow(2, start, t).f_copy_(v)?;
-        } else {
-            let dims = k.size();
-            let index = positions.view([dims[0], 1, t, 1]).expand(&dims, false);
-            let _ = buf.k.f_scatter_(2, &index, k)?;
-            let _ = buf.v.f_scatter_(2, &index, v)?;
+        match how {
+            KvWrite::At(start) => {
+                buf.k.narrow(2, start, t).f_copy_(k)?;
+                buf.v.narrow(2, start, t).f_copy_(v)?;
+            }
+            KvWrite::Scatter => {
+                let dims = k.size();
+                let index = positions.view([dims[0], 1, t, 1]).expand(&dims, false);
+                let _ = buf.k.f_scatter_(2, &index, k)?;
+                let _ = buf.v.f_scatter_(2, &index, v)?;
+            }
         }
-        Ok((buf.k.narrow(2, 0, end), buf.v.narrow(2, 0, end)))
+        Ok((buf.k.narrow(2, 0, key_len), buf.v.narrow(2, 0, key_len)))
+    }
+
+    /// A cache sharing this one's buffers, restricted to rows `0..n` (views: writes through it
+    /// land in this cache). Its lengths are a copy; this cache's do not move.
+    pub(crate) fn rows_view(&self, n: usize) -> KvCache {
+        KvCache {
+            shape: self.shape,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerKv {
+                    k: l.k.narrow(0, 0, n as i64),
+                    v: l.v.narrow(0, 0, n as i64),
+                })
+                .collect(),
+            lens: self.lens[..n.min(self.lens.len())].to_vec(),
+            capacity: self.capacity,
+            kind: self.kind,
+            device: self.device,
+        }
+    }
+
+    /// Keep only the given rows (in the given order) by moving them to the front of the
+    /// buffers in place: the buffers (and views of them, e.g. captured in a CUDA graph) stay.
+    pub(crate) fn compact_rows(&mut self, rows: &[usize]) -> Result<()> {
+        if rows.iter().any(|&r| r >= self.batch()) {
+            return Err(Error::KvCache(format!("row out of range in {rows:?}")));
+        }
+        let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
+            .to_device(self.device);
+        let (b, n) = (self.batch() as i64, rows.len() as i64);
+        for layer in &mut self.layers {
+            for buf in [&mut layer.k, &mut layer.v] {
+                let moved = buf.narrow(0, 0, b).f_index_select(0, &idx)?;
+                buf.narrow(0, 0, n).f_copy_(&moved)?;
+            }
+        }
+        self.lens = rows.iter().map(|&r| self.lens[r]).collect();
+        Ok(())
     }
 
     /// Advance every row's length by `t` after a forward pass.
@@ -208,8 +259,37 @@ impl KvCache {
             return Err(Error::KvCache("gather needs at least one snapshot".into()));
         };
         let longest = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
+        let mut out = KvCache::new(
+            first.shape,
+            parts.len(),
+            longest + extra,
+            first.kind,
+            first.device,
+        )?;
+        out.load_rows_into(parts, false)?;
+        Ok(out)
+    }
+
+    /// Overwrite rows `0..parts.len()` with the snapshots `parts` (positions at and beyond each
+    /// snapshot's length are zeroed) and make them the whole batch. The buffers keep their
+    /// capacity, which must hold the longest snapshot.
+    ///
+    /// Rows taken from the same source cache are moved with one `index_select` per buffer, so
+    /// the cost is a few device ops per layer and source, not per row.
+    pub fn load_rows(&mut self, parts: &[(&KvCache, Snapshot)]) -> Result<()> {
+        self.load_rows_into(parts, true)
+    }
+
+    fn load_rows_into(&mut self, parts: &[(&KvCache, Snapshot)], zero: bool) -> Result<()> {
+        let n = parts.len();
+        if n == 0 || n > self.rows() {
+            return Err(Error::KvCache(format!(
+                "cannot load {n} snapshots into a cache of {} rows",
+                self.rows()
+            )));
+        }
         for (src, s) in parts {
-            if src.shape != first.shape || src.kind != first.kind || src.device != first.device {
+            if src.shape != self.shape || src.kind != self.kind || src.device != self.device {
                 return Err(Error::KvCache(
                     "gathered caches differ in shape, dtype or device".into(),
                 ));
@@ -220,28 +300,109 @@ impl KvCache {
                     s.row, s.len
                 )));
             }
-        }
-        let mut out = KvCache::new(
-            first.shape,
-            parts.len(),
-            longest + extra,
-            first.kind,
-            first.device,
-        )?;
-        for (i, (src, s)) in parts.iter().enumerate() {
-            if s.len == 0 {
-                continue;
+            if s.len > self.capacity {
+                return Err(Error::KvCache(format!(
+                    "snapshot of length {} does not fit a cache of capacity {}",
+                    s.len, self.capacity
+                )));
             }
-            for (dst, from) in out.layers.iter_mut().zip(&src.layers) {
-                for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
-                    d.narrow(0, i as i64, 1)
-                        .narrow(2, 0, s.len)
-                        .f_copy_(&f.narrow(0, s.row as i64, 1).narrow(2, 0, s.len))?;
+        }
+        // Group the rows by source cache, in first-appearance order.
+        let mut groups: Vec<(&KvCache, Vec<usize>)> = Vec::new();
+        for (i, (src, _)) in parts.iter().enumerate() {
+            match groups.iter_mut().find(|(g, _)| std::ptr::eq(*g, *src)) {
+                Some((_, rows)) => rows.push(i),
+                None => groups.push((src, vec![i])),
+            }
+        }
+        if zero {
+            for layer in &mut self.layers {
+                for buf in [&mut layer.k, &mut layer.v] {
+                    let _ = buf.narrow(0, 0, n as i64).f_zero_()?;
                 }
             }
         }
-        out.lens = parts.iter().map(|(_, s)| s.len).collect();
-        Ok(out)
+        for (src, rows) in &groups {
+            let longest = rows.iter().map(|&i| parts[i].1.len).max().unwrap_or(0);
+            if longest == 0 {
+                continue;
+            }
+            if let [i] = rows[..] {
+                // A source of one row: copy its prefix directly (one op per buffer).
+                let s = parts[i].1;
+                for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
+                    for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
+                        d.narrow(0, i as i64, 1)
+                            .narrow(2, 0, s.len)
+                            .f_copy_(&f.narrow(0, s.row as i64, 1).narrow(2, 0, s.len))?;
+                    }
+                }
+                continue;
+            }
+            let to_i64 = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
+            let dst_idx = to_i64(rows.iter().map(|&i| i as i64).collect());
+            let src_idx = to_i64(rows.iter().map(|&i| parts[i].1.row as i64).collect());
+            let lens = to_i64(rows.iter().map(|&i| parts[i].1.len).collect());
+            // Positions at or beyond a row's length: [rows, 1, longest, 1].
+            let beyond = Tensor::arange(longest, (Kind::Int64, self.device))
+                .view([1, 1, longest, 1])
+                .f_ge_tensor(&lens.view([-1, 1, 1, 1]))?;
+            for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
+                for (d, f) in [(&mut dst.k, &from.k), (&mut dst.v, &from.v)] {
+                    let sel = f
+                        .narrow(2, 0, longest)
+                        .f_index_select(0, &src_idx)?
+                        .f_masked_fill(&beyond, 0.0)?;
+                    let _ = d.narrow(2, 0, longest).f_index_copy_(0, &dst_idx, &sel)?;
+                }
+            }
+        }
+        self.lens = parts.iter().map(|(_, s)| s.len).collect();
+        Ok(())
+    }
+
+    /// Rows the buffers hold (at least [`Self::batch`]).
+    fn rows(&self) -> usize {
+        self.layers
+            .first()
+            .map_or(self.lens.len(), |l| l.k.size()[0] as usize)
+    }
+
+    /// Whether each row `rows[i]` is bitwise equal to row `reference[i]` over positions
+    /// `0..upto` (all layers, K and V), compared on the device with one readback.
+    pub fn rows_equal(&self, rows: &[usize], reference: &[usize], upto: i64) -> Result<bool> {
+        if rows.len() != reference.len() || rows.iter().chain(reference).any(|&r| r >= self.batch())
+        {
+            return Err(Error::KvCache(format!(
+                "rows {rows:?} / {reference:?} do not match a batch of {}",
+                self.batch()
+            )));
+        }
+        let bits = match self.kind.elt_size_in_bytes() {
+            2 => Kind::Int16,
+            4 => Kind::Int,
+            _ => Kind::Int64,
+        };
+        let to_i64 = |v: &[usize]| {
+            Tensor::from_slice(&v.iter().map(|&r| r as i64).collect::<Vec<_>>())
+                .to_device(self.device)
+        };
+        let (a, b) = (to_i64(rows), to_i64(reference));
+        let mut differs: Vec<Tensor> = Vec::with_capacity(2 * self.layers.len());
+        for layer in &self.layers {
+            for buf in [&layer.k, &layer.v] {
+                let x = buf
+                    .narrow(2, 0, upto.clamp(0, self.capacity))
+                    .f_view_dtype(bits)?;
+                let ne = x
+                    .f_index_select(0, &a)?
+                    .f_ne_tensor(&x.f_index_select(0, &b)?)?
+                    .f_any()?;
+                differs.push(ne.view([1]));
+            }
+        }
+        let any = Tensor::f_cat(&differs, 0)?.f_any()?;
+        Ok(!bool::try_from(any.to_device(Device::Cpu))?)
     }
 
     /// Keep only the given rows (in the given order), e.g. to drop finished sequences.
@@ -262,21 +423,28 @@ impl KvCache {
     /// SHA-256 over the K and V bytes of the first `len` positions of `row`, all layers, in
     /// layer order. Bitwise: any changed bit changes the fingerprint.
     pub fn fingerprint(&self, snap: Snapshot) -> Result<[u8; 32]> {
+        if snap.row >= self.batch() || snap.len > self.capacity || snap.len < 0 {
+            return Err(Error::KvCache(format!(
+                "snapshot (row {}, len {}) is not within this cache",
+                snap.row, snap.len
+            )));
+        }
         let mut h = Sha256::new();
         h.update(snap.len.to_le_bytes());
-        for layer in &self.layers {
-            for buf in [&layer.k, &layer.v] {
-                let part = buf
-                    .narrow(0, snap.row as i64, 1)
-                    .narrow(2, 0, snap.len)
-                    .to_device(Device::Cpu)
-                    .contiguous();
-                let n = part.numel() * self.kind.elt_size_in_bytes();
-                let mut bytes = vec![0u8; n];
-                part.f_view_dtype(Kind::Uint8)?
-                    .f_copy_data_u8(&mut bytes, n)?;
-                h.update(&bytes);
-            }
+        if snap.len > 0 && !self.layers.is_empty() {
+            // [2·layers, Hkv, len, D] in (layer, K/V) order: one device→host copy.
+            let parts: Vec<Tensor> = self
+                .layers
+                .iter()
+                .flat_map(|l| [&l.k, &l.v])
+                .map(|buf| buf.narrow(0, snap.row as i64, 1).narrow(2, 0, snap.len))
+                .collect();
+            let all = Tensor::f_cat(&parts, 0)?.to_device(Device::Cpu);
+            let n = all.numel() * self.kind.elt_size_in_bytes();
+            let mut bytes = vec![0u8; n];
+            all.f_view_dtype(Kind::Uint8)?
+                .f_copy_data_u8(&mut bytes, n)?;
+            h.update(&bytes);
         }
         Ok(h.finalize().into())
     }
@@ -296,6 +464,78 @@ impl KvCache {
             .narrow(0, row as i64, 1)
             .narrow(2, pos, 1)
             .f_copy_(&nudged)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(batch: usize, lens: &[i64], seed: f64) -> KvCache {
+        let shape = KvShape {
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 4,
+        };
+        let mut c = KvCache::new(shape, batch, 12, Kind::Float, Device::Cpu).unwrap();
+        for (i, layer) in c.layers.iter_mut().enumerate() {
+            let n = layer.k.numel() as i64;
+            let vals = Tensor::arange(n, (Kind::Float, Device::Cpu)) + seed + i as f64;
+            layer.k.copy_(&vals.view(layer.k.size().as_slice()));
+            layer
+                .v
+                .copy_(&(vals * -1.0).view(layer.v.size().as_slice()));
+        }
+        c.lens = lens.to_vec();
+        c
+    }
+
+    #[test]
+    fn gather_and_load_rows_copy_exact_prefixes_and_zero_the_rest() -> Result<()> {
+        let a = filled(3, &[10, 7, 12], 0.0);
+        let b = filled(1, &[9], 1000.0);
+        let snaps = [
+            (&a, Snapshot { row: 2, len: 5 }),
+            (&b, Snapshot { row: 0, len: 9 }),
+            (&a, Snapshot { row: 0, len: 8 }),
+            (&a, Snapshot { row: 2, len: 5 }),
+        ];
+        let g = KvCache::gather(&snaps, 3)?;
+        assert_eq!(g.lens(), &[5, 9, 8, 5]);
+        assert_eq!(g.capacity(), 12);
+        // Reuse a dirty cache: load_rows must give the same buffers.
+        let mut r = filled(5, &[1, 1, 1, 1, 1], 50.0);
+        r.load_rows(&snaps)?;
+        assert_eq!(r.lens(), g.lens());
+        for (i, (src, s)) in snaps.iter().enumerate() {
+            let fp = src.fingerprint(*s)?;
+            assert_eq!(g.fingerprint(g.snapshot(i))?, fp);
+            assert_eq!(r.fingerprint(r.snapshot(i))?, fp);
+            for (lg, lr) in g.layers.iter().zip(&r.layers) {
+                for buf in [&lg.k, &lg.v, &lr.k, &lr.v] {
+                    let rest = buf.narrow(0, i as i64, 1).narrow(2, s.len, 12 - s.len);
+                    assert_eq!(rest.abs().sum(Kind::Float).double_value(&[]), 0.0);
+                }
+            }
+        }
+        assert!(g.rows_equal(&[3, 1], &[0, 1], 12)?);
+        assert!(!g.rows_equal(&[2], &[0], 12)?);
+        Ok(())
+    }
+
+    #[test]
+    fn compact_rows_moves_rows_in_place() -> Result<()> {
+        let mut c = filled(4, &[3, 4, 5, 6], 0.0);
+        let before: Vec<[u8; 32]> = (0..4)
+            .map(|r| c.fingerprint(c.snapshot(r)).unwrap())
+            .collect();
+        let ptr = c.layers[0].k.data_ptr();
+        c.compact_rows(&[3, 1])?;
+        assert_eq!(c.lens(), &[6, 4]);
+        assert_eq!(c.layers[0].k.data_ptr(), ptr);
+        assert_eq!(c.fingerprint(c.snapshot(0))?, before[3]);
+        assert_eq!(c.fingerprint(c.snapshot(1))?, before[1]);
         Ok(())
     }
 }

@@ -6,10 +6,12 @@
 //! ([`sampling`]), three-pass counterfactual credit campaigns ([`credit`]) and the tooling
 //! around them.
 pub mod analysis;
+pub mod bench;
 pub mod chat;
 pub mod check;
 pub mod config;
 pub mod credit;
+pub mod cuda_graph;
 pub mod error;
 pub mod eval;
 pub mod exec;

@@ -72,19 +72,31 @@ fn hash32(x: &Tensor) -> Tensor {
     x.bitwise_xor_tensor(&x.bitwise_right_shift_tensor_scalar(16))
 }
 
+/// The key digests as `[hi₀ … hi_{B−1}, lo₀ … lo_{B−1}]`: the two 32-bit halves of each
+/// row's [`NoiseKey::digest`], the host-side input of [`gumbel_noise_from`].
+pub fn noise_words(keys: &[NoiseKey]) -> Vec<i64> {
+    let digests: Vec<u64> = keys.iter().map(NoiseKey::digest).collect();
+    digests
+        .iter()
+        .map(|d| (d >> 32) as i64)
+        .chain(digests.iter().map(|d| (d & 0xFFFF_FFFF) as i64))
+        .collect()
+}
+
 /// Gumbel noise `[B, V]` (fp32) for the given keys.
 pub fn gumbel_noise(keys: &[NoiseKey], vocab: i64, device: Device) -> Tensor {
-    let (hi, lo): (Vec<i64>, Vec<i64>) = keys
-        .iter()
-        .map(|k| {
-            let d = k.digest();
-            ((d >> 32) as i64, (d & 0xFFFF_FFFF) as i64)
-        })
-        .unzip();
     let b = keys.len() as i64;
-    let hi = Tensor::from_slice(&hi).to_device(device).view([b, 1]);
-    let lo = Tensor::from_slice(&lo).to_device(device).view([b, 1]);
-    let v = Tensor::arange(vocab, (Kind::Int64, device)).view([1, vocab]);
+    let words = Tensor::from_slice(&noise_words(keys))
+        .to_device(device)
+        .view([2, b, 1]);
+    gumbel_noise_from(&words, vocab)
+}
+
+/// Gumbel noise `[B, V]` (fp32) from device-resident key words `[2, B, 1]` (see
+/// [`noise_words`]): device ops only, so it can be captured in a CUDA graph.
+pub fn gumbel_noise_from(words: &Tensor, vocab: i64) -> Tensor {
+    let (hi, lo) = (words.get(0), words.get(1));
+    let v = Tensor::arange(vocab, (Kind::Int64, words.device())).view([1, vocab]);
     let h = hash32(&hash32(&v.bitwise_xor_tensor(&lo)).bitwise_xor_tensor(&hi));
     let u = (h.to_kind(Kind::Double) + 0.5) / 4_294_967_296.0;
     (-(-u.log()).log()).to_kind(Kind::Float)
@@ -92,15 +104,70 @@ pub fn gumbel_noise(keys: &[NoiseKey], vocab: i64, device: Device) -> Tensor {
 
 /// Choose one token per row of `logits` (`[B, V]`, any float dtype).
 pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<Vec<i64>> {
-    let logits = logits.f_to_kind(Kind::Float)?;
     let chosen = match sampling {
-        Sampling::Greedy => logits.f_argmax(-1, false)?,
-        Sampling::Temperature { temperature } => {
-            let noise = gumbel_noise(keys, logits.size()[1], logits.device());
-            (logits / temperature + noise).f_argmax(-1, false)?
+        Sampling::Greedy => logits.f_to_kind(Kind::Float)?.f_argmax(-1, false)?,
+        Sampling::Temperature { .. } => {
+            let b = keys.len() as i64;
+            let words = Tensor::from_slice(&noise_words(keys))
+                .to_device(logits.device())
+                .view([2, b, 1]);
+            select_on_device(logits, sampling, &words)?
         }
     };
     Ok(Vec::<i64>::try_from(chosen.to_device(Device::Cpu))?)
+}
+
+/// The chosen token of each row as a device tensor `[B]`, from device-resident key words
+/// `[2, B, 1]` ([`noise_words`]; unused when greedy). Same choice as [`select`]; no host sync.
+pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> Result<Tensor> {
+    let logits = logits.f_to_kind(Kind::Float)?;
+    Ok(match sampling {
+        Sampling::Greedy => logits.f_argmax(-1, false)?,
+        Sampling::Temperature { temperature } => {
+            let noise = gumbel_noise_from(words, logits.size()[1]);
+            // x / 1 is x exactly: skip the pass over [B, V].
+            let scaled = if temperature == 1.0 {
+                logits
+            } else {
+                logits / temperature
+            };
+            (scaled + noise).f_argmax(-1, false)?
+        }
+    })
+}
+
+/// `[B + 1]` int64 on the device: the chosen tokens ([`select_on_device`]) followed by 1 if
+/// every logit is finite, else 0. One readback gives both.
+pub fn select_and_check_on_device(
+    logits: &Tensor,
+    sampling: Sampling,
+    words: &Tensor,
+) -> Result<Tensor> {
+    let chosen = select_on_device(logits, sampling, words)?;
+    let finite = logits
+        .f_isfinite()?
+        .f_all()?
+        .f_to_kind(Kind::Int64)?
+        .view([1]);
+    Ok(Tensor::f_cat(&[chosen, finite], 0)?)
+}
+
+/// [`select_and_check_on_device`] read back: the chosen tokens and whether every logit was
+/// finite, with a single device→host copy.
+pub fn select_checked(
+    logits: &Tensor,
+    sampling: Sampling,
+    words: &Tensor,
+) -> Result<(Vec<i64>, bool)> {
+    let both = select_and_check_on_device(logits, sampling, words)?;
+    split_checked(&both)
+}
+
+/// Split the output of [`select_and_check_on_device`] after copying it to the host.
+pub fn split_checked(both: &Tensor) -> Result<(Vec<i64>, bool)> {
+    let mut v = Vec::<i64>::try_from(both.to_device(Device::Cpu))?;
+    let finite = v.pop() == Some(1);
+    Ok((v, finite))
 }
 
 /// Per-row facts about a step's distribution (temperature 1).

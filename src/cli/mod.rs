@@ -1,5 +1,6 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
 mod analyze;
+mod bench;
 mod campaign;
 mod check;
 mod crosscheck;
@@ -33,12 +34,14 @@ enum Command {
     /// Counterfactual credit campaigns.
     #[command(subcommand)]
     Campaign(campaign::Cmd),
+    /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
+    Invariance(invariance::Args),
+    /// Throughput of prefill, decode steps and the continuation engine; snapshot memory.
+    Bench(bench::Args),
     /// Summarize campaign run dirs: summary.parquet, report.md, figures.
     Analyze(analyze::Args),
     /// Check a campaign run dir's invariants (CI gate): exit 1 naming the offending rows.
     Check(check::Args),
-    /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
-    Invariance(invariance::Args),
 }
 
 /// Parse the command line and run the chosen subcommand.
@@ -50,8 +53,9 @@ pub fn run() -> anyhow::Result<()> {
         Command::Crosscheck(args) => crosscheck::run(args),
         Command::Eval(cmd) => eval::run(cmd),
         Command::Campaign(cmd) => campaign::run(cmd),
-        Command::Analyze(args) => analyze::run(args),
-        Command::Check(args) => check::run(args),
         Command::Invariance(args) => invariance::run(args),
+        Command::Analyze(args) => analyze::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Check(args) => check::run(args),
     }
 }

@@ -4,13 +4,13 @@
 //! A schedule is the order in which jobs are taken and the batch size. Rows that finish are
 //! dropped from the batch once at least half of it has finished; that compaction is part of
 //! the schedule, so the same schedule always runs the same batches.
+pub use super::stepper::Stepper;
 use crate::exec::ExecPolicy;
-use crate::generate::check_finite;
 use crate::kv_cache::{KvCache, Snapshot};
-use crate::model::{Decoder, LogitsAt};
-use crate::sampling::{self, NoiseKey, Sampling};
+use crate::model::Decoder;
+use crate::sampling::{NoiseKey, Sampling};
 use crate::{Error, Result};
-use tch::Tensor;
+use std::time::Instant;
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,8 +64,8 @@ pub struct Outcome {
     pub stop: Stop,
 }
 
-/// A test on the tokens generated so far: has a text stop sequence appeared?
-pub type TextStop<'a> = dyn Fn(&[i64]) -> bool + 'a;
+/// A text stop test on the tokens so far.
+pub type TextStop<'a> = &'a dyn Fn(&[i64]) -> bool;
 
 /// Fixed settings of a pass's decoding.
 pub struct Decoding<'a> {
@@ -80,7 +80,7 @@ pub struct Decoding<'a> {
     /// End-of-sequence tokens.
     pub stop_tokens: &'a [i64],
     /// Text stop test on the tokens so far (checked every few steps), if any.
-    pub text_stop: Option<&'a TextStop<'a>>,
+    pub text_stop: Option<TextStop<'a>>,
 }
 
 /// Fingerprint checks made while starting continuations.
@@ -94,6 +94,127 @@ pub struct SnapshotChecks {
 
 const TEXT_STOP_EVERY: usize = 8;
 
+/// How the decode steps of continuations are executed.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineMode {
+    /// `graph` on a CUDA device when this binary can capture graphs, `eager` otherwise. The
+    /// environment variable `KVCREDIT_ENGINE=eager|static|graph` overrides the choice.
+    #[default]
+    Auto,
+    /// One [`Decoder::forward`] per step, attending over each row's valid keys.
+    Eager,
+    /// [`Decoder::forward_static`] per step: device-resident inputs, attention over the batch
+    /// cache's fixed capacity, K/V written by scatter; no host syncs but the token readback.
+    Static,
+    /// The static step captured once per batch size as a CUDA graph and replayed (falls back
+    /// to `static`, with a warning, if a capture fails).
+    Graph,
+}
+
+impl std::fmt::Display for EngineMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineMode::Auto => "auto",
+            EngineMode::Eager => "eager",
+            EngineMode::Static => "static",
+            EngineMode::Graph => "graph",
+        })
+    }
+}
+
+impl EngineMode {
+    /// The concrete mode `Auto` stands for on `device` (other modes are returned as they are).
+    pub fn resolve(self, device: tch::Device) -> EngineMode {
+        if self != EngineMode::Auto {
+            return self;
+        }
+        match std::env::var("KVCREDIT_ENGINE").as_deref() {
+            Ok("eager") => return EngineMode::Eager,
+            Ok("static") => return EngineMode::Static,
+            Ok("graph") => return EngineMode::Graph,
+            _ => {}
+        }
+        if device.is_cuda() && crate::cuda_graph::compiled() {
+            EngineMode::Graph
+        } else {
+            EngineMode::Eager
+        }
+    }
+}
+
+/// Engine settings beyond the decoding itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// How steps are executed.
+    pub mode: EngineMode,
+}
+
+/// What an engine run did besides decoding.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EngineStats {
+    /// The mode that ran.
+    pub mode: String,
+    /// Decode steps (batched forwards).
+    pub steps: u64,
+    /// Rows decoded over all steps, finished rows awaiting compaction included.
+    pub row_steps: u64,
+    /// Tokens kept.
+    pub tokens: u64,
+    /// Seconds spent copying snapshots into batches.
+    pub gather_seconds: f64,
+    /// Seconds spent verifying fingerprints.
+    pub verify_seconds: f64,
+    /// Distinct snapshots hashed (other rows were compared with them on the device).
+    pub hashed_snapshots: u64,
+    /// CUDA graphs captured (one per batch size met).
+    pub graph_captures: u64,
+    /// Seconds spent capturing them (warm-up run included).
+    pub capture_seconds: f64,
+    /// Nodes (kernels, copies) of the last captured graph: the launches of one step.
+    pub graph_nodes: Option<u64>,
+    /// Why graphs were abandoned for the static step, if they were.
+    pub graph_fallback: Option<String>,
+}
+
+impl EngineStats {
+    /// One line for tables.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "[{}: {} steps, {:.0}% rows live, gather {:.3} s, verify {:.3} s ({} hashed)",
+            self.mode,
+            self.steps,
+            100.0 * self.tokens as f64 / self.row_steps.max(1) as f64,
+            self.gather_seconds,
+            self.verify_seconds,
+            self.hashed_snapshots
+        );
+        if self.graph_captures > 0 {
+            s += &format!(
+                ", {} graph captures in {:.3} s",
+                self.graph_captures, self.capture_seconds
+            );
+            if let Some(n) = self.graph_nodes {
+                s += &format!(", {n} nodes/step");
+            }
+        }
+        if let Some(why) = &self.graph_fallback {
+            s += &format!(", graphs abandoned: {why}");
+        }
+        s + "]"
+    }
+}
+
 /// Run `jobs` in the order `order`, `batch` at a time. Returns outcomes indexed like `jobs`.
 /// `on_tokens` is told how many tokens each step produced.
 pub fn run(
@@ -103,61 +224,161 @@ pub fn run(
     batch: usize,
     on_tokens: &mut dyn FnMut(u64),
 ) -> Result<(Vec<Outcome>, SnapshotChecks)> {
+    let (outcomes, checks, _) = run_with(
+        dec,
+        jobs,
+        order,
+        batch,
+        &EngineOptions::default(),
+        on_tokens,
+    )?;
+    Ok((outcomes, checks))
+}
+
+/// [`run`] with explicit engine options, also returning what the engine did.
+pub fn run_with(
+    dec: &Decoding,
+    jobs: &[Job],
+    order: &[usize],
+    batch: usize,
+    opts: &EngineOptions,
+    on_tokens: &mut dyn FnMut(u64),
+) -> Result<(Vec<Outcome>, SnapshotChecks, EngineStats)> {
+    let mode = opts.mode.resolve(dec.model.device());
+    let mut stats = EngineStats {
+        mode: mode.to_string(),
+        ..EngineStats::default()
+    };
     let mut out: Vec<Option<Outcome>> = vec![None; jobs.len()];
     let mut checks = SnapshotChecks::default();
+    let extra = dec.max_new_tokens + 1;
+    // Static batches keep one capacity for the whole run (graphs hold on to the buffers).
+    let longest = order
+        .iter()
+        .map(|&j| jobs.get(j).map_or(0, |job| job.start.snap.len))
+        .max()
+        .unwrap_or(0);
+    let mut stepper: Option<Stepper> = None;
     for chunk in order.chunks(batch.max(1)) {
+        if let Some(&bad) = chunk.iter().find(|&&j| j >= jobs.len()) {
+            return Err(Error::Spec(format!(
+                "job {bad} scheduled but only {} jobs given",
+                jobs.len()
+            )));
+        }
         let parts: Vec<(&KvCache, Snapshot)> = chunk
             .iter()
             .map(|&j| (jobs[j].start.cache, jobs[j].start.snap))
             .collect();
-        let mut cache = KvCache::gather(&parts, dec.max_new_tokens as i64 + 1)?;
-        for (row, &j) in chunk.iter().enumerate() {
-            if let Some(expect) = jobs[j].start.expect {
-                checks.checks += 1;
-                let got = cache.fingerprint(Snapshot {
-                    row,
-                    len: jobs[j].start.snap.len,
-                })?;
-                if got != expect {
-                    return Err(Error::Invariant(format!(
-                        "KV fingerprint mismatch resuming snapshot of length {}: the decode-time state was not reproduced",
-                        jobs[j].start.snap.len
-                    )));
-                }
-                checks.hits += 1;
+        let t = Instant::now();
+        match stepper.as_mut() {
+            Some(s) => s.load(&parts, extra)?,
+            None => {
+                stepper = Some(Stepper::new(
+                    dec.model,
+                    dec.policy,
+                    dec.sampling,
+                    mode,
+                    &parts,
+                    extra,
+                    longest + extra as i64,
+                )?)
             }
         }
-        for (j, o) in decode_chunk(dec, jobs, chunk, &mut cache, on_tokens)? {
+        let stepper = stepper.as_mut().expect("loaded above");
+        stats.gather_seconds += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        verify(jobs, chunk, stepper.cache(), &mut checks, &mut stats)?;
+        stats.verify_seconds += t.elapsed().as_secs_f64();
+        for (j, o) in decode_chunk(dec, jobs, chunk, stepper, &mut stats, on_tokens)? {
             out[j] = Some(o);
         }
+    }
+    if let Some(s) = &stepper {
+        s.report(&mut stats);
     }
     let outcomes = out
         .into_iter()
         .map(|o| o.ok_or_else(|| Error::Spec("a job was not scheduled".into())))
         .collect::<Result<Vec<_>>>()?;
-    Ok((outcomes, checks))
+    Ok((outcomes, checks, stats))
+}
+
+/// Check the rows of a freshly loaded chunk against their decode-time fingerprints. Rows that
+/// start from the same snapshot are compared bitwise on the device with the first of them,
+/// which alone is hashed.
+fn verify(
+    jobs: &[Job],
+    chunk: &[usize],
+    cache: &KvCache,
+    checks: &mut SnapshotChecks,
+    stats: &mut EngineStats,
+) -> Result<()> {
+    // Representative row of each row, and the rows to hash.
+    let mut rep: Vec<usize> = Vec::with_capacity(chunk.len());
+    let mut hashed: Vec<usize> = Vec::new();
+    for (row, &j) in chunk.iter().enumerate() {
+        let s = &jobs[j].start;
+        let first = chunk[..row].iter().position(|&i| {
+            let o = &jobs[i].start;
+            std::ptr::eq(o.cache, s.cache) && o.snap == s.snap && o.expect == s.expect
+        });
+        match first {
+            Some(r) => rep.push(r),
+            None => {
+                rep.push(row);
+                if s.expect.is_some() {
+                    hashed.push(row);
+                }
+            }
+        }
+    }
+    let duplicates = rep.iter().enumerate().any(|(r, &p)| r != p);
+    let verified = |row: usize| jobs[chunk[row]].start.expect.is_some();
+    if duplicates && (0..chunk.len()).any(|r| verified(r) && rep[r] != r) {
+        let rows: Vec<usize> = (0..chunk.len()).collect();
+        let upto = cache.lens().iter().copied().max().unwrap_or(0);
+        if !cache.rows_equal(&rows, &rep, upto)? {
+            return Err(Error::Invariant(
+                "KV rows resumed from the same snapshot differ: the decode-time state was not reproduced"
+                    .into(),
+            ));
+        }
+    }
+    for &row in &hashed {
+        let start = &jobs[chunk[row]].start;
+        stats.hashed_snapshots += 1;
+        let got = cache.fingerprint(Snapshot {
+            row,
+            len: start.snap.len,
+        })?;
+        if Some(got) != start.expect {
+            return Err(Error::Invariant(format!(
+                "KV fingerprint mismatch resuming snapshot of length {}: the decode-time state was not reproduced",
+                start.snap.len
+            )));
+        }
+    }
+    let n = (0..chunk.len()).filter(|&r| verified(r)).count() as u64;
+    checks.checks += n;
+    checks.hits += n;
+    Ok(())
 }
 
 fn decode_chunk(
     dec: &Decoding,
     jobs: &[Job],
     chunk: &[usize],
-    cache: &mut KvCache,
+    stepper: &mut Stepper,
+    stats: &mut EngineStats,
     on_tokens: &mut dyn FnMut(u64),
 ) -> Result<Vec<(usize, Outcome)>> {
-    // Cache row r runs job `rows[r]`; `None` marks a finished row awaiting compaction.
+    // Batch row r runs job `rows[r]`; `None` marks a finished row awaiting compaction.
     let mut rows: Vec<Option<usize>> = chunk.iter().map(|&j| Some(j)).collect();
     let mut tokens: Vec<Vec<i64>> = vec![Vec::new(); jobs.len()];
     let mut done: Vec<(usize, Outcome)> = Vec::new();
     let mut feed: Vec<i64> = chunk.iter().map(|&j| jobs[j].first_token).collect();
     for step in 0..dec.max_new_tokens {
-        let b = feed.len() as i64;
-        let ids = Tensor::from_slice(&feed).view([b, 1]);
-        let logits = dec
-            .model
-            .forward(&ids, cache, &dec.policy, &LogitsAt::Last)?
-            .view([b, -1]);
-        check_finite(&logits, "continuation decoding")?;
         // Finished rows draw with their old key; their tokens are discarded.
         let keys: Vec<NoiseKey> = rows
             .iter()
@@ -169,8 +390,11 @@ fn decode_chunk(
                 }
             })
             .collect();
-        let next = sampling::select(&logits, dec.sampling, &keys)?;
+        let next = stepper.step(&feed, &keys)?;
         let live = rows.iter().filter(|r| r.is_some()).count();
+        stats.steps += 1;
+        stats.row_steps += rows.len() as u64;
+        stats.tokens += live as u64;
         on_tokens(live as u64);
         for (slot, &tok) in rows.iter_mut().zip(&next) {
             let Some(j) = *slot else { continue };
@@ -201,7 +425,7 @@ fn decode_chunk(
             break;
         }
         if keep.len() * 2 <= rows.len() {
-            cache.select_rows(&keep)?;
+            stepper.compact(&keep)?;
             rows = keep.iter().map(|&r| rows[r]).collect();
             feed = keep.iter().map(|&r| next[r]).collect();
         } else {

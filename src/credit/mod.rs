@@ -8,6 +8,7 @@ pub mod estimate;
 pub mod records;
 pub mod rollout;
 pub mod spec;
+pub mod stepper;
 
 pub use campaign::{Manifest, RunOptions, run_campaign};
 pub use spec::{CampaignSpec, Pass};

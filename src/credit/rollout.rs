@@ -64,7 +64,7 @@ pub struct RolloutParams<'a> {
     /// End-of-sequence tokens.
     pub stop_tokens: &'a [i64],
     /// Text stop test, if any.
-    pub text_stop: Option<&'a TextStop<'a>>,
+    pub text_stop: Option<TextStop<'a>>,
     /// Execution policy.
     pub policy: ExecPolicy,
     /// Steps with margin at most this are pivot candidates (fingerprinted at decode time).

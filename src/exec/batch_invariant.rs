@@ -221,7 +221,14 @@ pub(super) fn rms_normalize(x: &Tensor, eps: f64) -> Tensor {
     let h = *dims.last().expect("at least 1-d");
     let acc = accum_kind(x.kind());
     let xf = x.to_kind(acc);
-    let (buf, rows, tiles) = padded_rows(&(&xf * &xf), m, acc);
+    // The squares, written straight into a zero-padded buffer of whole tiles.
+    let rows: i64 = dims[..dims.len() - 1].iter().product();
+    let tiles = ceil_div(rows.max(1), m);
+    let buf = Tensor::zeros([tiles * m, h], (acc, x.device()));
+    if rows > 0 {
+        let flat = xf.reshape([rows, h]);
+        let _ = flat.mul_out(&buf.narrow(0, 0, rows), &flat);
+    }
     let sums: Vec<Tensor> = (0..tiles)
         .map(|i| {
             buf.narrow(0, i * m, m)
@@ -295,31 +302,40 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
     };
     let (kc, vc) = (chunks(k), chunks(v));
     // Mask per unit [B·nt·nc, tq, c], units ordered (sequence, block, chunk). Padded keys and
-    // padded query positions are masked.
+    // padded query positions are masked. Unit u < units is (block u / nc, chunk u % nc);
+    // padding units read block 0, chunk 0. Built on the device (no host copy, so the step can
+    // be captured in a CUDA graph), once per forward pass when the layers share a scratch.
     let units = b * nt * nc;
     let batches = ceil_div(units, w);
     let u_pad = batches * w;
-    let mask = p
-        .mask
-        .to_kind(f)
-        .expand([b, 1, 1, t, l], false)
-        .reshape([b, t, l])
-        .pad(
-            [0, l_pad - l, 0, t_pad - t],
-            "constant",
-            f64::from(f32::MIN),
-        )
-        .reshape([b, nt, tq, nc, c])
-        .permute([0, 1, 3, 2, 4])
-        .contiguous()
-        .reshape([units, tq, c])
-        .constant_pad_nd([0, 0, 0, 0, 0, u_pad - units]);
-    // Unit u (padding units repeat the last real one) reads query block u / nc and key chunk
-    // (sequence of that block)·nc + u % nc. Built on the device: no host-to-device copy (which
-    // would synchronise with the GPU at every layer).
-    let u = Tensor::arange(u_pad, (Kind::Int64, dev)).clamp_max(units - 1);
-    let q_idx = u.floor_divide_scalar(nc);
-    let kv_idx = q_idx.floor_divide_scalar(nt) * nc + u.remainder(nc);
+    let make = || {
+        let mask = p
+            .mask
+            .to_kind(f)
+            .expand([b, 1, 1, t, l], false)
+            .reshape([b, t, l])
+            .pad(
+                [0, l_pad - l, 0, t_pad - t],
+                "constant",
+                f64::from(f32::MIN),
+            )
+            .reshape([b, nt, tq, nc, c])
+            .permute([0, 1, 3, 2, 4])
+            .contiguous()
+            .reshape([units, tq, c])
+            .constant_pad_nd([0, 0, 0, 0, 0, u_pad - units]);
+        let u = Tensor::arange(u_pad, (Kind::Int64, dev));
+        let u = u.masked_fill(&u.ge(units), 0);
+        let q_idx = u.divide_scalar_mode(nc, "floor");
+        let kv_idx = q_idx.divide_scalar_mode(nt, "floor") * nc + u.remainder(nc);
+        vec![mask, q_idx, kv_idx]
+    };
+    let prepared = match p.scratch {
+        Some(scratch) => scratch.get_or([b, t, l, tq, c, w], make),
+        None => make(),
+    };
+    let (mask, q_idx, kv_idx) = (&prepared[0], &prepared[1], &prepared[2]);
+
     let (mut maxes, mut sums, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..batches {
         let qi = q_idx.narrow(0, i * w, w);
@@ -351,15 +367,15 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> T
     let (maxes, sums, outs) = (gather(maxes, 1), gather(sums, 1), gather(outs, d));
     let top = maxes.amax([1i64].as_slice(), true);
     let factor = (maxes - top).exp();
-    let outs = outs * &factor;
-    let sums = sums * &factor;
+    // Numerators and denominators side by side ([…, D + 1]): one product and one add per
+    // chunk for both (elementwise, so bitwise the same as two separate folds).
+    let both = Tensor::cat(&[outs, sums], -1) * &factor;
     // Fixed-order fold over chunks (key order).
-    let mut num = outs.select(1, 0);
-    let mut den = sums.select(1, 0);
+    let mut acc = both.select(1, 0);
     for ci in 1..nc {
-        num = &num + outs.select(1, ci);
-        den = &den + sums.select(1, ci);
+        acc = &acc + both.select(1, ci);
     }
+    let (num, den) = (acc.narrow(-1, 0, d), acc.narrow(-1, d, 1));
     (num / den)
         .view([b, nt, hkv, group, tq, d])
         .permute([0, 2, 3, 1, 4, 5])

@@ -63,6 +63,30 @@ pub struct AttnParams<'a> {
     pub softcap: Option<f64>,
     /// Additive mask broadcastable to `[B, Hkv, group, T, L]` (0 keeps, dtype-min drops).
     pub mask: &'a Tensor,
+    /// Scratch shared by every attention call over this mask in one forward pass, if any.
+    pub scratch: Option<&'a AttnScratch>,
+}
+
+/// Tensors derived from one mask and shape, shared by the attention calls of the layers of a
+/// forward pass (every layer would build the same ones): a policy keys them by the shape and
+/// settings they depend on.
+#[derive(Default)]
+pub struct AttnScratch {
+    entries: std::cell::RefCell<Vec<([i64; 6], Vec<Tensor>)>>,
+}
+
+impl AttnScratch {
+    /// The tensors stored under `key`, made by `make` the first time.
+    pub(crate) fn get_or(&self, key: [i64; 6], make: impl FnOnce() -> Vec<Tensor>) -> Vec<Tensor> {
+        if let Some((_, v)) = self.entries.borrow().iter().find(|(k, _)| *k == key) {
+            return v.iter().map(Tensor::shallow_clone).collect();
+        }
+        let v = make();
+        self.entries
+            .borrow_mut()
+            .push((key, v.iter().map(Tensor::shallow_clone).collect()));
+        v
+    }
 }
 
 impl ExecPolicy {

@@ -3,8 +3,8 @@
 use super::norm::RmsNorm;
 use super::rope;
 use crate::Result;
-use crate::exec::{AttnParams, ExecPolicy};
-use crate::kv_cache::KvCache;
+use crate::exec::{AttnParams, AttnScratch, ExecPolicy};
+use crate::kv_cache::{KvCache, KvWrite};
 use tch::Tensor;
 
 /// Attention weights and shape of one layer.
@@ -26,12 +26,18 @@ pub struct Attention {
 pub struct LayerInputs<'a> {
     /// RoPE cosines `[B, 1, T, D]`.
     pub cos: &'a Tensor,
-    /// RoPE sines `[B, 1, T, D]`.
+    /// RoPE sines `[B, 1, T, D]`, first half negated (see [`rope::apply`]).
     pub sin: &'a Tensor,
     /// Additive mask `[B, 1, 1, T, L]`.
     pub mask: &'a Tensor,
     /// Absolute positions `[B, T]` (where new K/V rows are written).
     pub positions: &'a Tensor,
+    /// How new K/V rows are written.
+    pub write: KvWrite,
+    /// Keys attended (`L`).
+    pub key_len: i64,
+    /// Scratch shared by the layers attending under `mask`.
+    pub scratch: &'a AttnScratch,
 }
 
 impl Attention {
@@ -79,21 +85,45 @@ impl Attention {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
         let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref());
-        let parts = qkv.split_with_sizes([hq * d, hkv * d, hkv * d], -1);
-        let mut q = parts[0].view([b, t, hq, d]);
-        let mut k = parts[1].view([b, t, hkv, d]);
-        let v = parts[2].view([b, t, hkv, d]).transpose(1, 2);
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            q = qn.forward(&q, policy);
-            k = kn.forward(&k, policy);
-        }
-        let q = rope::apply(&q.transpose(1, 2), inputs.cos, inputs.sin);
-        let k = rope::apply(&k.transpose(1, 2), inputs.cos, inputs.sin);
-        let (k_all, v_all) = cache.write(layer, &k, &v, inputs.positions)?;
+        let v = qkv
+            .narrow(-1, (hq + hkv) * d, hkv * d)
+            .view([b, t, hkv, d])
+            .transpose(1, 2);
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => {
+                let q = qn.forward(&qkv.narrow(-1, 0, hq * d).view([b, t, hq, d]), policy);
+                let k = kn.forward(
+                    &qkv.narrow(-1, hq * d, hkv * d).view([b, t, hkv, d]),
+                    policy,
+                );
+                (
+                    rope::apply(&q.transpose(1, 2), inputs.cos, inputs.sin),
+                    rope::apply(&k.transpose(1, 2), inputs.cos, inputs.sin),
+                )
+            }
+            _ => {
+                // Rotate the query and key heads together: one set of elementwise ops.
+                let qk = qkv
+                    .narrow(-1, 0, (hq + hkv) * d)
+                    .view([b, t, hq + hkv, d])
+                    .transpose(1, 2);
+                let qk = rope::apply(&qk, inputs.cos, inputs.sin);
+                (qk.narrow(1, 0, hq), qk.narrow(1, hq, hkv))
+            }
+        };
+        let (k_all, v_all) = cache.write(
+            layer,
+            &k,
+            &v,
+            inputs.write,
+            inputs.positions,
+            inputs.key_len,
+        )?;
         let params = AttnParams {
             scale: self.scale,
             softcap: self.softcap,
             mask: inputs.mask,
+            scratch: Some(inputs.scratch),
         };
         let out = policy.attention(&q, &k_all, &v_all, &params);
         let out = out.transpose(1, 2).reshape([b, t, hq * d]);

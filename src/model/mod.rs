@@ -16,8 +16,8 @@ pub mod synthetic;
 pub mod weights;
 
 use crate::config::{ArchConfig, LayerKind};
-use crate::exec::ExecPolicy;
-use crate::kv_cache::{KvCache, KvShape};
+use crate::exec::{AttnScratch, ExecPolicy};
+use crate::kv_cache::{KvCache, KvShape, KvWrite};
 use crate::{Error, Result};
 use attention::{Attention, LayerInputs};
 use mlp::Mlp;
@@ -36,6 +36,18 @@ pub enum LogitsAt {
     Last,
     /// One position per row (index into the T new tokens): `[B, 1, V]`.
     PerRow(Vec<i64>),
+}
+
+/// Device-resident inputs of one forward pass: what the layers read besides weights and cache.
+struct StepInputs<'a> {
+    /// Token ids `[B, T]` (int64, on the model's device).
+    tokens: &'a Tensor,
+    /// Absolute position of each new token `[B, T]` (int64, on the model's device).
+    positions: &'a Tensor,
+    /// Keys attended: positions `0..key_len` of the cache.
+    key_len: i64,
+    /// Where the new K/V rows go.
+    write: KvWrite,
 }
 
 /// Residual-stream states captured during a forward pass.
@@ -254,7 +266,7 @@ impl Decoder {
         cache: &mut KvCache,
         policy: &ExecPolicy,
         at: &LogitsAt,
-        mut trace: Option<&mut Trace>,
+        trace: Option<&mut Trace>,
     ) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
         let dims = tokens.size();
@@ -265,22 +277,103 @@ impl Decoder {
             )));
         }
         let (b, t) = (dims[0], dims[1]);
-        let tokens = tokens.f_to_device(self.device)?;
-        let (lo, hi) = (
-            tokens.f_min()?.int64_value(&[]),
-            tokens.f_max()?.int64_value(&[]),
-        );
+        // Range check where the ids are (host ids cost no device sync), one readback.
+        let range = Tensor::f_stack(&[tokens.f_min()?, tokens.f_max()?], 0)?.to_device(Device::Cpu);
+        let (lo, hi) = (range.int64_value(&[0]), range.int64_value(&[1]));
         if lo < 0 || hi >= self.cfg.vocab_size as i64 {
             return Err(Error::Spec(format!(
                 "token ids must lie in 0..{} (got {lo}..={hi})",
                 self.cfg.vocab_size
             )));
         }
+        let tokens = tokens.f_to_device(self.device)?;
         cache.reserve(t)?;
-        let lens = Tensor::from_slice(cache.lens()).to_device(self.device);
-        let positions =
-            lens.view([b, 1]) + Tensor::arange(t, (Kind::Int64, self.device)).view([1, t]);
-        let key_len = cache.lens().iter().copied().max().unwrap_or(0) + t;
+        let lens = cache.lens();
+        let start = lens.first().copied().unwrap_or(0);
+        let uniform = lens.iter().all(|&l| l == start);
+        let steps = Tensor::arange(t, (Kind::Int64, self.device)).view([1, t]);
+        let (positions, write) = if uniform {
+            // Every row continues at `start`: positions need no host→device copy.
+            ((steps + start).expand([b, t], false), KvWrite::At(start))
+        } else {
+            let lens = Tensor::from_slice(lens).to_device(self.device);
+            (lens.view([b, 1]) + steps, KvWrite::Scatter)
+        };
+        let key_len = lens.iter().copied().max().unwrap_or(0) + t;
+        let inputs = StepInputs {
+            tokens: &tokens,
+            positions: &positions,
+            key_len,
+            write,
+        };
+        let logits = self.forward_inputs(&inputs, cache, policy, at, trace)?;
+        cache.advance(t);
+        Ok(logits)
+    }
+
+    /// One decode step over *static, device-resident* inputs, the form a CUDA graph captures:
+    /// `tokens` and `positions` (`[B, 1]` int64 on the model's device; `positions` must be each
+    /// row's current length in `cache`), attention over the cache's whole capacity under a
+    /// mask built on the device, K/V written by scatter. No host sync and no host→device copy;
+    /// shapes depend only on `B` and the cache capacity. Returns logits `[B, V]` and advances
+    /// `cache`'s lengths by one.
+    ///
+    /// The layers are the same code as [`Self::forward`]'s. Under the batch-invariant policy
+    /// the logits are bitwise those of [`Self::forward`] (keys beyond a row's length fall in
+    /// masked chunks that add exact zeros); under the stock policy the longer key axis may
+    /// round differently, like any change of shape.
+    pub fn forward_static(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        cache: &mut KvCache,
+        policy: &ExecPolicy,
+    ) -> Result<Tensor> {
+        let _guard = tch::no_grad_guard();
+        let b = cache.batch() as i64;
+        if tokens.size() != [b, 1] || positions.size() != [b, 1] {
+            return Err(Error::KvCache(format!(
+                "static step: tokens {:?} and positions {:?} must be [{b}, 1]",
+                tokens.size(),
+                positions.size()
+            )));
+        }
+        if tokens.device() != self.device || positions.device() != self.device {
+            return Err(Error::KvCache(format!(
+                "static step: tokens and positions must be on the model's device ({:?})",
+                self.device
+            )));
+        }
+        if cache.lens().iter().any(|&l| l >= cache.capacity()) {
+            return Err(Error::KvCache(format!(
+                "static step: a row is full (capacity {})",
+                cache.capacity()
+            )));
+        }
+        let inputs = StepInputs {
+            tokens,
+            positions,
+            key_len: cache.capacity(),
+            write: KvWrite::Scatter,
+        };
+        let logits = self.forward_inputs(&inputs, cache, policy, &LogitsAt::Last, None)?;
+        cache.advance(1);
+        Ok(logits.view([b, -1]))
+    }
+
+    /// The layers over device-resident inputs: embedding, masks and RoPE angles built on the
+    /// device from `inputs.positions`, every layer, final norm and head. Shared by
+    /// [`Self::forward`] and [`Self::forward_static`]. Does not move the cache's lengths.
+    fn forward_inputs(
+        &self,
+        inputs: &StepInputs,
+        cache: &mut KvCache,
+        policy: &ExecPolicy,
+        at: &LogitsAt,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Tensor> {
+        let (b, t) = (inputs.tokens.size()[0], inputs.tokens.size()[1]);
+        let (positions, key_len) = (inputs.positions, inputs.key_len);
         let keys = Tensor::arange(key_len, (Kind::Int64, self.device)).view([1, 1, key_len]);
         let qpos = positions.view([b, t, 1]);
         let causal = keys.le_tensor(&qpos);
@@ -293,23 +386,24 @@ impl Decoder {
             Tensor::zeros([b, 1, 1, t, key_len], (self.kind, self.device))
                 .masked_fill(&allowed.logical_not().view([b, 1, 1, t, key_len]), min)
         };
-        let full_mask = to_mask(&causal);
-        let mut window_masks: Vec<(usize, Tensor)> = Vec::new();
+        let full_mask = (to_mask(&causal), AttnScratch::default());
+        let mut window_masks: Vec<(usize, (Tensor, AttnScratch))> = Vec::new();
         for kind in &self.cfg.layer_types {
             if let LayerKind::Sliding { window } = *kind
                 && !window_masks.iter().any(|(w, _)| *w == window)
             {
                 let recent = keys.gt_tensor(&(&qpos - window as i64));
-                window_masks.push((window, to_mask(&causal.logical_and(&recent))));
+                let mask = to_mask(&causal.logical_and(&recent));
+                window_masks.push((window, (mask, AttnScratch::default())));
             }
         }
-        let (cos, sin) = self.rope_full.cos_sin(&positions, self.kind);
+        let (cos, sin) = self.rope_full.cos_sin(positions, self.kind);
         let local = self
             .rope_local
             .as_ref()
-            .map(|r| r.cos_sin(&positions, self.kind));
+            .map(|r| r.cos_sin(positions, self.kind));
 
-        let mut h = Tensor::f_embedding(&self.embed, &tokens, -1, false, false)?;
+        let mut h = Tensor::f_embedding(&self.embed, inputs.tokens, -1, false, false)?;
         if let Some(s) = &self.embed_scale {
             h *= s;
         }
@@ -328,14 +422,17 @@ impl Decoder {
                     )
                 }
             };
-            let inputs = LayerInputs {
+            let layer_inputs = LayerInputs {
                 cos,
                 sin,
-                mask,
-                positions: &positions,
+                mask: &mask.0,
+                positions,
+                write: inputs.write,
+                key_len,
+                scratch: &mask.1,
             };
             let x = layer.input_norm.forward(&h, policy);
-            let a = layer.attn.forward(&x, i, cache, &inputs, policy)?;
+            let a = layer.attn.forward(&x, i, cache, &layer_inputs, policy)?;
             h = match &layer.ffn_norms {
                 Some((pre, post)) => {
                     let h = h + layer.post_attn_norm.forward(&a, policy);
@@ -354,7 +451,6 @@ impl Decoder {
                 tr.residual.push(h.shallow_clone());
             }
         }
-        cache.advance(t);
         let h = match at {
             LogitsAt::All => h,
             LogitsAt::Last => h.narrow(1, t - 1, 1),

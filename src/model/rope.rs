@@ -47,19 +47,28 @@ impl RopeTable {
         }
     }
 
-    /// `(cos, sin)` of shape `[B, 1, T, D]` in `kind` for absolute `positions` `[B, T]`.
+    /// `(cos, sin)` of shape `[B, 1, T, D]` in `kind` for absolute `positions` `[B, T]`, with
+    /// the sign of `rotate_half` folded into the sines: the first half of `sin` is negated, so
+    /// that [`apply`] rotates with one `roll`.
     pub fn cos_sin(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
         let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
-        (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+        let sin = emb.sin().to_kind(kind);
+        let half = sin.size()[3] / 2;
+        let signed = Tensor::cat(
+            &[sin.narrow(3, 0, half).neg(), sin.narrow(3, half, half)],
+            3,
+        );
+        (emb.cos().to_kind(kind), signed)
     }
 }
 
-/// Rotate `x` (`[B, H, T, D]`) by the given angles.
+/// Rotate `x` (`[B, H, T, D]`) by the given angles (`sin` as [`RopeTable::cos_sin`] returns
+/// it). Bitwise the same as Hugging Face's `x·cos + rotate_half(x)·sin`: `rotate_half(x)·sin`
+/// is `[−x₂·s, x₁·s]` and `roll(x)·signed` is `[x₂·(−s), x₁·s]`, equal since IEEE products
+/// are sign-symmetric.
 pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let half = x.size()[3] / 2;
-    let x1 = x.narrow(3, 0, half);
-    let x2 = x.narrow(3, half, half);
-    let rotated = Tensor::cat(&[&x2.neg(), &x1], 3);
+    let rotated = x.roll([half], [3]);
     x * cos + rotated * sin
 }

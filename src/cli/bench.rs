@@ -1,0 +1,226 @@
+//! `kvcredit bench`: prefill, decode-step and continuation-engine throughput, and snapshot
+//! memory, per execution policy and engine; a table on stdout and JSON under `--out`.
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvcredit::ExecPolicy;
+use kvcredit::bench::{self, BenchConfig, Progress};
+use kvcredit::credit::engine::EngineMode;
+use kvcredit::exec::{TileOverrides, set_tile_overrides};
+use kvcredit::model::synthetic;
+use kvcredit::runtime::{self, Dtype, ModelSource};
+use std::path::PathBuf;
+use tch::Device;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a registry name, `.gguf` file or Hugging Face directory.
+    #[arg(
+        long,
+        required_unless_present = "synthetic",
+        conflicts_with = "synthetic"
+    )]
+    model: Option<String>,
+    /// Random weights with the shape of a real checkpoint (qwen2.5-0.5b, qwen2.5-1.5b).
+    #[arg(long)]
+    synthetic: Option<String>,
+    /// Weights/activations dtype.
+    #[arg(long, value_enum, default_value_t = Dtype::Bf16)]
+    dtype: Dtype,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Execution policies to measure.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "stock,batch_invariant"
+    )]
+    policy: Vec<ExecPolicy>,
+    /// Engines to measure (auto: CUDA graphs on CUDA when available, else eager). Default:
+    /// eager and graph on CUDA, eager on the CPU.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    engine: Option<Vec<EngineMode>>,
+    /// Prompt length: prefill length and cached context of the decode steps.
+    #[arg(long, default_value_t = 256)]
+    prompt: usize,
+    /// Batch sizes of the decode-step timing.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    batches: Vec<usize>,
+    /// Timed decode steps per batch size.
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// Untimed decode steps first.
+    #[arg(long, default_value_t = 2)]
+    warmup_steps: usize,
+    /// Timed prefills (median reported).
+    #[arg(long, default_value_t = 3)]
+    prefill_reps: usize,
+    /// Tokens the rollout generates (pivots are spread over them).
+    #[arg(long, default_value_t = 128)]
+    rollout_tokens: usize,
+    /// Pivots of the rollout.
+    #[arg(long, default_value_t = 32)]
+    pivots: usize,
+    /// Continuations per branch (2 branches per pivot).
+    #[arg(long, default_value_t = 2)]
+    k: usize,
+    /// Tokens sampled per continuation.
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// Batch sizes of the continuation engine.
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    cont_batches: Vec<usize>,
+    /// Skip the rollout, continuations and snapshot memory.
+    #[arg(long)]
+    no_continuations: bool,
+    /// Continuation sampling temperature.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Device memory bandwidth in GB/s, for the decode roofline. Default: 4300 (H200) on
+    /// CUDA, none on the CPU.
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
+    /// JSON from `benches/hf_generate.py` to compare against (matched on shape and dtype; a
+    /// missing file is skipped with a warning). Without one, bf16 CUDA runs of a synthetic
+    /// shape use the H200 numbers of the project's measurements.
+    #[arg(long)]
+    hf: Vec<PathBuf>,
+    /// Output folder of the JSON report.
+    #[arg(long, default_value = "runs/bench")]
+    out: PathBuf,
+    /// Seed of prompts and sampling noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Seed of the synthetic weights.
+    #[arg(long, default_value_t = 0)]
+    weight_seed: i64,
+    /// Batch-invariant tile overrides, e.g. `gemm_rows=64` (also KVCREDIT_BI_TILES).
+    #[arg(long)]
+    tiles: Option<String>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn start(&mut self, what: &str) {
+        self.0.set_message(what.to_string());
+    }
+    fn done(&mut self) {
+        self.0.inc(1);
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let device = runtime::parse_device(&a.device)?;
+    if let Some(spec) = &a.tiles {
+        set_tile_overrides(Some(TileOverrides::parse(spec)?));
+    }
+    let engines = a.engine.clone().unwrap_or_else(|| match device {
+        Device::Cpu => vec![EngineMode::Eager],
+        _ => vec![EngineMode::Eager, EngineMode::Auto],
+    });
+    let (model, what, shape) = match (&a.model, &a.synthetic) {
+        (Some(m), _) => {
+            let source = ModelSource::resolve(m)?;
+            (
+                runtime::load(&source, a.dtype, device)?.decoder,
+                m.clone(),
+                None,
+            )
+        }
+        (None, Some(name)) => (
+            synthetic::decoder(name, a.dtype.kind(), device, a.weight_seed)
+                .with_context(|| format!("synthetic model `{name}`"))?,
+            format!("synthetic {name} (weight seed {})", a.weight_seed),
+            Some(name.clone()),
+        ),
+        (None, None) => bail!("give --model or --synthetic"),
+    };
+    let cfg = BenchConfig {
+        policies: a.policy.clone(),
+        engines,
+        prompt: a.prompt,
+        batches: a.batches.clone(),
+        warmup_steps: a.warmup_steps,
+        steps: a.steps,
+        prefill_reps: a.prefill_reps,
+        rollout_tokens: a.rollout_tokens,
+        pivots: a.pivots,
+        k: a.k,
+        new_tokens: a.new_tokens,
+        cont_batches: if a.no_continuations {
+            vec![]
+        } else {
+            a.cont_batches.clone()
+        },
+        temperature: a.temperature,
+        bandwidth_gbs: a
+            .bandwidth_gbs
+            .or((device != Device::Cpu).then_some(4300.0)),
+        seed: a.seed,
+    };
+    let pb = ProgressBar::new(bench::measurement_count(&cfg));
+    if a.quiet {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    pb.set_style(
+        ProgressStyle::with_template("bench {bar:30} {pos}/{len} [{elapsed_precise}] {msg}")
+            .expect("valid template"),
+    );
+    let mut bar = Bar(pb);
+    let mut report = bench::run(&model, &what, shape.as_deref(), &cfg, &mut bar)?;
+    bar.0.finish_and_clear();
+
+    // Baselines: files given, else the measured H200 numbers for a bf16 CUDA synthetic run.
+    let dtype = a.dtype.to_string();
+    if let Some(shape) = &shape {
+        for path in &a.hf {
+            if !path.exists() {
+                eprintln!(
+                    "warning: HF baseline {} not found (was transformers installed?); skipping it",
+                    path.display()
+                );
+                continue;
+            }
+            report
+                .hf
+                .extend(bench::read_hf_baselines(path, shape, &dtype)?);
+        }
+        if report.hf.is_empty() && device != Device::Cpu && a.dtype == Dtype::Bf16 {
+            for b in a.cont_batches.iter().chain(&a.batches) {
+                if let Some(tps) = bench::builtin_hf_baseline(shape, *b)
+                    && !report.hf.iter().any(|h| h.batch == *b)
+                {
+                    report.hf.push(bench::HfBaseline {
+                        source: "measurements.md (H200, transformers 5.17)".into(),
+                        batch: *b,
+                        generate_tokens_per_s: tps,
+                    });
+                }
+            }
+        }
+    }
+    report.evaluate_targets();
+    print!("{}", report.table());
+
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let name = shape.unwrap_or_else(|| {
+        PathBuf::from(&what)
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let dev = match device {
+        Device::Cpu => "cpu".to_string(),
+        Device::Cuda(i) => format!("cuda{i}"),
+        other => format!("{other:?}").to_lowercase(),
+    };
+    let path = a.out.join(format!("bench-{name}-{dtype}-{dev}.json"));
+    let json = serde_json::to_string_pretty(&report)?;
+    kvcredit::io::write_atomic(&path, json.as_bytes())?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
