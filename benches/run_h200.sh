@@ -6,7 +6,8 @@
 #
 # Each tool runs under a timeout so a failure or hang of one still leaves the others' results
 # (about 4 minutes in all on the H200; the timeouts add up to under 10). Environment overrides,
-# for trying it elsewhere: PYTHON, LD_LIBRARY_PATH, DEVICE, DTYPE, SHAPES, HF_ARGS, BENCH_ARGS.
+# for trying it elsewhere: PYTHON, LD_LIBRARY_PATH, DEVICE, DTYPE, SHAPES, HF_ARGS, BENCH_ARGS,
+# HF_TIMEOUT, BENCH_TIMEOUT (seconds per tool and shape).
 set -u
 BIN=${1:-./gpu/kvcredit}
 OUT=${2:-${OUT:-bench-out}}
@@ -24,11 +25,11 @@ mkdir -p "$OUT"
 } > "$OUT/env.txt"
 for s in $SHAPES; do
   # shellcheck disable=SC2086  # HF_ARGS / BENCH_ARGS are word lists
-  timeout 120 "$PY" benches/hf_generate.py --shape "qwen2.5-$s" --dtype "$DTYPE" --device "$DEVICE" \
+  timeout "${HF_TIMEOUT:-120}" "$PY" benches/hf_generate.py --shape "qwen2.5-$s" --dtype "$DTYPE" --device "$DEVICE" \
     --batches 1,64 --out "$OUT/hf-$s.json" ${HF_ARGS:-} > "$OUT/hf-$s.txt" 2>&1 \
     || echo "hf_generate.py $s: exit $?" >> "$OUT/hf-$s.txt"
   # shellcheck disable=SC2086
-  timeout 170 "$BIN" bench --synthetic "qwen2.5-$s" --dtype "$DTYPE" --device "$DEVICE" --quiet \
+  timeout "${BENCH_TIMEOUT:-170}" "$BIN" bench --synthetic "qwen2.5-$s" --dtype "$DTYPE" --device "$DEVICE" --quiet \
     --hf "$OUT/hf-$s.json" --out "$OUT" ${BENCH_ARGS:-} > "$OUT/bench-$s.txt" 2>&1 \
     || echo "kvcredit bench $s: exit $?" >> "$OUT/bench-$s.txt"
 done

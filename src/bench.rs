@@ -147,6 +147,9 @@ pub struct ContinuationResult {
     pub batch_cache_bytes: i64,
     /// Engine internals (captures, phase times), when the engine reports them.
     pub stats: Option<engine::EngineStats>,
+    /// SHA-256 of every continuation's tokens in job order: equal digests mean bitwise-equal
+    /// samples (expected across engines and batch sizes under `batch_invariant`).
+    pub tokens_sha256: String,
 }
 
 /// KV memory of the pivots' snapshots against the rollout's cache.
@@ -693,6 +696,7 @@ impl ContinuationSetup {
         sync(model.device());
         let seconds = t.elapsed().as_secs_f64();
         debug_assert_eq!(outs.len(), jobs.len());
+        let tokens_sha256 = tokens_digest(outs.iter().map(|o| o.tokens.as_slice()));
         let longest = self
             .pivots
             .iter()
@@ -710,8 +714,22 @@ impl ContinuationSetup {
             snapshot_checks: checks.checks,
             batch_cache_bytes: batch.min(jobs.len()) as i64 * cap * kv_bytes_per_token(model),
             stats: Some(stats),
+            tokens_sha256,
         })
     }
+}
+
+/// Hex SHA-256 over token sequences, each prefixed by its length (so boundaries count).
+fn tokens_digest<'a>(seqs: impl Iterator<Item = &'a [i64]>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for seq in seqs {
+        h.update((seq.len() as u64).to_le_bytes());
+        for t in seq {
+            h.update(t.to_le_bytes());
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Reference numbers measured on the project's H200 (`/work/shared/measurements.md`,
@@ -858,6 +876,39 @@ impl BenchReport {
                 });
             }
         }
+        // Correctness beside speed: do engines and batch sizes sample the same tokens?
+        for policy in [ExecPolicy::Stock, ExecPolicy::BatchInvariant] {
+            let runs: Vec<&ContinuationResult> = self
+                .continuations
+                .iter()
+                .filter(|c| c.policy == policy)
+                .collect();
+            if runs.len() < 2 {
+                continue;
+            }
+            let distinct: std::collections::BTreeSet<&str> =
+                runs.iter().map(|c| c.tokens_sha256.as_str()).collect();
+            let invariant = policy == ExecPolicy::BatchInvariant;
+            targets.push(Target {
+                name: format!("continuation tokens identical across engines and batches, {policy}"),
+                value: Some(distinct.len() as f64),
+                target: if invariant {
+                    "1 distinct digest".into()
+                } else {
+                    "report".into()
+                },
+                met: invariant.then_some(distinct.len() == 1),
+                note: format!(
+                    "{} runs ({}), {} distinct token digests",
+                    runs.len(),
+                    runs.iter()
+                        .map(|c| format!("{} b{}", c.engine, c.batch))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    distinct.len()
+                ),
+            });
+        }
         // 4. Snapshot memory for the pivots ≤ 1.1× the rollout's KV.
         if let Some(m) = &self.memory {
             targets.push(Target {
@@ -874,6 +925,145 @@ impl BenchReport {
             });
         }
         self.targets = targets;
+    }
+
+    /// One row per measurement (prefill, decode, continuations), for Parquet: columns
+    /// `measurement, policy, engine, batch, tokens, seconds, tokens_per_s, step_ms, floor_ms,
+    /// launches_per_step, hf_generate_tokens_per_s, tokens_sha256` plus the run's `model, shape,
+    /// dtype, device`.
+    pub fn to_table(&self) -> crate::io::parquet::Table {
+        use crate::io::parquet::{Column, Table};
+        struct Row {
+            measurement: &'static str,
+            policy: String,
+            engine: Option<String>,
+            batch: i64,
+            tokens: i64,
+            seconds: f64,
+            tokens_per_s: f64,
+            step_ms: Option<f64>,
+            floor_ms: Option<f64>,
+            launches: Option<i64>,
+            digest: Option<String>,
+        }
+        let mut rows = Vec::new();
+        for p in &self.prefill {
+            rows.push(Row {
+                measurement: "prefill",
+                policy: p.policy.to_string(),
+                engine: None,
+                batch: 1,
+                tokens: p.tokens as i64,
+                seconds: p.seconds,
+                tokens_per_s: p.tokens_per_s,
+                step_ms: None,
+                floor_ms: None,
+                launches: None,
+                digest: None,
+            });
+        }
+        for d in &self.decode {
+            rows.push(Row {
+                measurement: "decode",
+                policy: d.policy.to_string(),
+                engine: Some(d.engine.to_string()),
+                batch: d.batch as i64,
+                tokens: d.batch as i64,
+                seconds: d.step_ms / 1e3,
+                tokens_per_s: d.tokens_per_s,
+                step_ms: Some(d.step_ms),
+                floor_ms: d.floor_ms,
+                launches: d.launches_per_step.map(|n| n as i64),
+                digest: None,
+            });
+        }
+        for c in &self.continuations {
+            rows.push(Row {
+                measurement: "continuations",
+                policy: c.policy.to_string(),
+                engine: Some(c.engine.to_string()),
+                batch: c.batch as i64,
+                tokens: c.tokens as i64,
+                seconds: c.seconds,
+                tokens_per_s: c.tokens_per_s,
+                step_ms: None,
+                floor_ms: None,
+                launches: c
+                    .stats
+                    .as_ref()
+                    .and_then(|s| s.graph_nodes)
+                    .map(|n| n as i64),
+                digest: Some(c.tokens_sha256.clone()),
+            });
+        }
+        let hf = |b: i64| {
+            self.hf
+                .iter()
+                .find(|h| h.batch as i64 == b)
+                .map(|h| h.generate_tokens_per_s)
+        };
+        let n = rows.len();
+        let same = |v: &str| Column::Str(vec![v.to_string(); n]);
+        Table::new()
+            .with("model", same(&self.model))
+            .with("shape", Column::OptStr(vec![self.shape.clone(); n]))
+            .with("dtype", same(&self.dtype))
+            .with("device", same(&self.device))
+            .with(
+                "measurement",
+                Column::Str(rows.iter().map(|r| r.measurement.to_string()).collect()),
+            )
+            .with(
+                "policy",
+                Column::Str(rows.iter().map(|r| r.policy.clone()).collect()),
+            )
+            .with(
+                "engine",
+                Column::OptStr(rows.iter().map(|r| r.engine.clone()).collect()),
+            )
+            .with("batch", Column::I64(rows.iter().map(|r| r.batch).collect()))
+            .with(
+                "tokens",
+                Column::I64(rows.iter().map(|r| r.tokens).collect()),
+            )
+            .with(
+                "seconds",
+                Column::F64(rows.iter().map(|r| r.seconds).collect()),
+            )
+            .with(
+                "tokens_per_s",
+                Column::F64(rows.iter().map(|r| r.tokens_per_s).collect()),
+            )
+            .with(
+                "step_ms",
+                Column::OptF64(rows.iter().map(|r| r.step_ms).collect()),
+            )
+            .with(
+                "floor_ms",
+                Column::OptF64(rows.iter().map(|r| r.floor_ms).collect()),
+            )
+            .with(
+                "launches_per_step",
+                Column::OptI64(rows.iter().map(|r| r.launches).collect()),
+            )
+            .with(
+                "hf_generate_tokens_per_s",
+                Column::OptF64(
+                    rows.iter()
+                        .map(|r| {
+                            if r.measurement == "prefill" {
+                                None
+                            } else {
+                                hf(r.batch)
+                            }
+                        })
+                        .collect(),
+                ),
+            )
+            .with(
+                "tokens_sha256",
+                Column::OptStr(rows.iter().map(|r| r.digest.clone()).collect()),
+            )
     }
 
     /// The human-readable summary.

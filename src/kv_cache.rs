@@ -26,6 +26,35 @@ pub struct KvShape {
     pub head_dim: i64,
 }
 
+/// A snapshot's K/V bytes in host memory ([`KvCache::to_host`]): hashing them gives the
+/// snapshot's fingerprint.
+pub struct HostKv {
+    len: i64,
+    /// Contiguous uint8 CPU tensor, `None` for an empty snapshot.
+    bytes: Option<Tensor>,
+}
+
+impl HostKv {
+    /// Positions in the snapshot.
+    pub fn positions(&self) -> i64 {
+        self.len
+    }
+
+    /// SHA-256 over the length (little-endian) and the K/V bytes: [`KvCache::fingerprint`].
+    pub fn fingerprint(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(self.len.to_le_bytes());
+        if let Some(t) = &self.bytes {
+            let n = t.numel();
+            // SAFETY: `t` is a contiguous uint8 CPU tensor of `n` elements that `self` owns and
+            // nothing writes to; the slice does not outlive this borrow of it.
+            let data = unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, n) };
+            h.update(data);
+        }
+        h.finalize().into()
+    }
+}
+
 /// Append-only KV cache for a batch of sequences.
 pub struct KvCache {
     shape: KvShape,
@@ -423,30 +452,39 @@ impl KvCache {
     /// SHA-256 over the K and V bytes of the first `len` positions of `row`, all layers, in
     /// layer order. Bitwise: any changed bit changes the fingerprint.
     pub fn fingerprint(&self, snap: Snapshot) -> Result<[u8; 32]> {
+        Ok(self.to_host(snap)?.fingerprint())
+    }
+
+    /// A snapshot's K/V copied to host memory (one device→host copy), to hash later — on
+    /// another thread, say, while the device works on.
+    pub fn to_host(&self, snap: Snapshot) -> Result<HostKv> {
         if snap.row >= self.batch() || snap.len > self.capacity || snap.len < 0 {
             return Err(Error::KvCache(format!(
                 "snapshot (row {}, len {}) is not within this cache",
                 snap.row, snap.len
             )));
         }
-        let mut h = Sha256::new();
-        h.update(snap.len.to_le_bytes());
-        if snap.len > 0 && !self.layers.is_empty() {
-            // [2·layers, Hkv, len, D] in (layer, K/V) order: one device→host copy.
-            let parts: Vec<Tensor> = self
-                .layers
-                .iter()
-                .flat_map(|l| [&l.k, &l.v])
-                .map(|buf| buf.narrow(0, snap.row as i64, 1).narrow(2, 0, snap.len))
-                .collect();
-            let all = Tensor::f_cat(&parts, 0)?.to_device(Device::Cpu);
-            let n = all.numel() * self.kind.elt_size_in_bytes();
-            let mut bytes = vec![0u8; n];
-            all.f_view_dtype(Kind::Uint8)?
-                .f_copy_data_u8(&mut bytes, n)?;
-            h.update(&bytes);
+        if snap.len == 0 || self.layers.is_empty() {
+            return Ok(HostKv {
+                len: snap.len,
+                bytes: None,
+            });
         }
-        Ok(h.finalize().into())
+        // [2·layers, Hkv, len, D] in (layer, K/V) order.
+        let parts: Vec<Tensor> = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.k, &l.v])
+            .map(|buf| buf.narrow(0, snap.row as i64, 1).narrow(2, 0, snap.len))
+            .collect();
+        let bytes = Tensor::f_cat(&parts, 0)?
+            .f_to_device(Device::Cpu)?
+            .f_contiguous()?
+            .f_view_dtype(Kind::Uint8)?;
+        Ok(HostKv {
+            len: snap.len,
+            bytes: Some(bytes),
+        })
     }
 
     /// Flip one bit of the stored keys of `row` at `pos` in `layer` (for tests of the

@@ -295,6 +295,26 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
     }
     let manifest = std::fs::read_to_string(interrupted.join("manifest.json")).unwrap();
     assert!(manifest.contains("resumed_at"));
+    assert!(manifest.contains(r#""engine": "eager""#), "{manifest}");
+    // A stock run resumes only under the engine it ran with (their rounding differs).
+    let other = Command::new(bin)
+        .args([
+            "campaign",
+            "run",
+            spec.to_str().unwrap(),
+            "--quiet",
+            "--out",
+            interrupted.to_str().unwrap(),
+        ])
+        .env("KVCREDIT_ENGINE", "static")
+        .output()
+        .expect("binary runs");
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "resumed under another engine");
+    assert!(
+        err.starts_with("error:") && err.contains("KVCREDIT_ENGINE=eager"),
+        "{err}"
+    );
 }
 
 #[test]

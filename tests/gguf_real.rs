@@ -7,27 +7,14 @@
 //!
 //! Fixtures come from `tests/gen_gguf_reference.py tensors logits`. Models are read from
 //! `$KVCREDIT_HOME/models/<name>/<name>.gguf` (default `~/.cache/kvcredit`).
+mod common;
+
 use kvcredit::config::{Activation, Arch, LayerKind, RopeScaling};
 use kvcredit::exec::ExecPolicy;
 use kvcredit::gguf::{self, GgufFile};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tch::{Device, Kind, Tensor};
-
-fn model_path(name: &str) -> PathBuf {
-    let home = std::env::var_os("KVCREDIT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit")
-        });
-    let p = home.join("models").join(name).join(format!("{name}.gguf"));
-    assert!(
-        p.exists(),
-        "model file {} is missing: run `kvcredit models pull {name}` (or set KVCREDIT_HOME)",
-        p.display()
-    );
-    p
-}
 
 fn fixture(name: &str) -> serde_json::Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -48,7 +35,8 @@ const MODELS: [&str; 3] = [
 #[test]
 fn configs_from_metadata() {
     let cfg = |n: &str| {
-        gguf::config_from_gguf(&GgufFile::open(&model_path(n)).expect("open")).expect("config")
+        gguf::config_from_gguf(&GgufFile::open(&common::model_path(n)).expect("open"))
+            .expect("config")
     };
 
     let s = cfg("smollm2-135m-instruct");
@@ -118,7 +106,7 @@ fn configs_from_metadata() {
 /// Compare one model's de-quantized tensors with transformers'.
 fn check_tensors(name: &str) -> usize {
     let fx = fixture(&format!("{name}.tensors.json"));
-    let model = gguf::load(&model_path(name)).expect("load");
+    let model = gguf::load(&common::model_path(name)).expect("load");
     let by_name: HashMap<&str, &Tensor> =
         model.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     if model.config.tie_word_embeddings {
@@ -198,7 +186,7 @@ fn tensors_match_transformers_gemma3() {
 fn logits_max_abs(name: &str) -> f64 {
     let fx = fixture(&format!("{name}.logits.json"));
     let t0 = std::time::Instant::now();
-    let mut model = gguf::load(&model_path(name)).expect("load");
+    let mut model = gguf::load(&common::model_path(name)).expect("load");
     println!("{name}: gguf::load took {:.2?}", t0.elapsed());
     let ids: Vec<i64> = fx["token_ids"]
         .as_array()

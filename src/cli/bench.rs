@@ -1,5 +1,5 @@
 //! `kvcredit bench`: prefill, decode-step and continuation-engine throughput, and snapshot
-//! memory, per execution policy and engine; a table on stdout and JSON under `--out`.
+//! memory, per execution policy and engine; a table on stdout, JSON and Parquet under `--out`.
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvcredit::ExecPolicy;
@@ -221,6 +221,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let path = a.out.join(format!("bench-{name}-{dtype}-{dev}.json"));
     let json = serde_json::to_string_pretty(&report)?;
     kvcredit::io::write_atomic(&path, json.as_bytes())?;
-    println!("wrote {}", path.display());
+    let table = path.with_extension("parquet");
+    report.to_table().write(&table)?;
+    println!("wrote {} and {}", path.display(), table.display());
     Ok(())
 }

@@ -1,11 +1,12 @@
 //! Running a campaign: per problem a rollout, pivots, the three passes of continuations, grading
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
-use super::engine::{self, Decoding, Job, Outcome, SnapshotChecks, Start};
+use super::engine::{self, Decoding, EngineMode, Job, Outcome, SnapshotChecks, Start};
 use super::estimate::{Estimate, estimate};
 use super::records;
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
 use super::spec::{CampaignSpec, Pass, ReplicaSchedule};
+use crate::exec::ExecPolicy;
 use crate::io::parquet::concat_files;
 use crate::io::write_atomic;
 use crate::kv_cache::{KvCache, Snapshot};
@@ -78,6 +79,10 @@ pub struct Manifest {
     pub kvcredit_version: String,
     /// libtorch version the binary was built against.
     pub libtorch_version: String,
+    /// Continuation engine (`eager`, `static`, `graph`; see `credit::engine::EngineMode`):
+    /// under the stock policy it decides rounding, so a stock run resumes only with the same one.
+    #[serde(default)]
+    pub engine: String,
     /// When the run first started (UTC, RFC 3339).
     pub started_at: String,
     /// When each later invocation resumed it.
@@ -143,6 +148,7 @@ pub fn run_campaign(
     let out = &opts.out_dir;
     std::fs::create_dir_all(out.join("shards")).map_err(|e| Error::io(out, e))?;
     let manifest_path = out.join("manifest.json");
+    let engine = EngineMode::Auto.resolve(model.decoder.device()).to_string();
     let mut manifest = if manifest_path.exists() {
         let mut m: Manifest = read_json(&manifest_path)?;
         if m.spec_sha256 != spec_sha256 {
@@ -151,6 +157,17 @@ pub fn run_campaign(
                 out.display(),
                 &m.spec_sha256[..12]
             )));
+        }
+        if spec.policy == ExecPolicy::Stock && !m.engine.is_empty() && m.engine != engine {
+            return Err(Error::Spec(format!(
+                "{} was run with the {} engine and would resume with {engine} (stock numerics differ between them); set KVCREDIT_ENGINE={} to resume",
+                out.display(),
+                m.engine,
+                m.engine
+            )));
+        }
+        if m.engine.is_empty() {
+            m.engine = engine.clone();
         }
         m.resumed_at.push(now_rfc3339());
         m
@@ -169,6 +186,7 @@ pub fn run_campaign(
             seed: spec.seed,
             kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
             libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
+            engine,
             started_at: now_rfc3339(),
             resumed_at: vec![],
             finished_at: None,

@@ -6,7 +6,7 @@
 //! the schedule, so the same schedule always runs the same batches.
 pub use super::stepper::Stepper;
 use crate::exec::ExecPolicy;
-use crate::kv_cache::{KvCache, Snapshot};
+use crate::kv_cache::{HostKv, KvCache, Snapshot};
 use crate::model::Decoder;
 use crate::sampling::{NoiseKey, Sampling};
 use crate::{Error, Result};
@@ -288,9 +288,20 @@ pub fn run_with(
         let stepper = stepper.as_mut().expect("loaded above");
         stats.gather_seconds += t.elapsed().as_secs_f64();
         let t = Instant::now();
-        verify(jobs, chunk, stepper.cache(), &mut checks, &mut stats)?;
+        let pending = verify(jobs, chunk, stepper.cache(), &mut checks, &mut stats)?;
         stats.verify_seconds += t.elapsed().as_secs_f64();
-        for (j, o) in decode_chunk(dec, jobs, chunk, stepper, &mut stats, on_tokens)? {
+        // The copied snapshots are hashed on another thread while the device decodes; the
+        // chunk's outcomes count only once every fingerprint matched.
+        let decoded = std::thread::scope(|scope| {
+            let hashing = scope.spawn(move || pending.hash());
+            let decoded = decode_chunk(dec, jobs, chunk, stepper, &mut stats, on_tokens);
+            let hashed = hashing
+                .join()
+                .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?;
+            hashed?;
+            decoded
+        })?;
+        for (j, o) in decoded {
             out[j] = Some(o);
         }
     }
@@ -304,16 +315,36 @@ pub fn run_with(
     Ok((outcomes, checks, stats))
 }
 
+/// Snapshot K/V copied to the host, with the fingerprints they must hash to.
+struct PendingHashes {
+    copies: Vec<(HostKv, [u8; 32])>,
+}
+
+impl PendingHashes {
+    /// Hash every copy; a mismatch is an invariant violation.
+    fn hash(self) -> Result<()> {
+        for (kv, expect) in &self.copies {
+            if kv.fingerprint() != *expect {
+                return Err(Error::Invariant(format!(
+                    "KV fingerprint mismatch resuming snapshot of length {}: the decode-time state was not reproduced",
+                    kv.positions()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Check the rows of a freshly loaded chunk against their decode-time fingerprints. Rows that
 /// start from the same snapshot are compared bitwise on the device with the first of them,
-/// which alone is hashed.
+/// whose K/V alone is copied to the host; the copies are returned for hashing.
 fn verify(
     jobs: &[Job],
     chunk: &[usize],
     cache: &KvCache,
     checks: &mut SnapshotChecks,
     stats: &mut EngineStats,
-) -> Result<()> {
+) -> Result<PendingHashes> {
     // Representative row of each row, and the rows to hash.
     let mut rep: Vec<usize> = Vec::with_capacity(chunk.len());
     let mut hashed: Vec<usize> = Vec::new();
@@ -345,24 +376,21 @@ fn verify(
             ));
         }
     }
+    let mut copies = Vec::with_capacity(hashed.len());
     for &row in &hashed {
         let start = &jobs[chunk[row]].start;
+        let Some(expect) = start.expect else { continue };
         stats.hashed_snapshots += 1;
-        let got = cache.fingerprint(Snapshot {
+        let kv = cache.to_host(Snapshot {
             row,
             len: start.snap.len,
         })?;
-        if Some(got) != start.expect {
-            return Err(Error::Invariant(format!(
-                "KV fingerprint mismatch resuming snapshot of length {}: the decode-time state was not reproduced",
-                start.snap.len
-            )));
-        }
+        copies.push((kv, expect));
     }
     let n = (0..chunk.len()).filter(|&r| verified(r)).count() as u64;
     checks.checks += n;
     checks.hits += n;
-    Ok(())
+    Ok(PendingHashes { copies })
 }
 
 fn decode_chunk(

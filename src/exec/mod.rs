@@ -107,16 +107,21 @@ impl ExecPolicy {
         }
     }
 
-    /// Root-mean-square of the last dimension, computed in fp32: returns `x / rms(x)` in fp32.
-    pub fn rms_normalize(&self, x: &Tensor, eps: f64) -> Tensor {
+    /// `x / rms(x)` over the last dimension, computed in the accumulation type (fp32, fp64
+    /// for fp64 runs) and returned as `out` (that type, or `x`'s own, rounded once).
+    pub fn rms_normalize(&self, x: &Tensor, eps: f64, out: Kind) -> Tensor {
         match self {
             ExecPolicy::Stock => {
-                let acc = accum_kind(x.kind());
-                let xf = x.to_kind(acc);
-                let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, acc);
-                xf * (var + eps).rsqrt()
+                // libtorch's rms_norm upcasts half types internally: one kernel instead of the
+                // six of the written-out formula, bitwise equal to it on the CPU.
+                let h = *x.size().last().expect("at least 1-d");
+                if out == x.kind() {
+                    x.rms_norm([h], None::<Tensor>, eps)
+                } else {
+                    x.to_kind(out).rms_norm([h], None::<Tensor>, eps)
+                }
             }
-            ExecPolicy::BatchInvariant => batch_invariant::rms_normalize(x, eps),
+            ExecPolicy::BatchInvariant => batch_invariant::rms_normalize(x, eps).to_kind(out),
         }
     }
 

@@ -27,6 +27,10 @@ pub enum Column {
     Str(Vec<String>),
     /// Nullable UTF-8 strings.
     OptStr(Vec<Option<String>>),
+    /// Nullable signed 64-bit integers.
+    OptI64(Vec<Option<i64>>),
+    /// Nullable 64-bit floats.
+    OptF64(Vec<Option<f64>>),
     /// Lists of signed 64-bit integers (token ids).
     ListI64(Vec<Vec<i64>>),
     /// Lists of 64-bit floats.
@@ -42,6 +46,8 @@ impl Column {
             Column::Bool(v) => v.len(),
             Column::Str(v) => v.len(),
             Column::OptStr(v) => v.len(),
+            Column::OptI64(v) => v.len(),
+            Column::OptF64(v) => v.len(),
             Column::ListI64(v) => v.len(),
             Column::ListF64(v) => v.len(),
         }
@@ -75,6 +81,12 @@ impl Column {
                 Arc::new(StringArray::from(v.clone())),
             ),
             Column::OptStr(v) => (DataType::Utf8, true, Arc::new(StringArray::from(v.clone()))),
+            Column::OptI64(v) => (DataType::Int64, true, Arc::new(Int64Array::from(v.clone()))),
+            Column::OptF64(v) => (
+                DataType::Float64,
+                true,
+                Arc::new(Float64Array::from(v.clone())),
+            ),
             Column::ListI64(v) => {
                 let mut b = ListBuilder::new(Int64Builder::new()).with_field(Arc::new(Field::new(
                     "item",

@@ -1,5 +1,5 @@
 //! RMSNorm in the two flavours the supported families use.
-use crate::exec::ExecPolicy;
+use crate::exec::{ExecPolicy, accum_kind};
 use tch::Tensor;
 
 /// RMSNorm over the last dimension.
@@ -24,11 +24,11 @@ impl RmsNorm {
 
     /// Normalize `x`, returning its dtype.
     pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Tensor {
-        let normed = policy.rms_normalize(x, self.eps);
         if self.weight_offset {
+            let normed = policy.rms_normalize(x, self.eps, accum_kind(x.kind()));
             (normed * &self.weight).to_kind(x.kind())
         } else {
-            &self.weight * normed.to_kind(x.kind())
+            &self.weight * policy.rms_normalize(x, self.eps, x.kind())
         }
     }
 }

@@ -52,3 +52,20 @@ pub fn ids(t: &Tensor) -> Vec<i64> {
 pub fn name(dir: &Path) -> String {
     dir.file_name().unwrap().to_string_lossy().into_owned()
 }
+
+/// A registry model's file in the cache (`$KVCREDIT_HOME/models/<name>/<name>.gguf`, default
+/// `~/.cache/kvcredit`), failing with instructions when it is missing.
+pub fn model_path(name: &str) -> PathBuf {
+    let home = std::env::var_os("KVCREDIT_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kvcredit")
+        });
+    let p = home.join("models").join(name).join(format!("{name}.gguf"));
+    assert!(
+        p.exists(),
+        "model file {} is missing: run `kvcredit models pull {name}` (or set KVCREDIT_HOME)",
+        p.display()
+    );
+    p
+}

@@ -1,0 +1,140 @@
+//! `kvcredit bench` end to end on a synthetic shape on the CPU: the report's files, its
+//! correctness lines (batch-invariant continuations identical across batch sizes), snapshot
+//! memory, and clean errors. Speeds are not asserted here; they belong to the benchmark itself.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvcredit-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn kvcredit(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit"))
+        .args(args)
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bench_writes_json_and_parquet_and_checks_invariance() {
+    let out = scratch("report");
+    let (code, stdout, stderr) = kvcredit(&[
+        "bench",
+        "--synthetic",
+        "tiny-qwen2",
+        "--dtype",
+        "fp32",
+        "--prompt",
+        "24",
+        "--batches",
+        "1,3",
+        "--steps",
+        "2",
+        "--rollout-tokens",
+        "12",
+        "--pivots",
+        "4",
+        "--k",
+        "2",
+        "--new-tokens",
+        "6",
+        "--cont-batches",
+        "3,8",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "bench failed: {stderr}");
+    assert!(stdout.contains("wrote "), "{stdout}");
+
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("bench-tiny-qwen2-fp32-cpu.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(json["errors"].as_array().unwrap().is_empty(), "{json}");
+    // Two policies × two batch sizes of decode steps and of continuations.
+    assert_eq!(json["decode"].as_array().unwrap().len(), 4);
+    let conts = json["continuations"].as_array().unwrap();
+    assert_eq!(conts.len(), 4);
+    for c in conts {
+        // 4 pivots × 2 branches × k = 2, 6 tokens each, no stop tokens.
+        assert_eq!(c["jobs"], 16);
+        assert_eq!(c["tokens"], 96);
+        assert_eq!(c["snapshot_checks"], 16);
+    }
+    let digests = |policy: &str| -> Vec<String> {
+        conts
+            .iter()
+            .filter(|c| c["policy"] == policy)
+            .map(|c| c["tokens_sha256"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let bi = digests("batch_invariant");
+    assert_eq!(bi.len(), 2);
+    assert_eq!(
+        bi[0], bi[1],
+        "batch-invariant samples depend on the batch size"
+    );
+    let targets = json["targets"].as_array().unwrap();
+    let target = |prefix: &str| {
+        targets
+            .iter()
+            .find(|t| t["name"].as_str().unwrap().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no target {prefix}"))
+    };
+    assert_eq!(
+        target("continuation tokens identical across engines and batches, batch_invariant")["met"],
+        true
+    );
+    let memory = target("snapshot memory");
+    assert_eq!(memory["met"], true);
+    assert!(memory["value"].as_f64().unwrap() < 1.1);
+
+    // The Parquet table holds one row per measurement: 2 prefills + 4 decode + 4 continuations.
+    let parquet = out.join("bench-tiny-qwen2-fp32-cpu.parquet");
+    let batches = kvcredit::io::parquet::read_batches(&parquet).unwrap();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 10);
+    let schema = batches[0].schema();
+    for col in [
+        "measurement",
+        "policy",
+        "engine",
+        "batch",
+        "tokens_per_s",
+        "step_ms",
+        "tokens_sha256",
+    ] {
+        assert!(schema.field_with_name(col).is_ok(), "missing column {col}");
+    }
+}
+
+#[test]
+fn bench_rejects_bad_settings_in_one_line() {
+    let out = scratch("bad");
+    for args in [
+        vec!["--batches", "0"],
+        vec!["--prompt", "0"],
+        vec!["--synthetic", "no-such-shape"],
+    ] {
+        let mut all = vec!["bench", "--quiet", "--out", out.to_str().unwrap()];
+        if !args.contains(&"--synthetic") {
+            all.extend(["--synthetic", "tiny-qwen2"]);
+        }
+        all.extend(args.iter().copied());
+        let (code, _, stderr) = kvcredit(&all);
+        assert_ne!(code, 0, "{all:?} succeeded");
+        assert!(!stderr.contains("panicked"), "{all:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{all:?}: {stderr}");
+        assert!(stderr.starts_with("error:"), "{all:?}: {stderr}");
+    }
+}
