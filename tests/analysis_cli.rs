@@ -1,35 +1,17 @@
 //! `kvcredit analyze` and `kvcredit check` on the synthetic run dirs of
 //! `tests/fixtures/analysis/runs/` (written by `gen_runs.py`; `planted.json` names the rows
 //! each `bad_*` run breaks).
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn runs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/analysis/runs")
 }
 
-fn kvcredit(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit"))
-        .args(args)
-        .output()
-        .expect("binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvcredit-analysis-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Copy fixture run dirs into a scratch dir (analyze writes into the run dir).
 fn copy_runs(names: &[&str], scratch_name: &str) -> PathBuf {
-    let dst = scratch(scratch_name);
+    let dst = common::scratch("analysis", scratch_name);
     for n in names {
         let d = dst.join(n);
         std::fs::create_dir_all(&d).unwrap();
@@ -70,7 +52,7 @@ fn assert_outputs(dir: &Path) {
 fn analyze_one_run_writes_outputs_into_the_run_dir() {
     let root = copy_runs(&["stock_shuffled"], "one");
     let run = root.join("stock_shuffled");
-    let (code, out, err) = kvcredit(&["analyze", &s(&run), "--reps", "200"]);
+    let (code, out, err) = common::kvcredit(&["analyze", &s(&run), "--reps", "200"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_outputs(&run);
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
@@ -105,7 +87,7 @@ fn analyze_several_runs_needs_out_and_writes_one_row_pair_per_config() {
     let dirs: Vec<String> = names.iter().map(|n| s(&root.join(n))).collect();
     let mut args: Vec<&str> = vec!["analyze"];
     args.extend(dirs.iter().map(String::as_str));
-    let (code, _, err) = kvcredit(&args);
+    let (code, _, err) = common::kvcredit(&args);
     assert_eq!(code, 1);
     assert!(err.starts_with("error: ") && err.contains("--out"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -113,7 +95,7 @@ fn analyze_several_runs_needs_out_and_writes_one_row_pair_per_config() {
     let out = root.join("combined");
     let out_s = s(&out);
     args.extend(["--out", &out_s, "--reps", "200"]);
-    let (code, o, err) = kvcredit(&args);
+    let (code, o, err) = common::kvcredit(&args);
     assert_eq!(code, 0, "{o}{err}");
     assert_outputs(&out);
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
@@ -127,7 +109,7 @@ fn analyze_several_runs_needs_out_and_writes_one_row_pair_per_config() {
 
 #[test]
 fn analyze_bad_input_is_one_line() {
-    let root = scratch("bad");
+    let root = common::scratch("analysis", "bad");
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec![s(&root.join("nope"))], "manifest.json"),
         (
@@ -141,7 +123,7 @@ fn analyze_bad_input_is_one_line() {
     for (dirs, needle) in cases {
         let mut args = vec!["analyze"];
         args.extend(dirs.iter().map(String::as_str));
-        let (code, _, err) = kvcredit(&args);
+        let (code, _, err) = common::kvcredit(&args);
         assert_eq!(code, 1, "{err}");
         assert!(!err.contains("panicked"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -150,7 +132,7 @@ fn analyze_bad_input_is_one_line() {
     // a manifest but estimates that are not Parquet
     let run = copy_runs(&["stock_shuffled"], "bad-parquet").join("stock_shuffled");
     std::fs::write(run.join("estimates.parquet"), b"not parquet").unwrap();
-    let (code, _, err) = kvcredit(&["analyze", &s(&run)]);
+    let (code, _, err) = common::kvcredit(&["analyze", &s(&run)]);
     assert_eq!(code, 1);
     assert!(
         err.contains("estimates.parquet") && err.trim().lines().count() == 1,
@@ -167,14 +149,14 @@ fn check_passes_clean_runs() {
         "same_schedule",
         "batch_invariant",
     ] {
-        let (code, out, err) = kvcredit(&["check", &s(&runs().join(name))]);
+        let (code, out, err) = common::kvcredit(&["check", &s(&runs().join(name))]);
         assert_eq!(code, 0, "{name}: {out}{err}");
         assert_eq!(out.trim().lines().count(), 1, "{out}");
         assert!(out.starts_with("check passed: "), "{out}");
     }
-    let (_, out, _) = kvcredit(&["check", &s(&runs().join("same_schedule"))]);
+    let (_, out, _) = common::kvcredit(&["check", &s(&runs().join("same_schedule"))]);
     assert!(out.contains("replica-same"), "{out}");
-    let (_, out, _) = kvcredit(&["check", &s(&runs().join("batch_invariant"))]);
+    let (_, out, _) = common::kvcredit(&["check", &s(&runs().join("batch_invariant"))]);
     assert!(out.contains("batch-invariant"), "{out}");
 }
 
@@ -203,7 +185,7 @@ fn cont(v: &serde_json::Value, pass: &str) -> String {
 
 /// Run `check` on a bad run: exit 1, exactly `rule` violated, every needle on stdout.
 fn assert_fails(name: &str, rule: &str, needles: &[String]) {
-    let (code, out, err) = kvcredit(&["check", &s(&runs().join(name))]);
+    let (code, out, err) = common::kvcredit(&["check", &s(&runs().join(name))]);
     assert_eq!(code, 1, "{name} should fail: {out}{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.starts_with("error: invariant: check failed"), "{err}");
@@ -241,7 +223,7 @@ fn check_names_unverified_snapshot_rows() {
 #[test]
 fn check_names_missing_and_inconsistent_rows() {
     let p = &planted()["bad_structure"];
-    let (code, out, _) = kvcredit(&["check", &s(&runs().join("bad_structure"))]);
+    let (code, out, _) = common::kvcredit(&["check", &s(&runs().join("bad_structure"))]);
     assert_eq!(code, 1);
     assert!(
         out.contains(&format!(
@@ -288,7 +270,7 @@ fn check_names_rows_that_differ_under_batch_invariance() {
 
 #[test]
 fn check_fails_several_dirs_if_any_fails() {
-    let (code, out, err) = kvcredit(&[
+    let (code, out, err) = common::kvcredit(&[
         "check",
         &s(&runs().join("stock_shuffled")),
         &s(&runs().join("bad_hit_rate")),

@@ -1,32 +1,16 @@
 //! `kvcredit bench` end to end on a synthetic shape on the CPU: the report's files, its
 //! correctness lines (batch-invariant continuations identical across batch sizes), snapshot
 //! memory, and clean errors. Speeds are not asserted here; they belong to the benchmark itself.
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvcredit-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
+/// One intra-op thread: the test measures nothing, and the machine may be shared.
 fn kvcredit(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit"))
-        .args(args)
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .expect("binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::kvcredit_env(args, &[("OMP_NUM_THREADS", "1")])
 }
 
 #[test]
 fn bench_writes_json_and_parquet_and_checks_invariance() {
-    let out = scratch("report");
+    let out = common::scratch("bench", "report");
     let (code, stdout, stderr) = kvcredit(&[
         "bench",
         "--synthetic",
@@ -120,7 +104,7 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
 
 #[test]
 fn bench_rejects_bad_settings_in_one_line() {
-    let out = scratch("bad");
+    let out = common::scratch("bench", "bad");
     for args in [
         vec!["--batches", "0"],
         vec!["--prompt", "0"],

@@ -2,6 +2,8 @@
 //! test` pulls it): same-schedule replicas are bitwise identical to exact, the fingerprint
 //! check catches a corrupted snapshot, a SIGKILLed run resumes to identical Parquet, and the
 //! tables load in polars and pandas.
+mod common;
+
 use kvcredit::credit::engine::{self, Decoding, Job, Start};
 use kvcredit::credit::rollout::{self, RolloutParams};
 use kvcredit::credit::spec::PivotSpec;
@@ -58,13 +60,6 @@ replica_batch_size = 3
     )
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvcredit-campaign-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn write_spec(dir: &Path, text: &str) -> PathBuf {
     let p = dir.join("spec.toml");
     std::fs::write(&p, text).unwrap();
@@ -108,7 +103,7 @@ fn continuation_tokens(run: &Path, pass: &str) -> Vec<String> {
 
 #[test]
 fn same_schedule_replica_is_bitwise_identical_to_exact() {
-    let dir = scratch("same");
+    let dir = common::scratch("campaign", "same");
     let (spec, sha) = CampaignSpec::load(&write_spec(&dir, &spec_text("same", "same", 2))).unwrap();
     let out = dir.join("run");
     let m = run_campaign(
@@ -232,7 +227,7 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
 #[test]
 fn sigkilled_campaign_resumes_to_identical_parquet() {
     let bin = env!("CARGO_BIN_EXE_kvcredit");
-    let dir = scratch("kill");
+    let dir = common::scratch("campaign", "kill");
     let spec = write_spec(&dir, &spec_text("kill", "shuffled", 2));
     let reference = dir.join("reference");
     let interrupted = dir.join("interrupted");
@@ -319,7 +314,7 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
 
 #[test]
 fn estimates_load_in_polars_and_pandas() {
-    let dir = scratch("py");
+    let dir = common::scratch("campaign", "py");
     let (spec, sha) =
         CampaignSpec::load(&write_spec(&dir, &spec_text("py", "shuffled", 1))).unwrap();
     let out = dir.join("run");

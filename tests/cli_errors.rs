@@ -2,31 +2,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn kvcredit(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit"))
-        .args(args)
-        .output()
-        .expect("binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvcredit-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Copy a fixture model into a scratch dir so it can be damaged.
 fn copy_fixture(fixture: &str, name: &str) -> PathBuf {
     let src = common::hf_fixtures().join(fixture);
-    let dst = scratch(name);
+    let dst = common::scratch("cli", name);
     for entry in std::fs::read_dir(&src).unwrap() {
         let p = entry.unwrap().path();
         std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
@@ -35,7 +15,7 @@ fn copy_fixture(fixture: &str, name: &str) -> PathBuf {
 }
 
 fn assert_clean_error(args: &[&str], needle: &str) {
-    let (code, _, err) = kvcredit(args);
+    let (code, _, err) = common::kvcredit(args);
     assert_ne!(code, 0, "expected failure for {args:?}");
     assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
     assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
@@ -139,7 +119,7 @@ fn out_of_vocabulary_ids_are_a_clear_error() {
 #[test]
 fn generate_runs_on_a_fixture_model() {
     let dir = common::hf_fixtures().join("llama");
-    let (code, out, err) = kvcredit(&[
+    let (code, out, err) = common::kvcredit(&[
         "generate",
         "--model",
         dir.to_str().unwrap(),

@@ -17,7 +17,6 @@ use kvcredit::exec::invariance::{self, CheckOptions, Report};
 use kvcredit::model::synthetic;
 use kvcredit::{Decoder, ExecPolicy, Result};
 use std::path::PathBuf;
-use std::process::Command;
 use tch::{Device, Kind};
 
 /// Fixture architectures covered: plain LLaMA, Qwen2 biases, Gemma-2 soft-capping with
@@ -177,19 +176,6 @@ fn batch_invariant_logits_match_transformers_fp32() -> Result<()> {
     Ok(())
 }
 
-fn kvcredit(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvcredit"))
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn cli_checks_with_small_tiles_and_reports_stock() {
     // Tiny tiles (own process, since tiles are process-wide): many row tiles, key chunks as
@@ -197,7 +183,7 @@ fn cli_checks_with_small_tiles_and_reports_stock() {
     let dir = fixture("gemma2");
     let dir = dir.to_str().unwrap();
     let tiles = "gemm_rows=4,norm_rows=8,query_tile=3,key_chunk=8,units=5";
-    let (code, out, err) = kvcredit(
+    let (code, out, err) = common::kvcredit_env(
         &[
             "invariance",
             "--model",
@@ -215,14 +201,14 @@ fn cli_checks_with_small_tiles_and_reports_stock() {
     assert!(out.contains(tiles), "{out}");
     assert!(out.contains("batch invariant on these checks"), "{out}");
     // The same through the environment variable, in fp32.
-    let (code, out, err) = kvcredit(
+    let (code, out, err) = common::kvcredit_env(
         &["invariance", "--model", dir, "--trials", "2"],
         &[("KVCREDIT_BI_TILES", tiles)],
     );
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains(tiles), "{out}");
     // Stock is reported, not an error.
-    let (code, out, err) = kvcredit(
+    let (code, out, err) = common::kvcredit_env(
         &[
             "invariance",
             "--model",
@@ -237,7 +223,7 @@ fn cli_checks_with_small_tiles_and_reports_stock() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("stock: not batch invariant"), "{out}");
     // Bad tiles are one clear error line.
-    let (code, _, err) = kvcredit(
+    let (code, _, err) = common::kvcredit_env(
         &["invariance", "--model", dir, "--tiles", "key_chunk=0"],
         &[],
     );

@@ -1,28 +1,20 @@
 //! `kvcredit bench`: prefill, decode-step and continuation-engine throughput, and snapshot
 //! memory, per execution policy and engine; a table on stdout, JSON and Parquet under `--out`.
-use anyhow::{Context, bail};
+use super::model_args::{Chosen, ModelArgs};
+use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvcredit::ExecPolicy;
 use kvcredit::bench::{self, BenchConfig, Progress};
 use kvcredit::credit::engine::EngineMode;
 use kvcredit::exec::{TileOverrides, set_tile_overrides};
-use kvcredit::model::synthetic;
-use kvcredit::runtime::{self, Dtype, ModelSource};
+use kvcredit::runtime::{self, Dtype};
 use std::path::PathBuf;
 use tch::Device;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a registry name, `.gguf` file or Hugging Face directory.
-    #[arg(
-        long,
-        required_unless_present = "synthetic",
-        conflicts_with = "synthetic"
-    )]
-    model: Option<String>,
-    /// Random weights with the shape of a real checkpoint (qwen2.5-0.5b, qwen2.5-1.5b).
-    #[arg(long)]
-    synthetic: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Weights/activations dtype.
     #[arg(long, value_enum, default_value_t = Dtype::Bf16)]
     dtype: Dtype,
@@ -92,9 +84,6 @@ pub struct Args {
     /// Seed of prompts and sampling noise.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Seed of the synthetic weights.
-    #[arg(long, default_value_t = 0)]
-    weight_seed: i64,
     /// Batch-invariant tile overrides, e.g. `gemm_rows=64` (also KVCREDIT_BI_TILES).
     #[arg(long)]
     tiles: Option<String>,
@@ -123,23 +112,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Device::Cpu => vec![EngineMode::Eager],
         _ => vec![EngineMode::Eager, EngineMode::Auto],
     });
-    let (model, what, shape) = match (&a.model, &a.synthetic) {
-        (Some(m), _) => {
-            let source = ModelSource::resolve(m)?;
-            (
-                runtime::load(&source, a.dtype, device)?.decoder,
-                m.clone(),
-                None,
-            )
-        }
-        (None, Some(name)) => (
-            synthetic::decoder(name, a.dtype.kind(), device, a.weight_seed)
-                .with_context(|| format!("synthetic model `{name}`"))?,
-            format!("synthetic {name} (weight seed {})", a.weight_seed),
-            Some(name.clone()),
-        ),
-        (None, None) => bail!("give --model or --synthetic"),
-    };
+    let Chosen {
+        decoder: model,
+        what,
+        shape,
+    } = a.model.load(a.dtype, device)?;
     let cfg = BenchConfig {
         policies: a.policy.clone(),
         engines,

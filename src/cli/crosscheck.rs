@@ -1,4 +1,5 @@
 //! `kvcredit crosscheck`: teacher-forced logits on a device/dtype against CPU fp32.
+use super::model_args::ModelArgs;
 use anyhow::bail;
 use kvcredit::model::synthetic;
 use kvcredit::runtime::{self, Dtype, ModelSource};
@@ -7,16 +8,8 @@ use tch::{Device, Kind, Tensor};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: registry name, GGUF file or Hugging Face folder.
-    #[arg(
-        long,
-        required_unless_present = "synthetic",
-        conflicts_with = "synthetic"
-    )]
-    model: Option<String>,
-    /// Instead of a model: seeded random weights (std 0.02) of a real shape, e.g. qwen2.5-0.5b.
-    #[arg(long)]
-    synthetic: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Token ids, comma-separated (default: 32 fixed ids below the vocabulary size).
     #[arg(long, value_delimiter = ',')]
     ids: Option<Vec<i64>>,
@@ -33,12 +26,12 @@ pub struct Args {
 
 /// Load the model under test (or the CPU fp32 reference) in `dtype` on `device`.
 fn load(a: &Args, dtype: Dtype, device: Device) -> anyhow::Result<Decoder> {
-    Ok(match (&a.model, &a.synthetic) {
+    Ok(match (&a.model.model, &a.model.synthetic) {
         (Some(m), _) => runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
         (None, Some(name)) => {
             // Weights are drawn on the CPU in fp32 so every device and dtype sees the same values.
             let cfg = synthetic::config(name)?;
-            let w = synthetic::random_weights(&cfg, Kind::Float, Device::Cpu, 0);
+            let w = synthetic::random_weights(&cfg, Kind::Float, Device::Cpu, a.model.weight_seed);
             Decoder::from_weights(cfg, w.with_target(dtype.kind(), device))?
         }
         (None, None) => bail!("give --model or --synthetic"),

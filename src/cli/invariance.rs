@@ -1,27 +1,19 @@
 //! `kvcredit invariance`: run the batch-invariance checks (decode vs prefill, chunked prefill,
 //! the same sequence at different rows of batches of other sizes) on any model, dtype and
 //! device, and optionally time the batch-invariant policy against stock.
-use anyhow::{Context, bail};
+use super::model_args::{Chosen, ModelArgs};
+use anyhow::bail;
 use kvcredit::exec::invariance::{self, CheckOptions};
 use kvcredit::exec::{BiTiles, TileOverrides, set_tile_overrides};
-use kvcredit::model::synthetic;
-use kvcredit::runtime::{self, Dtype, ModelSource};
+use kvcredit::runtime::{self, Dtype};
 use kvcredit::{Decoder, ExecPolicy, LogitsAt};
 use std::time::Instant;
 use tch::{Device, Tensor};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a Hugging Face directory.
-    #[arg(
-        long,
-        required_unless_present = "synthetic",
-        conflicts_with = "synthetic"
-    )]
-    model: Option<String>,
-    /// Random weights with the shape of a real checkpoint (qwen2.5-0.5b, qwen2.5-1.5b).
-    #[arg(long)]
-    synthetic: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Weights/activations dtype.
     #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
     dtype: Dtype,
@@ -47,9 +39,6 @@ pub struct Args {
     /// norm_rows, query_tile, key_chunk, units). Also read from KVCREDIT_BI_TILES.
     #[arg(long)]
     tiles: Option<String>,
-    /// Seed of the synthetic weights.
-    #[arg(long, default_value_t = 0)]
-    weight_seed: i64,
     /// Also time stock vs batch-invariant (decode steps and prefill).
     #[arg(long)]
     bench: bool,
@@ -174,21 +163,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(spec) = &a.tiles {
         set_tile_overrides(Some(TileOverrides::parse(spec)?));
     }
-    let (model, what) = match (&a.model, &a.synthetic) {
-        (Some(dir), _) => {
-            let source = ModelSource::resolve(dir)?;
-            (
-                runtime::load(&source, a.dtype, device)?.decoder,
-                dir.clone(),
-            )
-        }
-        (None, Some(name)) => (
-            synthetic::decoder(name, a.dtype.kind(), device, a.weight_seed)
-                .with_context(|| format!("synthetic model `{name}`"))?,
-            format!("synthetic {name} (weight seed {})", a.weight_seed),
-        ),
-        (None, None) => bail!("give --model or --synthetic"),
-    };
+    let Chosen {
+        decoder: model,
+        what,
+        ..
+    } = a.model.load(a.dtype, device)?;
     let tiles = BiTiles::for_device(device);
     println!(
         "model {what}, {} {}, policy {}, libtorch threads {}; batch-invariant tiles {}",

@@ -7,6 +7,7 @@ mod crosscheck;
 mod eval;
 mod generate;
 mod invariance;
+mod model_args;
 mod models;
 
 use clap::{Parser, Subcommand};

@@ -69,3 +69,30 @@ pub fn model_path(name: &str) -> PathBuf {
     );
     p
 }
+
+/// Run the `kvcredit` binary with `args` and extra environment; `(exit code, stdout, stderr)`.
+pub fn kvcredit_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvcredit"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Run the `kvcredit` binary with `args`; `(exit code, stdout, stderr)`.
+pub fn kvcredit(args: &[&str]) -> (i32, String, String) {
+    kvcredit_env(args, &[])
+}
+
+/// A fresh, empty scratch folder for one test (`<tmp>/kvcredit-<group>-<name>-<pid>`).
+pub fn scratch(group: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvcredit-{group}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

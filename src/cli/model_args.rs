@@ -1,0 +1,55 @@
+//! The model choice shared by commands that run either a real or a synthetic model.
+use anyhow::{Context, bail};
+use kvcredit::Decoder;
+use kvcredit::model::synthetic;
+use kvcredit::runtime::{self, Dtype, ModelSource};
+use tch::Device;
+
+/// `--model`, or `--synthetic` with `--weight-seed`.
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// Model: a registry name, `.gguf` file or Hugging Face directory.
+    #[arg(
+        long,
+        required_unless_present = "synthetic",
+        conflicts_with = "synthetic"
+    )]
+    pub model: Option<String>,
+    /// Instead of a model: seeded random weights (std 0.02) with the shape of a real
+    /// checkpoint (qwen2.5-0.5b, qwen2.5-1.5b, tiny-qwen2, ...).
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// Seed of the synthetic weights.
+    #[arg(long, default_value_t = 0)]
+    pub weight_seed: i64,
+}
+
+/// A loaded model and how reports name it.
+pub struct Chosen {
+    /// The decoder.
+    pub decoder: Decoder,
+    /// Description: the model argument, or the synthetic shape and seed.
+    pub what: String,
+    /// The synthetic shape's name, if synthetic.
+    pub shape: Option<String>,
+}
+
+impl ModelArgs {
+    /// Load the chosen model in `dtype` on `device` (synthetic weights are drawn there).
+    pub fn load(&self, dtype: Dtype, device: Device) -> anyhow::Result<Chosen> {
+        Ok(match (&self.model, &self.synthetic) {
+            (Some(m), _) => Chosen {
+                decoder: runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
+                what: m.clone(),
+                shape: None,
+            },
+            (None, Some(name)) => Chosen {
+                decoder: synthetic::decoder(name, dtype.kind(), device, self.weight_seed)
+                    .with_context(|| format!("synthetic model `{name}`"))?,
+                what: format!("synthetic {name} (weight seed {})", self.weight_seed),
+                shape: Some(name.clone()),
+            },
+            (None, None) => bail!("give --model or --synthetic"),
+        })
+    }
+}
