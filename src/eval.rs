@@ -108,14 +108,7 @@ pub fn evaluate(
                     expect: None,
                 },
                 first_token: *p.last().expect("non-empty"),
-                key: NoiseKey {
-                    seed: opts.seed,
-                    problem: problem.index as u64,
-                    pivot: 0,
-                    branch: u64::MAX,
-                    sample: 0,
-                    step: 0,
-                },
+                key: NoiseKey::rollout(opts.seed, problem.index as u64),
             })
             .collect();
         let order: Vec<usize> = (0..jobs.len()).collect();

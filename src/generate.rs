@@ -45,12 +45,8 @@ pub fn check_finite(logits: &Tensor, what: &str) -> Result<()> {
 
 fn key(opts: &GenerateOptions, step: usize) -> NoiseKey {
     NoiseKey {
-        seed: opts.seed,
-        problem: 0,
-        pivot: 0,
-        branch: u64::MAX,
-        sample: 0,
         step: step as u64,
+        ..NoiseKey::rollout(opts.seed, 0)
     }
 }
 

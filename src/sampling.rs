@@ -37,6 +37,21 @@ pub struct NoiseKey {
     pub step: u64,
 }
 
+impl NoiseKey {
+    /// The key of step 0 of a rollout (or plain generation) of `problem` under `seed`:
+    /// pivot 0, branch `u64::MAX`, sample 0.
+    pub fn rollout(seed: u64, problem: u64) -> NoiseKey {
+        NoiseKey {
+            seed,
+            problem,
+            pivot: 0,
+            branch: u64::MAX,
+            sample: 0,
+            step: 0,
+        }
+    }
+}
+
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

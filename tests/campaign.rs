@@ -172,14 +172,7 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
     let params = RolloutParams {
         sampling: Sampling::Greedy,
         max_new_tokens: 12,
-        key: NoiseKey {
-            seed: 1,
-            problem: 0,
-            pivot: 0,
-            branch: u64::MAX,
-            sample: 0,
-            step: 0,
-        },
+        key: NoiseKey::rollout(1, 0),
         stop_tokens: &[],
         text_stop: None,
         policy: ExecPolicy::Stock,
@@ -231,19 +224,19 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
     let spec = write_spec(&dir, &spec_text("kill", "shuffled", 2));
     let reference = dir.join("reference");
     let interrupted = dir.join("interrupted");
-    let run = |out: &Path| {
-        Command::new(bin)
-            .args([
-                "campaign",
-                "run",
-                spec.to_str().unwrap(),
-                "--quiet",
-                "--out",
-                out.to_str().unwrap(),
-            ])
-            .output()
-            .expect("binary runs")
+    let command = |out: &Path| {
+        let mut c = Command::new(bin);
+        c.args([
+            "campaign",
+            "run",
+            spec.to_str().unwrap(),
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        c
     };
+    let run = |out: &Path| command(out).output().expect("binary runs");
     let ok = run(&reference);
     assert!(
         ok.status.success(),
@@ -251,17 +244,7 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
         String::from_utf8_lossy(&ok.stderr)
     );
     // Start again elsewhere and SIGKILL once the first problem's shard has landed.
-    let mut child = Command::new(bin)
-        .args([
-            "campaign",
-            "run",
-            spec.to_str().unwrap(),
-            "--quiet",
-            "--out",
-            interrupted.to_str().unwrap(),
-        ])
-        .spawn()
-        .unwrap();
+    let mut child = command(&interrupted).spawn().unwrap();
     let first = interrupted.join("shards/problem-00000");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
     while !first.exists() && std::time::Instant::now() < deadline {
@@ -292,15 +275,7 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
     assert!(manifest.contains("resumed_at"));
     assert!(manifest.contains(r#""engine": "eager""#), "{manifest}");
     // A stock run resumes only under the engine it ran with (their rounding differs).
-    let other = Command::new(bin)
-        .args([
-            "campaign",
-            "run",
-            spec.to_str().unwrap(),
-            "--quiet",
-            "--out",
-            interrupted.to_str().unwrap(),
-        ])
+    let other = command(&interrupted)
         .env("KVCREDIT_ENGINE", "static")
         .output()
         .expect("binary runs");

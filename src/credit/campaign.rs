@@ -352,14 +352,7 @@ fn run_problem(
         &RolloutParams {
             sampling: spec.rollout_sampling(),
             max_new_tokens: spec.rollout.max_new_tokens,
-            key: NoiseKey {
-                seed: spec.seed,
-                problem: problem.index as u64,
-                pivot: 0,
-                branch: u64::MAX,
-                sample: 0,
-                step: 0,
-            },
+            key: NoiseKey::rollout(spec.seed, problem.index as u64),
             stop_tokens: &model.stop_tokens,
             text_stop: Some(text_stop_ref),
             policy: spec.policy,
