@@ -17,6 +17,7 @@
 //! Every measurement runs for each policy and each engine (`eager`: [`Decoder::forward`]; the
 //! static and CUDA-graph engines of [`crate::credit::engine::EngineMode`]), and the results are
 //! checked against the project's targets (see [`Target`]) so a miss shows as a gap.
+use crate::config::Dims;
 use crate::credit::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::credit::rollout::{self, RolloutParams};
 use crate::exec::{BiTiles, ExecPolicy};
@@ -247,16 +248,14 @@ pub struct BenchReport {
 /// Weight bytes one decode step reads, from the architecture.
 pub fn decode_weight_bytes(model: &Decoder) -> i64 {
     let c = model.config();
-    let (h, inter, v) = (
-        c.hidden_size as i64,
-        c.intermediate_size as i64,
-        c.vocab_size as i64,
-    );
-    let (hq, hkv, d) = (
-        c.num_attention_heads as i64,
-        c.num_key_value_heads as i64,
-        c.head_dim as i64,
-    );
+    let Dims {
+        hidden: h,
+        intermediate: inter,
+        vocab: v,
+        heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+    } = c.dims();
     let qkv = (hq + 2 * hkv) * d * h
         + if c.attention_bias {
             (hq + 2 * hkv) * d
@@ -722,7 +721,7 @@ fn tokens_digest<'a>(seqs: impl Iterator<Item = &'a [i64]>) -> String {
             h.update(t.to_le_bytes());
         }
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    crate::io::hex(&h.finalize())
 }
 
 /// Reference numbers measured on the project's H200 (`/work/shared/measurements.md`,

@@ -152,7 +152,36 @@ pub struct ArchConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// A configuration's tensor dimensions as `i64`, the type tensor shapes take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Hidden size.
+    pub hidden: i64,
+    /// MLP intermediate size.
+    pub intermediate: i64,
+    /// Vocabulary size.
+    pub vocab: i64,
+    /// Query heads.
+    pub heads: i64,
+    /// Key/value heads.
+    pub kv_heads: i64,
+    /// Head dimension.
+    pub head_dim: i64,
+}
+
 impl ArchConfig {
+    /// The tensor dimensions, as `i64`.
+    pub fn dims(&self) -> Dims {
+        Dims {
+            hidden: self.hidden_size as i64,
+            intermediate: self.intermediate_size as i64,
+            vocab: self.vocab_size as i64,
+            heads: self.num_attention_heads as i64,
+            kv_heads: self.num_key_value_heads as i64,
+            head_dim: self.head_dim as i64,
+        }
+    }
+
     /// Number of decoder layers.
     pub fn num_layers(&self) -> usize {
         self.layer_types.len()

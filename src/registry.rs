@@ -13,6 +13,7 @@
 //! and sha256, and renames it into place. The rename is atomic, so readers (and a concurrent
 //! pull of the same model) only ever see a complete, verified file; a pull only deletes its own
 //! temporary files.
+use crate::io::hex;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -527,10 +528,6 @@ fn extract_member(
             last_line(&res.stderr)
         ))),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// sha256 of a file, lowercase hex.

@@ -68,22 +68,18 @@ fn write_spec(dir: &Path, text: &str) -> PathBuf {
 
 /// Rows of one string/list column per (pass) from continuations.parquet, as debug strings.
 fn continuation_tokens(run: &Path, pass: &str) -> Vec<String> {
-    use arrow_array::{Array, ListArray, StringArray, UInt32Array};
+    use arrow_array::{ListArray, StringArray, UInt32Array};
     let mut out = Vec::new();
     for b in read_batches(&run.join("continuations.parquet")).unwrap() {
-        let col = |n: &str| b.column(b.schema().index_of(n).unwrap()).clone();
-        let passes = col("pass");
-        let passes = passes.as_any().downcast_ref::<StringArray>().unwrap();
-        let toks = col("tokens");
-        let toks = toks.as_any().downcast_ref::<ListArray>().unwrap();
-        let pos = col("pivot_pos");
-        let pos = pos.as_any().downcast_ref::<UInt32Array>().unwrap();
-        let probs = col("problem");
-        let probs = probs.as_any().downcast_ref::<UInt32Array>().unwrap();
-        let ranks = col("alt_rank");
-        let ranks = ranks.as_any().downcast_ref::<UInt32Array>().unwrap();
-        let samples = col("sample");
-        let samples = samples.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let passes: StringArray = common::column(&b, "pass");
+        let toks: ListArray = common::column(&b, "tokens");
+        let u32s = |n: &str| -> UInt32Array { common::column(&b, n) };
+        let (pos, probs, ranks, samples) = (
+            u32s("pivot_pos"),
+            u32s("problem"),
+            u32s("alt_rank"),
+            u32s("sample"),
+        );
         for i in 0..b.num_rows() {
             if passes.value(i) == pass {
                 out.push(format!(
@@ -138,18 +134,13 @@ fn same_schedule_replica_is_bitwise_identical_to_exact() {
 
 /// (pass, "problem/pos/rank=estimate") rows of estimates.parquet.
 fn kvcredit_estimates(run: &Path) -> Vec<(String, String)> {
-    use arrow_array::{Array, Float64Array, StringArray, UInt32Array};
+    use arrow_array::{Float64Array, StringArray, UInt32Array};
     let mut out = Vec::new();
     for b in read_batches(&run.join("estimates.parquet")).unwrap() {
-        let col = |n: &str| b.column(b.schema().index_of(n).unwrap()).clone();
-        let pass = col("pass");
-        let pass = pass.as_any().downcast_ref::<StringArray>().unwrap();
-        let est = col("estimate");
-        let est = est.as_any().downcast_ref::<Float64Array>().unwrap();
-        let prob = col("problem");
-        let prob = prob.as_any().downcast_ref::<UInt32Array>().unwrap();
-        let pos = col("pivot_pos");
-        let pos = pos.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let pass: StringArray = common::column(&b, "pass");
+        let est: Float64Array = common::column(&b, "estimate");
+        let prob: UInt32Array = common::column(&b, "problem");
+        let pos: UInt32Array = common::column(&b, "pivot_pos");
         for i in 0..b.num_rows() {
             out.push((
                 pass.value(i).to_string(),

@@ -54,6 +54,22 @@ fn wide_shape(kind: Kind) -> Result<Decoder> {
     Decoder::from_weights(cfg, w)
 }
 
+/// The fixture × dtype combinations that `opts`' checks find not bitwise invariant under the
+/// batch-invariant policy.
+fn batch_invariant_failures(opts: &CheckOptions) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    for name in FIXTURES {
+        for &kind in KINDS {
+            let model = load(&fixture(name), kind)?;
+            let what = format!("{name} {kind:?}");
+            if !check(&model, &what, ExecPolicy::BatchInvariant, opts)?.invariant() {
+                failures.push(what);
+            }
+        }
+    }
+    Ok(failures)
+}
+
 #[test]
 fn test_decode_logits_match_prefill_logits_batch_invariant() -> Result<()> {
     let opts = CheckOptions {
@@ -62,17 +78,7 @@ fn test_decode_logits_match_prefill_logits_batch_invariant() -> Result<()> {
         batches: vec![],
         ..CheckOptions::default()
     };
-    let mut failures = Vec::new();
-    for name in FIXTURES {
-        for &kind in KINDS {
-            let model = load(&fixture(name), kind)?;
-            let what = format!("{name} {kind:?}");
-            let report = check(&model, &what, ExecPolicy::BatchInvariant, &opts)?;
-            if !report.invariant() {
-                failures.push(what);
-            }
-        }
-    }
+    let failures = batch_invariant_failures(&opts)?;
     assert!(failures.is_empty(), "not bitwise invariant: {failures:?}");
     Ok(())
 }
@@ -87,17 +93,7 @@ fn test_logits_bs1_match_bsn_batch_invariant() -> Result<()> {
         batches: vec![(2, 0), (3, 1), (5, 3), (8, 7)],
         ..CheckOptions::default()
     };
-    let mut failures = Vec::new();
-    for name in FIXTURES {
-        for &kind in KINDS {
-            let model = load(&fixture(name), kind)?;
-            let what = format!("{name} {kind:?}");
-            let report = check(&model, &what, ExecPolicy::BatchInvariant, &opts)?;
-            if !report.invariant() {
-                failures.push(what);
-            }
-        }
-    }
+    let failures = batch_invariant_failures(&opts)?;
     assert!(failures.is_empty(), "not bitwise invariant: {failures:?}");
     Ok(())
 }

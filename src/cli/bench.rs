@@ -190,11 +190,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned())
     });
-    let dev = match device {
-        Device::Cpu => "cpu".to_string(),
-        Device::Cuda(i) => format!("cuda{i}"),
-        other => format!("{other:?}").to_lowercase(),
-    };
+    // `cuda:0` → `cuda0` in file names.
+    let dev = report.device.replace(':', "").to_lowercase();
     let path = a.out.join(format!("bench-{name}-{dtype}-{dev}.json"));
     let json = serde_json::to_string_pretty(&report)?;
     kvcredit::io::write_atomic(&path, json.as_bytes())?;

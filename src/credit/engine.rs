@@ -347,7 +347,7 @@ fn verify(
 ) -> Result<PendingHashes> {
     // Representative row of each row, and the rows to hash.
     let mut rep: Vec<usize> = Vec::with_capacity(chunk.len());
-    let mut hashed: Vec<usize> = Vec::new();
+    let mut hashed: Vec<(usize, [u8; 32])> = Vec::new();
     for (row, &j) in chunk.iter().enumerate() {
         let s = &jobs[j].start;
         let first = chunk[..row].iter().position(|&i| {
@@ -358,8 +358,8 @@ fn verify(
             Some(r) => rep.push(r),
             None => {
                 rep.push(row);
-                if s.expect.is_some() {
-                    hashed.push(row);
+                if let Some(expect) = s.expect {
+                    hashed.push((row, expect));
                 }
             }
         }
@@ -377,13 +377,11 @@ fn verify(
         }
     }
     let mut copies = Vec::with_capacity(hashed.len());
-    for &row in &hashed {
-        let start = &jobs[chunk[row]].start;
-        let Some(expect) = start.expect else { continue };
+    for (row, expect) in hashed {
         stats.hashed_snapshots += 1;
         let kv = cache.to_host(Snapshot {
             row,
-            len: start.snap.len,
+            len: jobs[chunk[row]].start.snap.len,
         })?;
         copies.push((kv, expect));
     }

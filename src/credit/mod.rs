@@ -13,14 +13,10 @@ pub mod stepper;
 pub use campaign::{Manifest, RunOptions, run_campaign};
 pub use spec::{CampaignSpec, Pass};
 
+use crate::io::hex;
 use sha2::{Digest, Sha256};
 
 /// Lower-case hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
-}
-
-/// Lower-case hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -2,10 +2,10 @@
 use super::campaign::JobId;
 use super::engine::Outcome;
 use super::estimate::Estimate;
-use super::hex;
 use super::rollout::{Pivot, Rollout};
 use super::spec::Pass;
 use crate::Result;
+use crate::io::hex;
 use crate::io::parquet::{Column, Table};
 use crate::runtime::LoadedModel;
 use crate::tasks::Grade;

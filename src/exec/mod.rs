@@ -113,13 +113,10 @@ impl ExecPolicy {
         match self {
             ExecPolicy::Stock => {
                 // libtorch's rms_norm upcasts half types internally: one kernel instead of the
-                // six of the written-out formula, bitwise equal to it on the CPU.
+                // six of the written-out formula, bitwise equal to it on the CPU. (`to_kind` to
+                // `x`'s own kind is a no-op.)
                 let h = *x.size().last().expect("at least 1-d");
-                if out == x.kind() {
-                    x.rms_norm([h], None::<Tensor>, eps)
-                } else {
-                    x.to_kind(out).rms_norm([h], None::<Tensor>, eps)
-                }
+                x.to_kind(out).rms_norm([h], None::<Tensor>, eps)
             }
             ExecPolicy::BatchInvariant => batch_invariant::rms_normalize(x, eps).to_kind(out),
         }

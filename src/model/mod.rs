@@ -15,7 +15,7 @@ mod rope;
 pub mod synthetic;
 pub mod weights;
 
-use crate::config::{ArchConfig, LayerKind};
+use crate::config::{ArchConfig, Dims, LayerKind};
 use crate::exec::{AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
 use crate::{Error, Result};
@@ -98,16 +98,14 @@ impl Decoder {
         cfg.validate()?;
         let _guard = tch::no_grad_guard();
         let (kind, device) = (w.kind, w.device);
-        let (h, inter, v) = (
-            cfg.hidden_size as i64,
-            cfg.intermediate_size as i64,
-            cfg.vocab_size as i64,
-        );
-        let (hq, hkv, d) = (
-            cfg.num_attention_heads as i64,
-            cfg.num_key_value_heads as i64,
-            cfg.head_dim as i64,
-        );
+        let Dims {
+            hidden: h,
+            intermediate: inter,
+            vocab: v,
+            heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+        } = cfg.dims();
         let eps = cfg.rms_norm_eps;
         let off = cfg.norm_weight_offset;
         let norm = |w: &mut Weights, key: &str, n: i64| -> Result<RmsNorm> {

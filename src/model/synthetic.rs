@@ -4,7 +4,7 @@
 //! Weights are seeded normals (projections `N(0, 0.02)`, embeddings `N(0, 0.02)`, biases
 //! `N(0, 0.02)`, norm weights `1 + N(0, 0.02)`), generated on the target device.
 use super::{Decoder, Weights};
-use crate::config::{Activation, Arch, ArchConfig, LayerKind, Rope, RopeScaling};
+use crate::config::{Activation, Arch, ArchConfig, Dims, LayerKind, Rope, RopeScaling};
 use crate::{Error, Result};
 use tch::{Device, Kind, Tensor};
 
@@ -65,16 +65,14 @@ pub fn config(name: &str) -> Result<ArchConfig> {
 pub fn random_weights(cfg: &ArchConfig, kind: Kind, device: Device, seed: i64) -> Weights {
     let _guard = tch::no_grad_guard();
     tch::manual_seed(seed);
-    let (h, inter, v) = (
-        cfg.hidden_size as i64,
-        cfg.intermediate_size as i64,
-        cfg.vocab_size as i64,
-    );
-    let (hq, hkv, d) = (
-        cfg.num_attention_heads as i64,
-        cfg.num_key_value_heads as i64,
-        cfg.head_dim as i64,
-    );
+    let Dims {
+        hidden: h,
+        intermediate: inter,
+        vocab: v,
+        heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+    } = cfg.dims();
     let std = 0.02;
     let normal = |shape: &[i64]| (Tensor::randn(shape, (Kind::Float, device)) * std).to_kind(kind);
     let norm_w = |n: i64| {

@@ -96,3 +96,15 @@ pub fn scratch(group: &str, name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Column `name` of a record batch as its concrete Arrow array type.
+pub fn column<T: arrow_array::Array + Clone + 'static>(
+    b: &arrow_array::RecordBatch,
+    name: &str,
+) -> T {
+    b.column(b.schema().index_of(name).unwrap())
+        .as_any()
+        .downcast_ref::<T>()
+        .unwrap_or_else(|| panic!("column {name} has an unexpected type"))
+        .clone()
+}
