@@ -30,9 +30,11 @@ $(VENV)/.ready:
 build: venv
 	cargo build --release
 
+# The models the tests need are listed once, in tests/models.txt (a test keeps it complete).
+TEST_MODELS := $(shell grep -v '^\#' tests/models.txt)
+
 models: build
-	$(BIN) models pull smollm2-135m-instruct
-	$(BIN) models pull $(DEMO_MODEL)
+	for m in $(sort $(TEST_MODELS) $(DEMO_MODEL)); do $(BIN) models pull $$m || exit 1; done
 
 test: models
 	cargo test --release --no-fail-fast

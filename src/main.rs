@@ -1,4 +1,6 @@
-//! The `kvcredit` command line. Errors print as one line on stderr with a non-zero exit.
+//! The `kvcredit` command line. Exit codes follow ripgrep's convention: 0 success, 1 a `check`
+//! found invariant violations, 2 an error. An error prints as one line on stderr: the whole
+//! cause chain, outermost first.
 mod cli;
 
 use std::process::ExitCode;
@@ -7,8 +9,12 @@ fn main() -> ExitCode {
     match cli::run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(1)
+            eprintln!("error: {}", cli::one_line(&e));
+            if e.is::<cli::Violations>() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::from(2)
+            }
         }
     }
 }

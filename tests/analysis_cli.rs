@@ -88,7 +88,7 @@ fn analyze_several_runs_needs_out_and_writes_one_row_pair_per_config() {
     let mut args: Vec<&str> = vec!["analyze"];
     args.extend(dirs.iter().map(String::as_str));
     let (code, _, err) = common::kvcredit(&args);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(err.starts_with("error: ") && err.contains("--out"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
@@ -124,7 +124,7 @@ fn analyze_bad_input_is_one_line() {
         let mut args = vec!["analyze"];
         args.extend(dirs.iter().map(String::as_str));
         let (code, _, err) = common::kvcredit(&args);
-        assert_eq!(code, 1, "{err}");
+        assert_eq!(code, 2, "{err}");
         assert!(!err.contains("panicked"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
@@ -133,7 +133,7 @@ fn analyze_bad_input_is_one_line() {
     let run = copy_runs(&["stock_shuffled"], "bad-parquet").join("stock_shuffled");
     std::fs::write(run.join("estimates.parquet"), b"not parquet").unwrap();
     let (code, _, err) = common::kvcredit(&["analyze", &s(&run)]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         err.contains("estimates.parquet") && err.trim().lines().count() == 1,
         "{err}"

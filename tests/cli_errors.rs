@@ -16,7 +16,7 @@ fn copy_fixture(fixture: &str, name: &str) -> PathBuf {
 
 fn assert_clean_error(args: &[&str], needle: &str) {
     let (code, _, err) = common::kvcredit(args);
-    assert_ne!(code, 0, "expected failure for {args:?}");
+    assert_eq!(code, 2, "expected an error (exit 2) for {args:?}: {err}");
     assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
     assert_eq!(err.trim().lines().count(), 1, "one line expected: {err}");
     assert!(err.starts_with("error: "), "{err}");

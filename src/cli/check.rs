@@ -1,8 +1,8 @@
 //! `kvcredit check`: the CI gate on a campaign's invariants. Prints every violation (rule,
-//! offending row, what differs) on stdout and exits 1, or prints one pass line.
+//! offending row, what differs) on stdout and exits 1, or prints one pass line; an unreadable
+//! run dir is an error (exit 2).
 use std::path::PathBuf;
 
-use anyhow::bail;
 use kvcredit::check::check_run;
 
 /// Violations printed per rule before the rest are counted.
@@ -35,7 +35,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         failed.push(report.summary_line());
     }
     if !failed.is_empty() {
-        bail!("invariant: {}", failed.join("; "));
+        return Err(super::Violations(failed.join("; ")).into());
     }
     Ok(())
 }

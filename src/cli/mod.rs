@@ -45,6 +45,30 @@ enum Command {
     Check(check::Args),
 }
 
+/// `kvcredit check` found invariant violations (exit code 1, unlike other errors).
+#[derive(Debug, thiserror::Error)]
+#[error("invariant: {0}")]
+pub struct Violations(pub String);
+
+/// An error and its causes on one line, outermost first. A cause whose text the message
+/// already holds (the library's errors print their source inline) is not repeated, and
+/// line breaks inside a message (libtorch's backtraces) are cut.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let text = text.lines().next().unwrap_or("").trim();
+        if text.is_empty() || line.contains(text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(text);
+    }
+    line
+}
+
 /// Parse the command line and run the chosen subcommand.
 pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -58,5 +82,31 @@ pub fn run() -> anyhow::Result<()> {
         Command::Analyze(args) => analyze::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Check(args) => check::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn one_line_joins_the_cause_chain_without_repeats() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let lib = kvcredit::Error::io("/x/spec.toml", io);
+        let e = Err::<(), _>(lib).context("loading the spec").unwrap_err();
+        assert_eq!(
+            one_line(&e),
+            "loading the spec: io: /x/spec.toml: no such file"
+        );
+        let multi = anyhow::anyhow!("torch: bad shape\nException raised from ...");
+        assert_eq!(one_line(&multi), "torch: bad shape");
+    }
+
+    #[test]
+    fn violations_are_told_apart_from_errors() {
+        let v: anyhow::Error = Violations("2 rows".into()).into();
+        assert!(v.is::<Violations>());
+        assert!(!anyhow::anyhow!("spec: bad").is::<Violations>());
     }
 }

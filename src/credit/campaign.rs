@@ -145,6 +145,21 @@ pub fn run_campaign(
     model: &LoadedModel,
     opts: &RunOptions,
 ) -> Result<Manifest> {
+    spec.validate()?;
+    // Everything a spec can get wrong is found before the first write to the run folder.
+    let format: PromptFormat = spec.problems.format.parse()?;
+    let task = Gsm8k::bundled(
+        spec.problems.start..spec.problems.start + spec.problems.count,
+        format,
+    )?;
+    let problems = task.problems().to_vec();
+    if problems.len() < spec.problems.count {
+        return Err(Error::Spec(format!(
+            "only {} GSM8K problems from index {}",
+            problems.len(),
+            spec.problems.start
+        )));
+    }
     let out = &opts.out_dir;
     std::fs::create_dir_all(out.join("shards")).map_err(|e| Error::io(out, e))?;
     let manifest_path = out.join("manifest.json");
@@ -207,20 +222,6 @@ pub fn run_campaign(
         if entry.file_name().to_string_lossy().starts_with(".tmp-") {
             let _ = std::fs::remove_dir_all(entry.path());
         }
-    }
-
-    let format: PromptFormat = spec.problems.format.parse()?;
-    let task = Gsm8k::bundled(
-        spec.problems.start..spec.problems.start + spec.problems.count,
-        format,
-    )?;
-    let problems = task.problems().to_vec();
-    if problems.len() < spec.problems.count {
-        return Err(Error::Spec(format!(
-            "only {} GSM8K problems from index {}",
-            problems.len(),
-            spec.problems.start
-        )));
     }
 
     let bars = MultiProgress::with_draw_target(if opts.quiet {

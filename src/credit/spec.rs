@@ -3,6 +3,7 @@
 use crate::exec::ExecPolicy;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
+use crate::tasks::gsm8k::{self, PromptFormat};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -189,7 +190,27 @@ impl CampaignSpec {
         let spec: CampaignSpec = toml::from_str(&text)
             .map_err(|e| Error::Spec(format!("{}: {}", path.display(), e.message())))?;
         spec.validate()?;
+        spec.validate_explicit_keys(&text)?;
         Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+    }
+
+    /// Keys that have defaults but only make sense with another setting: a replica schedule or
+    /// batch size written out for a campaign without a replica pass is a mistake in the spec.
+    fn validate_explicit_keys(&self, text: &str) -> Result<()> {
+        let raw: toml::Table = toml::from_str(text).map_err(|e| Error::Spec(e.to_string()))?;
+        let passes = raw.get("passes").and_then(|v| v.as_table());
+        let written = |key: &str| passes.is_some_and(|t| t.contains_key(key));
+        if !self.passes.run.contains(&Pass::Replica) {
+            for key in ["replica_schedule", "replica_batch_size"] {
+                if written(key) {
+                    return Err(Error::Spec(format!(
+                        "campaign `{}`: passes.{key} is set but passes.run has no \"replica\" pass",
+                        self.name
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reject specs that cannot run.
@@ -218,6 +239,36 @@ impl CampaignSpec {
         }
         if self.passes.run.first() != Some(&Pass::Exact) {
             return bad("passes.run must start with \"exact\"");
+        }
+        for (i, p) in self.passes.run.iter().enumerate() {
+            if self.passes.run[..i].contains(p) {
+                return bad(&format!(
+                    "passes.run lists \"{}\" twice; each pass runs once",
+                    p.as_str()
+                ));
+            }
+        }
+        if self.pivots.max_per_rollout == 0 {
+            return bad("pivots.max_per_rollout (P) must be at least 1");
+        }
+        if self.rollout.max_new_tokens == 0 || self.continuations.max_new_tokens == 0 {
+            return bad("rollout.max_new_tokens and continuations.max_new_tokens must be positive");
+        }
+        self.problems
+            .format
+            .parse::<PromptFormat>()
+            .map_err(|e| match e {
+                Error::Spec(m) => {
+                    Error::Spec(format!("campaign `{}`: problems.format: {m}", self.name))
+                }
+                other => other,
+            })?;
+        let end = self.problems.start.saturating_add(self.problems.count);
+        if end > gsm8k::TEST_LEN {
+            return bad(&format!(
+                "problems.start + problems.count = {end} exceeds the {} GSM8K test problems",
+                gsm8k::TEST_LEN
+            ));
         }
         Ok(())
     }
