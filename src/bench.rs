@@ -724,7 +724,7 @@ fn tokens_digest<'a>(seqs: impl Iterator<Item = &'a [i64]>) -> String {
     crate::io::hex(&h.finalize())
 }
 
-/// Reference numbers measured on the project's H200 (`/work/shared/measurements.md`,
+/// Reference numbers measured on the project's H200 (`docs/h200-facts.md`,
 /// transformers 5.17 `generate`, bf16, prompt 256, 128 new tokens, sampling), used when no
 /// baseline file is given.
 pub fn builtin_hf_baseline(shape: &str, batch: usize) -> Option<f64> {

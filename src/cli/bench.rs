@@ -75,7 +75,7 @@ pub struct Args {
     bandwidth_gbs: Option<f64>,
     /// JSON from `benches/hf_generate.py` to compare against (matched on shape and dtype; a
     /// missing file is skipped with a warning). Without one, bf16 CUDA runs of a synthetic
-    /// shape use the H200 numbers of the project's measurements.
+    /// shape use the H200 numbers in docs/h200-facts.md.
     #[arg(long)]
     hf: Vec<PathBuf>,
     /// Output folder of the JSON report.
@@ -173,7 +173,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     && !report.hf.iter().any(|h| h.batch == *b)
                 {
                     report.hf.push(bench::HfBaseline {
-                        source: "measurements.md (H200, transformers 5.17)".into(),
+                        source: "docs/h200-facts.md (H200, transformers 5.17)".into(),
                         batch: *b,
                         generate_tokens_per_s: tps,
                     });

@@ -2,7 +2,7 @@
 //! the model wrote.
 //!
 //! A [`Task`] owns its problems and one prompt format (fixed per campaign, see
-//! `shared/design.md`). Prompts come out either as chat [`Message`]s, which the caller renders
+//! `docs/concepts.md`). Prompts come out either as chat [`Message`]s, which the caller renders
 //! with the model's own chat template, or as raw [`Prompt::Text`]. Grading is pure: it never
 //! runs model output (see [`gsm8k`] for the extraction rules).
 use serde::{Deserialize, Serialize};
