@@ -23,6 +23,7 @@ use crate::credit::rollout::{self, RolloutParams};
 use crate::exec::{BiTiles, ExecPolicy};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
+use crate::runtime::sync;
 use crate::sampling::{self, NoiseKey, Sampling};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -275,23 +276,10 @@ pub fn kv_bytes_per_token(model: &Decoder) -> i64 {
     2 * s.layers as i64 * s.kv_heads * s.head_dim * model.kind().elt_size_in_bytes() as i64
 }
 
-fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// `n` pseudo-random token ids below `vocab`, from `seed`.
 fn random_ids(n: usize, vocab: i64, seed: u64) -> Vec<i64> {
     (0..n as u64)
-        .map(|i| (splitmix64(seed ^ splitmix64(i)) % vocab as u64) as i64)
+        .map(|i| (sampling::splitmix64(seed ^ sampling::splitmix64(i)) % vocab as u64) as i64)
         .collect()
 }
 

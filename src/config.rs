@@ -187,19 +187,6 @@ impl ArchConfig {
         self.layer_types.len()
     }
 
-    /// Query heads per key/value head.
-    pub fn gqa_group(&self) -> usize {
-        self.num_attention_heads / self.num_key_value_heads
-    }
-
-    /// The RoPE parameters a layer uses.
-    pub fn rope_for(&self, kind: LayerKind) -> &Rope {
-        match (kind, &self.rope_local) {
-            (LayerKind::Sliding { .. }, Some(local)) => local,
-            _ => &self.rope,
-        }
-    }
-
     /// Read a Hugging Face `config.json`.
     pub fn from_hf_file(path: &Path) -> Result<ArchConfig> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;

@@ -40,6 +40,13 @@ impl std::fmt::Display for Dtype {
     }
 }
 
+/// Wait for the device's queued work (a no-op on the CPU), so wall-clock timings are honest.
+pub fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
 /// Parse `cpu`, `cuda` or `cuda:N`, checking that CUDA is really available.
 pub fn parse_device(s: &str) -> Result<Device> {
     let dev = match s {

@@ -20,6 +20,17 @@ pub enum Sampling {
     },
 }
 
+impl Sampling {
+    /// The rule for a spec's or flag's temperature: 0 means greedy, anything above samples.
+    pub fn from_temperature(temperature: f64) -> Sampling {
+        if temperature > 0.0 {
+            Sampling::Temperature { temperature }
+        } else {
+            Sampling::Greedy
+        }
+    }
+}
+
 /// Identifies one draw: a campaign seed and the coordinates of the token being drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NoiseKey {
@@ -52,7 +63,8 @@ impl NoiseKey {
     }
 }
 
-fn splitmix64(mut z: u64) -> u64 {
+/// SplitMix64's output function: a 64-bit bijective mixer (Steele, Lea & Flood 2014).
+pub fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -59,13 +59,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        sampling: if a.temperature > 0.0 {
-            Sampling::Temperature {
-                temperature: a.temperature,
-            }
-        } else {
-            Sampling::Greedy
-        },
+        sampling: Sampling::from_temperature(a.temperature),
         seed: a.seed,
         stop_tokens: model
             .decoder

@@ -5,10 +5,10 @@ use super::model_args::{Chosen, ModelArgs};
 use anyhow::bail;
 use kvcredit::exec::invariance::{self, CheckOptions};
 use kvcredit::exec::{BiTiles, TileOverrides, set_tile_overrides};
-use kvcredit::runtime::{self, Dtype};
+use kvcredit::runtime::{self, Dtype, sync};
 use kvcredit::{Decoder, ExecPolicy, LogitsAt};
 use std::time::Instant;
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -60,12 +60,6 @@ pub struct Args {
     /// Interleaved repetitions of every timing (the best is reported).
     #[arg(long, default_value_t = 3)]
     bench_reps: usize,
-}
-
-fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
 }
 
 /// Seconds per decode step at batch `b` after `ctx` cached tokens.

@@ -11,7 +11,7 @@ use crate::io::parquet::concat_files;
 use crate::io::write_atomic;
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
-use crate::runtime::LoadedModel;
+use crate::runtime::{LoadedModel, sync};
 use crate::sampling::NoiseKey;
 use crate::tasks::gsm8k::{Gsm8k, PromptFormat};
 use crate::tasks::{Problem, Task};
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 /// The four tables of a campaign, in write order.
 pub const TABLES: [&str; 4] = ["rollouts", "pivots", "continuations", "estimates"];
@@ -130,12 +130,6 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::Output(format!("{}: {e}", path.display())))
-}
-
-fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
 }
 
 /// Run (or resume) a campaign; returns the final manifest.

@@ -175,14 +175,6 @@ fn default_schedule() -> ReplicaSchedule {
     ReplicaSchedule::Shuffled
 }
 
-fn sampling(temperature: f64) -> Sampling {
-    if temperature > 0.0 {
-        Sampling::Temperature { temperature }
-    } else {
-        Sampling::Greedy
-    }
-}
-
 impl CampaignSpec {
     /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
     pub fn load(path: &Path) -> Result<(CampaignSpec, String)> {
@@ -275,11 +267,11 @@ impl CampaignSpec {
 
     /// Rollout sampling rule.
     pub fn rollout_sampling(&self) -> Sampling {
-        sampling(self.rollout.temperature)
+        Sampling::from_temperature(self.rollout.temperature)
     }
 
     /// Continuation sampling rule.
     pub fn continuation_sampling(&self) -> Sampling {
-        sampling(self.continuations.temperature)
+        Sampling::from_temperature(self.continuations.temperature)
     }
 }

@@ -102,24 +102,6 @@ pub fn truncate_at_stops<'a>(output: &'a str, stops: &[&str]) -> &'a str {
     &output[..cut]
 }
 
-/// The two-sided 95% normal quantile used by [`Accuracy`].
-pub const Z_95: f64 = 1.959_963_984_540_054;
-
-/// Wilson score interval for `correct` successes out of `total` trials at normal quantile `z`.
-/// Returns `(0, 1)` when `total` is 0.
-pub fn wilson_interval(correct: usize, total: usize, z: f64) -> (f64, f64) {
-    if total == 0 {
-        return (0.0, 1.0);
-    }
-    let n = total as f64;
-    let p = correct.min(total) as f64 / n;
-    let z2 = z * z;
-    let denom = 1.0 + z2 / n;
-    let center = (p + z2 / (2.0 * n)) / denom;
-    let half = z / denom * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-    ((center - half).max(0.0), (center + half).min(1.0))
-}
-
 /// Accuracy over a set of graded outputs, with a Wilson 95% interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Accuracy {
@@ -157,7 +139,14 @@ impl Accuracy {
 
     /// Wilson 95% interval of the rate.
     pub fn wilson95(&self) -> (f64, f64) {
-        wilson_interval(self.correct, self.total, Z_95)
+        crate::stats::wilson(
+            self.correct as u64,
+            self.total.max(self.correct) as u64,
+            0.95,
+        )
+        .ok()
+        .flatten()
+        .unwrap_or((0.0, 1.0))
     }
 }
 
@@ -181,27 +170,31 @@ impl fmt::Display for Accuracy {
 mod tests {
     use super::*;
 
+    fn acc(correct: usize, total: usize) -> Accuracy {
+        Accuracy { correct, total }
+    }
+
     #[test]
     fn wilson_matches_published_values() {
         // 7/20: Wilson 95% interval 0.18119-0.56715 (statsmodels proportion_confint(method="wilson")).
-        let (lo, hi) = wilson_interval(7, 20, Z_95);
+        let (lo, hi) = acc(7, 20).wilson95();
         assert!((lo - 0.181192).abs() < 1e-6, "{lo}");
         assert!((hi - 0.567146).abs() < 1e-6, "{hi}");
     }
 
     #[test]
     fn wilson_stays_inside_unit_interval_at_extremes() {
-        let (lo, hi) = wilson_interval(0, 20, Z_95);
+        let (lo, hi) = acc(0, 20).wilson95();
         assert_eq!(lo, 0.0);
         assert!(hi > 0.1 && hi < 0.2, "{hi}");
-        let (lo, hi) = wilson_interval(20, 20, Z_95);
+        let (lo, hi) = acc(20, 20).wilson95();
         assert!(lo > 0.8 && lo < 0.9, "{lo}");
         assert!((hi - 1.0).abs() < 1e-12, "{hi}");
     }
 
     #[test]
     fn wilson_of_nothing_is_the_whole_interval() {
-        assert_eq!(wilson_interval(0, 0, Z_95), (0.0, 1.0));
+        assert_eq!(acc(0, 0).wilson95(), (0.0, 1.0));
         assert_eq!(Accuracy::default().rate(), 0.0);
     }
 
