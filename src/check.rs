@@ -3,28 +3,40 @@
 //!
 //! Rules, each reported with the offending rows named by
 //! `(problem, pivot_pos, alt_rank, pass)`:
-//! - `snapshot-hit-rate`: the manifest's snapshot hit rate is below 100% (or no exact/replica
-//!   resume was checked although there are exact/replica rows);
-//! - `snapshot-verified`: an exact or replica estimate row has `snapshot_verified = false`;
-//! - `complete`: every estimate key has exactly one row per pass, every continuation key one
-//!   row per pass;
+//! - `snapshot-hit-rate`: the manifest's snapshot counters: hit rate 100%, `snapshot_checks`
+//!   equal to the number of exact/replica continuations and `snapshot_checks_pivots` to the
+//!   number of distinct (pivot, pass) among them, every check a hit;
+//! - `snapshot-verified`: an exact or replica estimate or continuation row has
+//!   `snapshot_verified = false` (or the continuations do not record it);
+//! - `complete`: every estimate key has exactly one row per pass run, every continuation key
+//!   one row per pass run;
+//! - `counts`: the tables agree with each other and with the manifest: `problems_done ==
+//!   problems_total`, one rollout row per finished problem, each rollout's `n_pivots` equal to
+//!   its distinct pivots, the same (problem, pivot, alternative) keys in pivots and estimates,
+//!   `(1 + alternatives) × k` continuations per pivot and pass (samples `0..k`), and the
+//!   manifest's `cost.<pass>.continuations` equal to that pass's continuation rows;
+//! - `placement`: every continuation records `chunk`, `row` and `batch_rows`, and each batch of
+//!   a pass holds rows `0..batch_rows` once each, batches numbered `0..` per problem;
 //! - `consistent`: `estimate` equals `(orig_successes − alt_successes)/k` (to 1e-12),
 //!   `informative` equals "the 2K outcomes are not all equal", `k` equals the manifest's, and
 //!   the successes equal the count of correct continuations of each branch (K of each);
 //! - `replica-same` (only when `replica_schedule == "same"`): every replica estimate and
-//!   continuation equals the exact one (invariant 3);
+//!   continuation equals the exact one, and ran in the same batch and row (invariant 3);
+//! - `replica-grouping` (only when `replica_schedule == "shuffled"`): in no problem did the
+//!   replica group the continuations into exact's batches (the same set of batch
+//!   memberships, whatever the order), which would make the floor 0 by construction;
 //! - `batch-invariant` (only when `policy == "batch_invariant"`): every replica and refeed
 //!   estimate and continuation equals the exact one (invariant 4).
 //!
 //! A file that cannot be read is an error; violations are data ([`CheckReport`]).
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::Result;
 use crate::analysis::read::{
-    self, ContinuationRow, EstimateRow, Key, Manifest, Pass, read_continuations, read_estimates,
-    read_manifest,
+    self, ContinuationRow, EstimateRow, Key, Manifest, Pass, PivotRow, RolloutRow,
+    read_continuations, read_estimates, read_manifest, read_pivots, read_rollouts,
 };
 
 /// A `kvcredit check` rule.
@@ -38,8 +50,14 @@ pub enum Rule {
     Complete,
     /// Written columns agree with the counts and the continuations.
     Consistent,
+    /// Row counts agree across tables and with the manifest.
+    Counts,
+    /// Every continuation's batch placement is recorded and well-formed.
+    Placement,
     /// Same-schedule replica is identical to exact.
     ReplicaSame,
+    /// A shuffled replica did not run exact's grouping of continuations into batches.
+    ReplicaGrouping,
     /// Batch-invariant policy: every pass is identical to exact.
     BatchInvariant,
 }
@@ -52,7 +70,10 @@ impl Rule {
             Rule::SnapshotVerified => "snapshot-verified",
             Rule::Complete => "complete",
             Rule::Consistent => "consistent",
+            Rule::Counts => "counts",
+            Rule::Placement => "placement",
             Rule::ReplicaSame => "replica-same",
+            Rule::ReplicaGrouping => "replica-grouping",
             Rule::BatchInvariant => "batch-invariant",
         }
     }
@@ -145,6 +166,26 @@ fn est_row(k: &Key, pass: Pass) -> String {
 
 type ContKey = (u32, u32, u32, String, u32);
 
+/// Batch memberships `(pivot_pos, alt_rank, sample)` per (problem, pass), sorted.
+type Groupings = BTreeMap<(u32, Pass), Vec<BTreeSet<(u32, u32, u32)>>>;
+
+fn cont_key(c: &ContinuationRow) -> ContKey {
+    (
+        c.problem,
+        c.pivot_pos,
+        c.alt_rank,
+        c.branch.clone(),
+        c.sample,
+    )
+}
+
+fn pivot_row(p: &PivotRow) -> String {
+    format!(
+        "pivot problem={} pivot_pos={} alt_rank={}",
+        p.problem, p.pivot_pos, p.alt_rank
+    )
+}
+
 fn cont_row(k: &ContKey, pass: Pass) -> String {
     format!(
         "continuation problem={} pivot_pos={} alt_rank={} pass={pass} branch={} sample={}",
@@ -154,6 +195,7 @@ fn cont_row(k: &ContKey, pass: Pass) -> String {
 
 struct Checker<'a> {
     manifest: &'a Manifest,
+    passes: Vec<Pass>,
     est: BTreeMap<Key, [Vec<&'a EstimateRow>; 3]>,
     cont: BTreeMap<ContKey, [Vec<&'a ContinuationRow>; 3]>,
     out: Vec<Violation>,
@@ -168,13 +210,15 @@ impl Checker<'_> {
         });
     }
 
-    fn snapshot(&mut self, rows: &[EstimateRow]) {
+    fn snapshot(&mut self, rows: &[EstimateRow], conts: &[ContinuationRow]) {
         let m = self.manifest;
-        let resumed = rows.iter().any(|r| r.pass != Pass::Refeed);
+        let resumed: Vec<&ContinuationRow> =
+            conts.iter().filter(|c| c.pass != Pass::Refeed).collect();
+        let manifest = || "manifest".to_string();
         if m.snapshot_hits > m.snapshot_checks {
             self.push(
                 Rule::SnapshotHitRate,
-                "manifest".into(),
+                manifest(),
                 format!(
                     "snapshot_hits {} > snapshot_checks {}",
                     m.snapshot_hits, m.snapshot_checks
@@ -185,7 +229,7 @@ impl Checker<'_> {
         {
             self.push(
                 Rule::SnapshotHitRate,
-                "manifest".into(),
+                manifest(),
                 format!(
                     "snapshot hit rate {} ({}/{}), must be 100%",
                     m.snapshot_hit_rate
@@ -194,12 +238,53 @@ impl Checker<'_> {
                     m.snapshot_checks
                 ),
             );
-        } else if m.snapshot_checks == 0 && resumed {
+        } else if m.snapshot_checks == 0 && !resumed.is_empty() {
             self.push(
                 Rule::SnapshotHitRate,
-                "manifest".into(),
+                manifest(),
                 "no snapshot fingerprint was checked but there are exact/replica rows",
             );
+        }
+        if m.snapshot_checks != resumed.len() as u64 {
+            self.push(
+                Rule::SnapshotHitRate,
+                manifest(),
+                format!(
+                    "snapshot_checks {} but there are {} exact/replica continuations",
+                    m.snapshot_checks,
+                    resumed.len()
+                ),
+            );
+        }
+        let snapshots: BTreeSet<(u32, u32, Pass)> = resumed
+            .iter()
+            .map(|c| (c.problem, c.pivot_pos, c.pass))
+            .collect();
+        match (m.snapshot_checks_pivots, m.snapshot_hits_pivots) {
+            (Some(checks), Some(hits)) => {
+                if checks != snapshots.len() as u64 {
+                    self.push(
+                        Rule::SnapshotHitRate,
+                        manifest(),
+                        format!(
+                            "snapshot_checks_pivots {checks} but the exact/replica continuations start from {} (pivot, pass) snapshots",
+                            snapshots.len()
+                        ),
+                    );
+                }
+                if hits != checks {
+                    self.push(
+                        Rule::SnapshotHitRate,
+                        manifest(),
+                        format!("snapshot_hits_pivots {hits} ≠ snapshot_checks_pivots {checks}"),
+                    );
+                }
+            }
+            _ => self.push(
+                Rule::SnapshotHitRate,
+                manifest(),
+                "no snapshot_checks_pivots / snapshot_hits_pivots (written before per-pivot counts)",
+            ),
         }
         for r in rows {
             if r.pass != Pass::Refeed && !r.snapshot_verified {
@@ -210,12 +295,253 @@ impl Checker<'_> {
                 );
             }
         }
+        if resumed.iter().any(|c| c.snapshot_verified.is_none()) {
+            self.push(
+                Rule::SnapshotVerified,
+                read::CONTINUATIONS.into(),
+                "no snapshot_verified column (written before continuations recorded it)",
+            );
+            return;
+        }
+        for c in resumed {
+            if c.snapshot_verified == Some(false) {
+                self.push(
+                    Rule::SnapshotVerified,
+                    cont_row(&cont_key(c), c.pass),
+                    "snapshot_verified = false",
+                );
+            }
+        }
+    }
+
+    fn counts(
+        &mut self,
+        rollouts: &[RolloutRow],
+        pivots: &[PivotRow],
+        rows: &[EstimateRow],
+        conts: &[ContinuationRow],
+    ) {
+        let m = self.manifest;
+        let mut found: Vec<(String, String)> = Vec::new();
+        let manifest = || "manifest".to_string();
+        match (m.problems_done, m.problems_total) {
+            (Some(done), Some(total)) if done != total => found.push((
+                manifest(),
+                format!("problems_done {done} ≠ problems_total {total}"),
+            )),
+            (Some(_), Some(_)) => {}
+            _ => found.push((manifest(), "problems_done or problems_total missing".into())),
+        }
+        if let Some(done) = m.problems_done
+            && rollouts.len() as u64 != done
+        {
+            found.push((
+                read::ROLLOUTS.into(),
+                format!("{} rows but problems_done = {done}", rollouts.len()),
+            ));
+        }
+        let mut n_pivots: BTreeMap<u32, u32> = BTreeMap::new();
+        for r in rollouts {
+            if n_pivots.insert(r.problem, r.n_pivots).is_some() {
+                found.push((
+                    format!("rollout problem={}", r.problem),
+                    "more than one row".into(),
+                ));
+            }
+        }
+        // (problem, pivot_pos) -> alternative ranks, from the pivots table.
+        let mut alts: BTreeMap<(u32, u32), BTreeSet<u32>> = BTreeMap::new();
+        for p in pivots {
+            if !alts
+                .entry((p.problem, p.pivot_pos))
+                .or_default()
+                .insert(p.alt_rank)
+            {
+                found.push((pivot_row(p), "more than one row".into()));
+            }
+        }
+        for (&problem, &n) in &n_pivots {
+            let have = alts.keys().filter(|(p, _)| *p == problem).count();
+            if have != n as usize {
+                found.push((
+                    format!("rollout problem={problem}"),
+                    format!("n_pivots = {n} but pivots.parquet has {have}"),
+                ));
+            }
+        }
+        for &(problem, pos) in alts.keys() {
+            if !n_pivots.contains_key(&problem) {
+                found.push((
+                    format!("pivot problem={problem} pivot_pos={pos}"),
+                    "no rollout row for its problem".into(),
+                ));
+            }
+        }
+        let est_keys: BTreeSet<Key> = rows.iter().map(EstimateRow::key).collect();
+        for p in pivots {
+            let k = Key {
+                problem: p.problem,
+                pivot_pos: p.pivot_pos,
+                alt_rank: p.alt_rank,
+            };
+            if !est_keys.contains(&k) {
+                found.push((pivot_row(p), "no estimate rows".into()));
+            }
+        }
+        for k in &est_keys {
+            if !alts
+                .get(&(k.problem, k.pivot_pos))
+                .is_some_and(|a| a.contains(&k.alt_rank))
+            {
+                found.push((format!("estimate {k}"), "no pivots row".into()));
+            }
+        }
+        let k = m.k;
+        let mut per: BTreeMap<(u32, u32, Pass), u64> = BTreeMap::new();
+        let mut per_pass: BTreeMap<Pass, u64> = BTreeMap::new();
+        for c in conts {
+            *per_pass.entry(c.pass).or_default() += 1;
+            let known = alts
+                .get(&(c.problem, c.pivot_pos))
+                .is_some_and(|a| c.alt_rank == 0 || a.contains(&c.alt_rank));
+            if !known || c.sample >= k || !self.passes.contains(&c.pass) {
+                found.push((
+                    cont_row(&cont_key(c), c.pass),
+                    format!("no such pivot, alternative, sample (k = {k}) or pass in this run"),
+                ));
+                continue;
+            }
+            *per.entry((c.problem, c.pivot_pos, c.pass)).or_default() += 1;
+        }
+        for (&(problem, pos), ranks) in &alts {
+            let want = (1 + ranks.len() as u64) * u64::from(k);
+            for &pass in &self.passes {
+                let have = per.get(&(problem, pos, pass)).copied().unwrap_or(0);
+                if have != want {
+                    found.push((
+                        format!("continuations problem={problem} pivot_pos={pos} pass={pass}"),
+                        format!(
+                            "{have} rows, expected (1 + {} alternatives) × k {k} = {want}",
+                            ranks.len()
+                        ),
+                    ));
+                }
+            }
+        }
+        for &pass in &self.passes {
+            let rows = per_pass.get(&pass).copied().unwrap_or(0);
+            match m.cost.get(pass.as_str()) {
+                Some(c) if c.continuations == rows => {}
+                Some(c) => found.push((
+                    manifest(),
+                    format!(
+                        "cost.{pass}.continuations = {} but continuations.parquet has {rows} {pass} rows",
+                        c.continuations
+                    ),
+                )),
+                None => found.push((manifest(), format!("no cost.{pass}"))),
+            }
+        }
+        for (row, d) in found {
+            self.push(Rule::Counts, row, d);
+        }
+    }
+
+    /// Batches of each (problem, pass) as sets of continuation identities; reports malformed
+    /// placements. `None` when the continuations do not record placements.
+    fn placement(&mut self, conts: &[ContinuationRow]) -> Option<Groupings> {
+        if conts.iter().any(|c| c.placement.is_none()) {
+            self.push(
+                Rule::Placement,
+                read::CONTINUATIONS.into(),
+                "no chunk / row / batch_rows columns (written before placements were recorded)",
+            );
+            return None;
+        }
+        // (problem, pass) -> chunk -> rows
+        let mut batches: BTreeMap<(u32, Pass), BTreeMap<u32, Vec<&ContinuationRow>>> =
+            BTreeMap::new();
+        for c in conts {
+            let at = c.placement.expect("checked above");
+            batches
+                .entry((c.problem, c.pass))
+                .or_default()
+                .entry(at.chunk)
+                .or_default()
+                .push(c);
+        }
+        let mut found = Vec::new();
+        let mut groupings: Groupings = BTreeMap::new();
+        for (&(problem, pass), chunks) in &batches {
+            let numbered = chunks.keys().copied().eq(0..chunks.len() as u32);
+            if !numbered {
+                found.push((
+                    format!("continuations problem={problem} pass={pass}"),
+                    format!(
+                        "batches numbered {:?}, expected 0..{}",
+                        chunks.keys().collect::<Vec<_>>(),
+                        chunks.len()
+                    ),
+                ));
+            }
+            let mut sets = Vec::with_capacity(chunks.len());
+            for (&chunk, rows) in chunks {
+                let n = rows[0].placement.expect("checked above").batch_rows;
+                let mut seen: Vec<u32> = rows
+                    .iter()
+                    .map(|c| c.placement.expect("checked above").row)
+                    .collect();
+                seen.sort_unstable();
+                let sizes_agree = rows
+                    .iter()
+                    .all(|c| c.placement.expect("checked above").batch_rows == n);
+                if !sizes_agree || !seen.iter().copied().eq(0..n) {
+                    found.push((
+                        format!("batch problem={problem} pass={pass} chunk={chunk}"),
+                        format!("rows {seen:?} but batch_rows = {n}"),
+                    ));
+                }
+                let members: BTreeSet<(u32, u32, u32)> = rows
+                    .iter()
+                    .map(|c| (c.pivot_pos, c.alt_rank, c.sample))
+                    .collect();
+                sets.push(members);
+            }
+            sets.sort();
+            groupings.insert((problem, pass), sets);
+        }
+        for (row, d) in found {
+            self.push(Rule::Placement, row, d);
+        }
+        Some(groupings)
+    }
+
+    /// A shuffled replica must not have run exact's batches in any problem.
+    fn replica_grouping(&mut self, groupings: &Groupings) {
+        let mut found = Vec::new();
+        for (&(problem, pass), exact) in groupings {
+            if pass != Pass::Exact {
+                continue;
+            }
+            if let Some(replica) = groupings.get(&(problem, Pass::Replica))
+                && replica == exact
+            {
+                let sizes: Vec<usize> = exact.iter().map(BTreeSet::len).collect();
+                found.push((
+                    format!("problem={problem} pass=replica"),
+                    format!("the shuffled replica ran exact's batches (sizes {sizes:?})"),
+                ));
+            }
+        }
+        for (row, d) in found {
+            self.push(Rule::ReplicaGrouping, row, d);
+        }
     }
 
     fn complete(&mut self) {
         let mut found = Vec::new();
         for (k, by_pass) in &self.est {
-            for p in Pass::ALL {
+            for &p in &self.passes {
                 match by_pass[p as usize].len() {
                     1 => {}
                     0 => found.push((est_row(k, p), "missing".to_string())),
@@ -224,7 +550,7 @@ impl Checker<'_> {
             }
         }
         for (k, by_pass) in &self.cont {
-            for p in Pass::ALL {
+            for &p in &self.passes {
                 match by_pass[p as usize].len() {
                     1 => {}
                     0 => found.push((cont_row(k, p), "missing".to_string())),
@@ -351,6 +677,18 @@ impl Checker<'_> {
             if e.correct != o.correct {
                 diff.push(format!("correct {} vs {}", o.correct, e.correct));
             }
+            if rule == Rule::ReplicaSame && e.placement != o.placement {
+                let show = |p: &Option<read::Placement>| {
+                    p.map_or("none".into(), |p| {
+                        format!("chunk {} row {} of {}", p.chunk, p.row, p.batch_rows)
+                    })
+                };
+                diff.push(format!(
+                    "ran in {} vs exact's {}",
+                    show(&o.placement),
+                    show(&e.placement)
+                ));
+            }
             if !diff.is_empty() {
                 found.push((cont_row(k, pass), diff.join("; ")));
             }
@@ -366,8 +704,11 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
     let manifest = read_manifest(dir)?;
     let estimates = read_estimates(dir)?;
     let conts = read_continuations(dir)?;
+    let rollouts = read_rollouts(dir)?;
+    let pivots = read_pivots(dir)?;
     let mut ck = Checker {
         manifest: &manifest,
+        passes: manifest.passes(),
         est: BTreeMap::new(),
         cont: BTreeMap::new(),
         out: Vec::new(),
@@ -376,27 +717,30 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
         ck.est.entry(r.key()).or_default()[r.pass as usize].push(r);
     }
     for c in &conts {
-        let k = (
-            c.problem,
-            c.pivot_pos,
-            c.alt_rank,
-            c.branch.clone(),
-            c.sample,
-        );
-        ck.cont.entry(k).or_default()[c.pass as usize].push(c);
+        ck.cont.entry(cont_key(c)).or_default()[c.pass as usize].push(c);
     }
     let mut rules = vec![
         Rule::SnapshotHitRate,
         Rule::SnapshotVerified,
         Rule::Complete,
         Rule::Consistent,
+        Rule::Counts,
+        Rule::Placement,
     ];
-    ck.snapshot(&estimates);
+    ck.snapshot(&estimates, &conts);
     ck.complete();
     ck.consistent(&estimates, &conts);
+    ck.counts(&rollouts, &pivots, &estimates, &conts);
+    let groupings = ck.placement(&conts);
     if manifest.replica_schedule == "same" {
         rules.push(Rule::ReplicaSame);
         ck.identical(Rule::ReplicaSame, Pass::Replica);
+    }
+    if manifest.replica_schedule == "shuffled" && ck.passes.contains(&Pass::Replica) {
+        rules.push(Rule::ReplicaGrouping);
+        if let Some(g) = &groupings {
+            ck.replica_grouping(g);
+        }
     }
     if read::is_batch_invariant(&manifest.policy) {
         rules.push(Rule::BatchInvariant);

@@ -130,6 +130,41 @@ fn same_schedule_replica_is_bitwise_identical_to_exact() {
             .collect::<Vec<_>>()
     };
     assert_eq!(by("exact"), by("replica"));
+    // ... and `check` (replica-same compares batch placements too) passes the run.
+    let report = kvcredit::check::check_run(&out).unwrap();
+    assert!(report.passed(), "{:#?}", report.violations);
+}
+
+#[test]
+fn a_spec_whose_shuffled_replica_cannot_differ_from_exact_is_rejected() {
+    let dir = common::scratch("campaign", "one-per-batch");
+    let base = spec_text("one", "shuffled", 1);
+    for (from, to) in [
+        (
+            "batch_size = 4\nreplica_batch_size = 3",
+            "batch_size = 1\nreplica_batch_size = 1",
+        ),
+        ("batch_size = 4\nreplica_batch_size = 3", "batch_size = 1"),
+    ] {
+        let text = base.replace(from, to);
+        assert_ne!(text, base);
+        let err = CampaignSpec::load(&write_spec(&dir, &text))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("set passes.replica_batch_size to 2 or more") && !err.contains('\n'),
+            "{err}"
+        );
+    }
+    // Two per replica batch, or a `same` replica, is fine.
+    let two = base.replace("replica_batch_size = 3", "replica_batch_size = 2");
+    let two = two.replace("batch_size = 4", "batch_size = 1");
+    CampaignSpec::load(&write_spec(&dir, &two)).unwrap();
+    let same = spec_text("one", "same", 1).replace(
+        "batch_size = 4\nreplica_batch_size = 3",
+        "batch_size = 1\nreplica_batch_size = 1",
+    );
+    CampaignSpec::load(&write_spec(&dir, &same)).unwrap();
 }
 
 /// (pass, "problem/pos/rank=estimate") rows of estimates.parquet.

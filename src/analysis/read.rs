@@ -1,4 +1,5 @@
-//! Reading a campaign run dir: `manifest.json`, `estimates.parquet`, `continuations.parquet`.
+//! Reading a campaign run dir: `manifest.json`, `estimates.parquet`, `continuations.parquet`,
+//! and the row identities of `rollouts.parquet` and `pivots.parquet`.
 //!
 //! Only the columns the analysis needs are read (by name, so extra columns are ignored and
 //! column order does not matter). Integer columns accept any Arrow integer width that holds
@@ -29,6 +30,10 @@ pub const MANIFEST: &str = "manifest.json";
 pub const ESTIMATES: &str = "estimates.parquet";
 /// One row per continuation.
 pub const CONTINUATIONS: &str = "continuations.parquet";
+/// One row per problem.
+pub const ROLLOUTS: &str = "rollouts.parquet";
+/// One row per pivot × alternative.
+pub const PIVOTS: &str = "pivots.parquet";
 
 /// How the decode-time state was obtained for a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,7 +59,8 @@ impl Pass {
         }
     }
 
-    fn parse(s: &str) -> Option<Pass> {
+    /// The pass a label names (`exact`, `replica`, `refeed`).
+    pub fn parse(s: &str) -> Option<Pass> {
         match s {
             "exact" => Some(Pass::Exact),
             "replica" => Some(Pass::Replica),
@@ -107,10 +113,17 @@ pub struct Manifest {
     /// Campaign seed.
     #[serde(default)]
     pub seed: Option<u64>,
-    /// Exact/replica resumes whose KV fingerprint was checked.
+    /// Exact/replica continuations whose starting KV had a fingerprint to check.
     pub snapshot_checks: u64,
-    /// Checks whose fingerprint matched the decode-time one.
+    /// Of those, the ones whose KV matched the decode-time fingerprint.
     pub snapshot_hits: u64,
+    /// Distinct snapshots (pivot × pass) checked in the exact and replica passes (absent in
+    /// runs written before they were counted).
+    #[serde(default)]
+    pub snapshot_checks_pivots: Option<u64>,
+    /// Of those, the snapshots all of whose continuations matched.
+    #[serde(default)]
+    pub snapshot_hits_pivots: Option<u64>,
     /// `snapshot_hits / snapshot_checks` as written by the campaign.
     #[serde(default)]
     pub snapshot_hit_rate: Option<f64>,
@@ -120,9 +133,40 @@ pub struct Manifest {
     /// Problems finished.
     #[serde(default)]
     pub problems_done: Option<u64>,
+    /// Problems in the spec.
+    #[serde(default)]
+    pub problems_total: Option<u64>,
+    /// The spec as parsed (only its passes are read).
+    #[serde(default)]
+    pub spec: Option<ManifestSpec>,
     /// kvcredit version that wrote the run.
     #[serde(default)]
     pub kvcredit_version: Option<String>,
+}
+
+/// The part of the manifest's `spec` the gate uses.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ManifestSpec {
+    /// `[passes]` of the spec.
+    pub passes: ManifestPasses,
+}
+
+/// `[passes]` of a spec.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ManifestPasses {
+    /// Passes run, by name.
+    pub run: Vec<String>,
+}
+
+impl Manifest {
+    /// The passes the spec ran, in order (all three when the manifest has no spec); unknown
+    /// names are dropped.
+    pub fn passes(&self) -> Vec<Pass> {
+        match &self.spec {
+            Some(s) => s.passes.run.iter().filter_map(|p| Pass::parse(p)).collect(),
+            None => Pass::ALL.to_vec(),
+        }
+    }
 }
 
 /// Whether a policy label names the batch-invariant execution policy (`batch_invariant`, also
@@ -241,6 +285,55 @@ pub struct ContinuationRow {
     pub answer: Option<String>,
     /// Graded outcome.
     pub correct: bool,
+    /// The batch it ran in (absent in runs written before placements were recorded).
+    pub placement: Option<Placement>,
+    /// Its starting KV matched the decode-time fingerprint (absent in older runs).
+    pub snapshot_verified: Option<bool>,
+}
+
+/// Where a continuation ran in its pass: `chunk` (batch index within the pass for its
+/// problem), `row` (row in that batch) and `batch_rows` (rows the batch started with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Placement {
+    /// Batch index within the pass, per problem.
+    pub chunk: u32,
+    /// Row in that batch.
+    pub row: u32,
+    /// Rows in that batch.
+    pub batch_rows: u32,
+}
+
+/// One row of `rollouts.parquet` (its identity and pivot count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RolloutRow {
+    /// Problem index.
+    pub problem: u32,
+    /// Pivots chosen in the rollout.
+    pub n_pivots: u32,
+}
+
+/// One row of `pivots.parquet` (its identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PivotRow {
+    /// Problem index.
+    pub problem: u32,
+    /// Pivot index among generated tokens.
+    pub pivot_pos: u32,
+    /// Alternative rank.
+    pub alt_rank: u32,
+}
+
+/// Names of the top-level columns of a Parquet file.
+pub(crate) fn column_names(path: &Path) -> Result<Vec<String>> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| out_err(path, format_args!("not a readable Parquet file ({e})")))?;
+    Ok(builder
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect())
 }
 
 /// Columns of one Parquet file, read by name.
@@ -533,10 +626,11 @@ pub fn read_estimates(run_dir: &Path) -> Result<Vec<EstimateRow>> {
     Ok(rows)
 }
 
-/// Read `RUN_DIR/continuations.parquet`.
+/// Read `RUN_DIR/continuations.parquet` (`chunk`, `row`, `batch_rows` and
+/// `snapshot_verified` when the file has them).
 pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
     let path = run_dir.join(CONTINUATIONS);
-    let cols = [
+    let mut cols = vec![
         "problem",
         "pivot_pos",
         "alt_rank",
@@ -549,6 +643,16 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
         "answer",
         "correct",
     ];
+    let present = column_names(&path)?;
+    let has = |c: &str| present.iter().any(|p| p == c);
+    let placed = ["chunk", "row", "batch_rows"].iter().all(|c| has(c));
+    if placed {
+        cols.extend(["chunk", "row", "batch_rows"]);
+    }
+    let verified = has("snapshot_verified");
+    if verified {
+        cols.push("snapshot_verified");
+    }
     let f = Frame::read(&path, &cols)?;
     let (problem, pivot_pos, alt_rank, sample, n_tokens) = (
         f.u32s("problem")?,
@@ -559,6 +663,25 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
     );
     let pass = passes(&f, "pass")?;
     let correct = f.bools("correct")?;
+    let placements: Option<Vec<Placement>> = if placed {
+        let (c, r, b) = (f.u32s("chunk")?, f.u32s("row")?, f.u32s("batch_rows")?);
+        Some(
+            (0..f.len())
+                .map(|j| Placement {
+                    chunk: c[j],
+                    row: r[j],
+                    batch_rows: b[j],
+                })
+                .collect(),
+        )
+    } else {
+        None
+    };
+    let verified = if verified {
+        Some(f.bools("snapshot_verified")?)
+    } else {
+        None
+    };
     let mut branch = f.strings("branch")?.into_iter();
     let mut tokens = f.int_lists("tokens")?.into_iter();
     let mut stop = f.strings("stop")?.into_iter();
@@ -577,7 +700,37 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
             stop: stop.next().expect("equal length"),
             answer: answer.next().expect("equal length"),
             correct: correct[j],
+            placement: placements.as_ref().map(|p| p[j]),
+            snapshot_verified: verified.as_ref().map(|v| v[j]),
         });
     }
     Ok(rows)
+}
+
+/// Read the `problem` and `n_pivots` columns of `RUN_DIR/rollouts.parquet`.
+pub fn read_rollouts(run_dir: &Path) -> Result<Vec<RolloutRow>> {
+    let f = Frame::read(&run_dir.join(ROLLOUTS), &["problem", "n_pivots"])?;
+    let (problem, n_pivots) = (f.u32s("problem")?, f.u32s("n_pivots")?);
+    Ok(problem
+        .into_iter()
+        .zip(n_pivots)
+        .map(|(problem, n_pivots)| RolloutRow { problem, n_pivots })
+        .collect())
+}
+
+/// Read the row identities of `RUN_DIR/pivots.parquet`.
+pub fn read_pivots(run_dir: &Path) -> Result<Vec<PivotRow>> {
+    let f = Frame::read(&run_dir.join(PIVOTS), &["problem", "pivot_pos", "alt_rank"])?;
+    let (problem, pivot_pos, alt_rank) = (
+        f.u32s("problem")?,
+        f.u32s("pivot_pos")?,
+        f.u32s("alt_rank")?,
+    );
+    Ok((0..f.len())
+        .map(|j| PivotRow {
+            problem: problem[j],
+            pivot_pos: pivot_pos[j],
+            alt_rank: alt_rank[j],
+        })
+        .collect())
 }

@@ -1,10 +1,11 @@
 //! Running a campaign: per problem a rollout, pivots, the three passes of continuations, grading
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
-use super::engine::{self, Decoding, EngineMode, Job, Outcome, SnapshotChecks, Start};
+use super::engine::{self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start};
 use super::estimate::{Estimate, estimate};
 use super::records;
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
+use super::schedule;
 use super::spec::{CampaignSpec, Pass, ReplicaSchedule};
 use crate::exec::ExecPolicy;
 use crate::io::parquet::concat_files;
@@ -42,10 +43,16 @@ pub struct PassCost {
 pub struct ShardInfo {
     /// Cost per pass name (plus `rollout`).
     pub cost: BTreeMap<String, PassCost>,
-    /// Fingerprint verifications at resume.
+    /// Exact/replica continuations whose starting K/V had a fingerprint to verify.
     pub snapshot_checks: u64,
-    /// Verifications that matched.
+    /// Of those, the verified ones (counted after the comparison matched).
     pub snapshot_hits: u64,
+    /// Distinct snapshots (pivots) verified, summed over the exact and replica passes.
+    #[serde(default)]
+    pub snapshot_checks_pivots: u64,
+    /// Of those, the snapshots every continuation of which was verified.
+    #[serde(default)]
+    pub snapshot_hits_pivots: u64,
     /// Pivots in this problem.
     pub pivots: u64,
 }
@@ -94,12 +101,18 @@ pub struct Manifest {
     pub problems_total: usize,
     /// Problems with a finished shard.
     pub problems_done: usize,
-    /// Snapshot fingerprint verifications.
+    /// Exact/replica continuations whose starting K/V had a decode-time fingerprint to verify.
     pub snapshot_checks: u64,
-    /// Verifications that matched.
+    /// Of those, the verified ones (counted after the comparison matched).
     pub snapshot_hits: u64,
     /// `snapshot_hits / snapshot_checks` (1 when there were none).
     pub snapshot_hit_rate: f64,
+    /// Distinct snapshots (one per pivot and pass) verified in the exact and replica passes.
+    #[serde(default)]
+    pub snapshot_checks_pivots: u64,
+    /// Of those, the snapshots every continuation of which was verified.
+    #[serde(default)]
+    pub snapshot_hits_pivots: u64,
     /// Cost per pass.
     pub cost: BTreeMap<String, PassCost>,
 }
@@ -204,6 +217,8 @@ pub fn run_campaign(
             snapshot_checks: 0,
             snapshot_hits: 0,
             snapshot_hit_rate: 1.0,
+            snapshot_checks_pivots: 0,
+            snapshot_hits_pivots: 0,
             cost: BTreeMap::new(),
         }
     };
@@ -273,7 +288,7 @@ pub fn run_campaign(
 }
 
 fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<()> {
-    let (mut done, mut checks, mut hits) = (0, 0, 0);
+    let (mut done, mut checks, mut hits, mut pivot_checks, mut pivot_hits) = (0, 0, 0, 0, 0);
     let mut cost: BTreeMap<String, PassCost> = BTreeMap::new();
     for p in problems {
         let path = shard_dir(out, p.index).join("shard.json");
@@ -284,6 +299,8 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
         done += 1;
         checks += info.snapshot_checks;
         hits += info.snapshot_hits;
+        pivot_checks += info.snapshot_checks_pivots;
+        pivot_hits += info.snapshot_hits_pivots;
         for (pass, c) in info.cost {
             let e = cost.entry(pass).or_default();
             e.device_seconds += c.device_seconds;
@@ -294,6 +311,8 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
     m.problems_done = done;
     m.snapshot_checks = checks;
     m.snapshot_hits = hits;
+    m.snapshot_checks_pivots = pivot_checks;
+    m.snapshot_hits_pivots = pivot_hits;
     m.snapshot_hit_rate = if checks == 0 {
         1.0
     } else {
@@ -307,6 +326,15 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
 struct Shard {
     tables: [crate::io::parquet::Table; 4],
     info: ShardInfo,
+}
+
+/// Where a pass ran each continuation and whether its start was verified, indexed like the
+/// jobs.
+pub(crate) struct PassAudit {
+    /// Batch and row of each job.
+    pub placements: Vec<Placement>,
+    /// The job's starting K/V matched its decode-time fingerprint.
+    pub verified: Vec<bool>,
 }
 
 /// One continuation job's coordinates.
@@ -405,9 +433,10 @@ fn run_problem(
         stop_tokens: &model.stop_tokens,
         text_stop: Some(text_stop_ref),
     };
-    let natural: Vec<usize> = (0..ids.len()).collect();
+    let exact_batches = schedule::exact(ids.len(), spec.passes.batch_size);
 
     let mut outcomes: BTreeMap<Pass, Vec<Outcome>> = BTreeMap::new();
+    let mut audits: BTreeMap<Pass, PassAudit> = BTreeMap::new();
     for &pass in &spec.passes.run {
         pb.set_prefix(pass.as_str());
         pb.set_length(ids.len() as u64);
@@ -449,14 +478,11 @@ fn run_problem(
                 }
             })
             .collect();
-        let (order, batch) = match (pass, spec.passes.replica_schedule) {
-            (Pass::Replica, ReplicaSchedule::Shuffled) => (
-                natural.iter().rev().copied().collect::<Vec<_>>(),
-                spec.passes
-                    .replica_batch_size
-                    .unwrap_or(spec.passes.batch_size.div_ceil(2)),
-            ),
-            _ => (natural.clone(), spec.passes.batch_size),
+        let batches = match (pass, spec.passes.replica_schedule) {
+            (Pass::Replica, ReplicaSchedule::Shuffled) => {
+                replica_batches(spec, problem.index, &exact_batches)?
+            }
+            _ => exact_batches.clone(),
         };
         let mut since = Instant::now();
         let mut recent = 0u64;
@@ -470,12 +496,19 @@ fn run_problem(
                 recent = 0;
             }
         };
-        let (outs, checks): (Vec<Outcome>, SnapshotChecks) =
-            engine::run(&decoding, &jobs, &order, batch, &mut on_tokens)?;
+        let run = engine::run_batches(
+            &decoding,
+            &jobs,
+            &batches,
+            &EngineOptions::default(),
+            &mut on_tokens,
+        )?;
         pb.set_position(ids.len() as u64);
         sync(device);
-        info.snapshot_checks += checks.checks;
-        info.snapshot_hits += checks.hits;
+        info.snapshot_checks += run.checks.checks;
+        info.snapshot_hits += run.checks.hits;
+        info.snapshot_checks_pivots += run.checks.snapshots;
+        info.snapshot_hits_pivots += run.checks.snapshot_hits;
         info.cost.insert(
             pass.as_str().into(),
             PassCost {
@@ -484,7 +517,14 @@ fn run_problem(
                 continuations: ids.len() as u64,
             },
         );
-        outcomes.insert(pass, outs);
+        outcomes.insert(pass, run.outcomes);
+        audits.insert(
+            pass,
+            PassAudit {
+                placements: run.placements,
+                verified: run.verified,
+            },
+        );
     }
 
     // Grading.
@@ -517,15 +557,23 @@ fn run_problem(
                     .filter(|(_, (_, ok))| *ok)
                     .count() as u32
             };
+            let verified = |rank: usize| {
+                ids.iter()
+                    .zip(&audits[&pass].verified)
+                    .filter(|(id, _)| id.pivot == p && (id.branch == 0 || id.branch == rank))
+                    .all(|(_, &ok)| ok)
+            };
             for rank in 1..=pivot.alternatives.len().min(spec.pivots.alternatives) {
-                estimates.push(estimate(
+                let mut e = estimate(
                     pass,
                     p,
                     rank,
                     wins(0),
                     wins(rank),
                     spec.continuations.k as u32,
-                ));
+                );
+                e.snapshot_verified = verified(rank);
+                estimates.push(e);
             }
         }
     }
@@ -546,10 +594,30 @@ fn run_problem(
             model,
         )?,
         records::pivots(&ctx, &roll, &pivots, model)?,
-        records::continuations(&ctx, &pivots, &ids, &outcomes, &graded),
+        records::continuations(&ctx, &pivots, &ids, &outcomes, &audits, &graded),
         records::estimates(&ctx, &roll, &pivots, &estimates, model)?,
     ];
     Ok(Shard { tables, info })
+}
+
+/// A problem's shuffled replica batches ([`schedule::shuffled`]); refuses a grouping equal to
+/// exact's (which the schedule avoids for every problem with two or more continuations unless
+/// both batch sizes are 1, a spec `validate` rejects).
+fn replica_batches(
+    spec: &CampaignSpec,
+    problem: usize,
+    exact: &[Vec<usize>],
+) -> Result<schedule::Batches> {
+    let n = exact.iter().map(Vec::len).sum();
+    let r = spec.passes.effective_replica_batch_size();
+    let replica = schedule::shuffled(n, spec.passes.batch_size, r);
+    if n > 0 && schedule::same_grouping(&replica, exact) {
+        return Err(Error::Spec(format!(
+            "problem {problem}: the shuffled replica would run exact's batches ({n} continuations, passes.batch_size = {}, passes.replica_batch_size = {r}); change passes.replica_batch_size",
+            spec.passes.batch_size
+        )));
+    }
+    Ok(replica)
 }
 
 /// Prefill `prompt ⊕ y_<t` afresh into a cache with room for the continuation.

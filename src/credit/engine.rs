@@ -83,13 +83,46 @@ pub struct Decoding<'a> {
     pub text_stop: Option<TextStop<'a>>,
 }
 
-/// Fingerprint checks made while starting continuations.
+/// Fingerprint checks made while starting continuations, counted once each comparison was
+/// made: a continuation is a hit when its starting K/V hashed to (or, sharing a snapshot with
+/// a hashed row, compared bitwise equal to) the decode-time fingerprint.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SnapshotChecks {
-    /// Snapshots verified.
+    /// Continuations with a decode-time fingerprint to verify.
     pub checks: u64,
-    /// Of those, how many matched (a mismatch is an error, so this equals `checks`).
+    /// Of those, how many were verified (a mismatch is an error, so this equals `checks`
+    /// unless a row was left unverified).
     pub hits: u64,
+    /// Distinct snapshots (cache, row, length) among the continuations with a fingerprint.
+    pub snapshots: u64,
+    /// Distinct snapshots every continuation of which was verified.
+    pub snapshot_hits: u64,
+}
+
+/// Where a job ran in its pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Index of its batch in the pass's schedule.
+    pub chunk: u32,
+    /// Its row in that batch.
+    pub row: u32,
+    /// Rows the batch started with.
+    pub batch_rows: u32,
+}
+
+/// Everything one engine run produced, indexed like its jobs.
+#[derive(Debug, Clone, Default)]
+pub struct PassRun {
+    /// The tokens each job produced.
+    pub outcomes: Vec<Outcome>,
+    /// Where each job ran.
+    pub placements: Vec<Placement>,
+    /// Whether each job's starting K/V was verified against its decode-time fingerprint.
+    pub verified: Vec<bool>,
+    /// The verification counts.
+    pub checks: SnapshotChecks,
+    /// What the engine did besides decoding.
+    pub stats: EngineStats,
 }
 
 const TEXT_STOP_EVERY: usize = 8;
@@ -244,28 +277,58 @@ pub fn run_with(
     opts: &EngineOptions,
     on_tokens: &mut dyn FnMut(u64),
 ) -> Result<(Vec<Outcome>, SnapshotChecks, EngineStats)> {
+    let batches = super::schedule::chunked(order, batch);
+    let r = run_batches(dec, jobs, &batches, opts, on_tokens)?;
+    Ok((r.outcomes, r.checks, r.stats))
+}
+
+/// Run `jobs` in the given batches (each job in exactly one), in order.
+pub fn run_batches(
+    dec: &Decoding,
+    jobs: &[Job],
+    batches: &[Vec<usize>],
+    opts: &EngineOptions,
+    on_tokens: &mut dyn FnMut(u64),
+) -> Result<PassRun> {
     let mode = opts.mode.resolve(dec.model.device());
     let mut stats = EngineStats {
         mode: mode.to_string(),
         ..EngineStats::default()
     };
     let mut out: Vec<Option<Outcome>> = vec![None; jobs.len()];
-    let mut checks = SnapshotChecks::default();
+    let mut placed: Vec<Option<Placement>> = vec![None; jobs.len()];
+    let mut verified = vec![false; jobs.len()];
     let extra = dec.max_new_tokens + 1;
+    for (c, chunk) in batches.iter().enumerate() {
+        if chunk.is_empty() {
+            return Err(Error::Spec(format!("batch {c} of the schedule is empty")));
+        }
+        for (row, &j) in chunk.iter().enumerate() {
+            let slot = placed.get_mut(j).ok_or_else(|| {
+                Error::Spec(format!(
+                    "job {j} scheduled but only {} jobs given",
+                    jobs.len()
+                ))
+            })?;
+            if slot.is_some() {
+                return Err(Error::Spec(format!("job {j} scheduled twice")));
+            }
+            *slot = Some(Placement {
+                chunk: c as u32,
+                row: row as u32,
+                batch_rows: chunk.len() as u32,
+            });
+        }
+    }
     // Static batches keep one capacity for the whole run (graphs hold on to the buffers).
-    let longest = order
+    let longest = batches
         .iter()
-        .map(|&j| jobs.get(j).map_or(0, |job| job.start.snap.len))
+        .flatten()
+        .map(|&j| jobs[j].start.snap.len)
         .max()
         .unwrap_or(0);
     let mut stepper: Option<Stepper> = None;
-    for chunk in order.chunks(batch.max(1)) {
-        if let Some(&bad) = chunk.iter().find(|&&j| j >= jobs.len()) {
-            return Err(Error::Spec(format!(
-                "job {bad} scheduled but only {} jobs given",
-                jobs.len()
-            )));
-        }
+    for chunk in batches {
         let parts: Vec<(&KvCache, Snapshot)> = chunk
             .iter()
             .map(|&j| (jobs[j].start.cache, jobs[j].start.snap))
@@ -288,21 +351,23 @@ pub fn run_with(
         let stepper = stepper.as_mut().expect("loaded above");
         stats.gather_seconds += t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let pending = verify(jobs, chunk, stepper.cache(), &mut checks, &mut stats)?;
+        let pending = verify(jobs, chunk, stepper.cache(), &mut stats)?;
         stats.verify_seconds += t.elapsed().as_secs_f64();
         // The copied snapshots are hashed on another thread while the device decodes; the
-        // chunk's outcomes count only once every fingerprint matched.
-        let decoded = std::thread::scope(|scope| {
+        // chunk's outcomes count, and its rows are verified, only once every hash matched.
+        let (decoded, rows) = std::thread::scope(|scope| {
             let hashing = scope.spawn(move || pending.hash());
             let decoded = decode_chunk(dec, jobs, chunk, stepper, &mut stats, on_tokens);
-            let hashed = hashing
+            let rows = hashing
                 .join()
-                .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?;
-            hashed?;
-            decoded
+                .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))??;
+            Ok::<_, Error>((decoded?, rows))
         })?;
         for (j, o) in decoded {
             out[j] = Some(o);
+        }
+        for row in rows {
+            verified[chunk[row]] = true;
         }
     }
     if let Some(s) = &stepper {
@@ -312,26 +377,68 @@ pub fn run_with(
         .into_iter()
         .map(|o| o.ok_or_else(|| Error::Spec("a job was not scheduled".into())))
         .collect::<Result<Vec<_>>>()?;
-    Ok((outcomes, checks, stats))
+    let placements = placed.into_iter().map(|p| p.unwrap_or_default()).collect();
+    let checks = count_checks(jobs, &verified);
+    Ok(PassRun {
+        outcomes,
+        placements,
+        verified,
+        checks,
+        stats,
+    })
+}
+
+/// Per continuation and per distinct snapshot: how many had a fingerprint, how many were
+/// verified.
+fn count_checks(jobs: &[Job], verified: &[bool]) -> SnapshotChecks {
+    let mut snaps: std::collections::BTreeMap<(usize, usize, i64), bool> = Default::default();
+    let mut c = SnapshotChecks::default();
+    for (job, &ok) in jobs.iter().zip(verified) {
+        if job.start.expect.is_none() {
+            continue;
+        }
+        c.checks += 1;
+        c.hits += u64::from(ok);
+        let key = (
+            std::ptr::from_ref(job.start.cache) as usize,
+            job.start.snap.row,
+            job.start.snap.len,
+        );
+        *snaps.entry(key).or_insert(true) &= ok;
+    }
+    c.snapshots = snaps.len() as u64;
+    c.snapshot_hits = snaps.values().filter(|&&ok| ok).count() as u64;
+    c
 }
 
 /// Snapshot K/V copied to the host, with the fingerprints they must hash to.
 struct PendingHashes {
-    copies: Vec<(HostKv, [u8; 32])>,
+    /// (batch row, its K/V, the fingerprint it must hash to).
+    copies: Vec<(usize, HostKv, [u8; 32])>,
+    /// Rows that hold their representative's K/V bitwise (compared on the device) and are
+    /// verified once it hashes to the fingerprint: (row, representative row).
+    followers: Vec<(usize, usize)>,
 }
 
 impl PendingHashes {
-    /// Hash every copy; a mismatch is an invariant violation.
-    fn hash(self) -> Result<()> {
-        for (kv, expect) in &self.copies {
+    /// Hash every copy; a mismatch is an invariant violation. Returns the verified rows.
+    fn hash(self) -> Result<Vec<usize>> {
+        let mut rows = Vec::with_capacity(self.copies.len() + self.followers.len());
+        for (row, kv, expect) in &self.copies {
             if kv.fingerprint() != *expect {
                 return Err(Error::Invariant(format!(
                     "KV fingerprint mismatch resuming snapshot of length {}: the decode-time state was not reproduced",
                     kv.positions()
                 )));
             }
+            rows.push(*row);
         }
-        Ok(())
+        for &(row, rep) in &self.followers {
+            if rows.contains(&rep) {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
     }
 }
 
@@ -342,7 +449,6 @@ fn verify(
     jobs: &[Job],
     chunk: &[usize],
     cache: &KvCache,
-    checks: &mut SnapshotChecks,
     stats: &mut EngineStats,
 ) -> Result<PendingHashes> {
     // Representative row of each row, and the rows to hash.
@@ -364,9 +470,11 @@ fn verify(
             }
         }
     }
-    let duplicates = rep.iter().enumerate().any(|(r, &p)| r != p);
-    let verified = |row: usize| jobs[chunk[row]].start.expect.is_some();
-    if duplicates && (0..chunk.len()).any(|r| verified(r) && rep[r] != r) {
+    let followers: Vec<(usize, usize)> = (0..chunk.len())
+        .filter(|&r| rep[r] != r && jobs[chunk[r]].start.expect.is_some())
+        .map(|r| (r, rep[r]))
+        .collect();
+    if !followers.is_empty() {
         let rows: Vec<usize> = (0..chunk.len()).collect();
         let upto = cache.lens().iter().copied().max().unwrap_or(0);
         if !cache.rows_equal(&rows, &rep, upto)? {
@@ -383,12 +491,9 @@ fn verify(
             row,
             len: jobs[chunk[row]].start.snap.len,
         })?;
-        copies.push((kv, expect));
+        copies.push((row, kv, expect));
     }
-    let n = (0..chunk.len()).filter(|&r| verified(r)).count() as u64;
-    checks.checks += n;
-    checks.hits += n;
-    Ok(PendingHashes { copies })
+    Ok(PendingHashes { copies, followers })
 }
 
 fn decode_chunk(

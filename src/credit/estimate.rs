@@ -20,6 +20,9 @@ pub struct Estimate {
     pub value: f64,
     /// The pass's 2K outcomes are not all equal.
     pub informative: bool,
+    /// Every continuation behind it started from K/V verified against the decode-time
+    /// fingerprint (false until the campaign sets it from the engine's checks).
+    pub snapshot_verified: bool,
 }
 
 /// Build the estimate from success counts. `value` is computed as an integer difference over
@@ -42,6 +45,7 @@ pub fn estimate(
         k,
         value: (orig as f64 - alt as f64) / k as f64,
         informative: !all_same,
+        snapshot_verified: false,
     }
 }
 

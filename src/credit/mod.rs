@@ -7,6 +7,7 @@ pub mod engine;
 pub mod estimate;
 pub mod records;
 pub mod rollout;
+pub mod schedule;
 pub mod spec;
 pub mod stepper;
 

@@ -1,5 +1,5 @@
 //! The campaign's Parquet tables (schemas documented in the README): one builder per table.
-use super::campaign::JobId;
+use super::campaign::{JobId, PassAudit};
 use super::engine::Outcome;
 use super::estimate::Estimate;
 use super::rollout::{Pivot, Rollout};
@@ -118,20 +118,24 @@ struct PivotCols {
     fp: Vec<String>,
 }
 
-/// `continuations`: one row per pass × pivot × branch × sample.
+/// `continuations`: one row per pass × pivot × branch × sample, with the batch it ran in and
+/// whether its starting K/V was verified.
 pub(crate) fn continuations(
     ctx: &Context,
     pivots: &[Pivot],
     ids: &[JobId],
     outcomes: &BTreeMap<Pass, Vec<Outcome>>,
+    audits: &BTreeMap<Pass, PassAudit>,
     graded: &BTreeMap<Pass, Vec<(Option<String>, bool)>>,
 ) -> Table {
     let (mut pos, mut rank, mut branch, mut pass_col, mut sample) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut tokens, mut n_tokens, mut stop, mut answer, mut correct) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut chunk, mut row, mut batch_rows, mut verified) = (vec![], vec![], vec![], vec![]);
     for (pass, outs) in outcomes {
-        for ((id, o), (ans, ok)) in ids.iter().zip(outs).zip(&graded[pass]) {
+        let audit = &audits[pass];
+        for (j, ((id, o), (ans, ok))) in ids.iter().zip(outs).zip(&graded[pass]).enumerate() {
             pos.push(pivots[id.pivot].pos as u32);
             rank.push(id.branch as u32);
             branch.push(if id.branch == 0 { "orig" } else { "alt" }.to_string());
@@ -142,6 +146,11 @@ pub(crate) fn continuations(
             stop.push(o.stop.as_str().to_string());
             answer.push(ans.clone());
             correct.push(*ok);
+            let at = audit.placements[j];
+            chunk.push(at.chunk);
+            row.push(at.row);
+            batch_rows.push(at.batch_rows);
+            verified.push(audit.verified[j]);
         }
     }
     common(ctx, pos.len())
@@ -155,6 +164,10 @@ pub(crate) fn continuations(
         .with("stop", Column::Str(stop))
         .with("answer", Column::OptStr(answer))
         .with("correct", Column::Bool(correct))
+        .with("chunk", Column::U32(chunk))
+        .with("row", Column::U32(row))
+        .with("batch_rows", Column::U32(batch_rows))
+        .with("snapshot_verified", Column::Bool(verified))
 }
 
 /// `estimates`: one row per pivot × alternative × pass.
@@ -228,6 +241,6 @@ pub fn estimates(
         .with("alt_text", Column::Str(alt_text))
         .with(
             "snapshot_verified",
-            Column::Bool(rows.iter().map(|e| e.pass != Pass::Refeed).collect()),
+            Column::Bool(rows.iter().map(|e| e.snapshot_verified).collect()),
         ))
 }

@@ -141,7 +141,9 @@ impl Pass {
 pub enum ReplicaSchedule {
     /// Exactly the exact pass's batches (must then be bitwise identical to it).
     Same,
-    /// Jobs in reverse order, batched by `replica_batch_size`, as a serving engine might.
+    /// Jobs in reverse order, at most `replica_batch_size` at a time, grouped so that the
+    /// batches' memberships differ from exact's (see `credit::schedule`), as a serving engine
+    /// might.
     Shuffled,
 }
 
@@ -166,9 +168,18 @@ pub struct PassSpec {
     pub replica_schedule: ReplicaSchedule,
     /// Continuations decoded together in the exact and refeed passes.
     pub batch_size: usize,
-    /// Continuations decoded together in a shuffled replica pass.
+    /// Most continuations decoded together in a shuffled replica pass (default
+    /// `ceil(batch_size / 2)`).
     #[serde(default)]
     pub replica_batch_size: Option<usize>,
+}
+
+impl PassSpec {
+    /// `replica_batch_size`, or its default `ceil(batch_size / 2)`.
+    pub fn effective_replica_batch_size(&self) -> usize {
+        self.replica_batch_size
+            .unwrap_or(self.batch_size.div_ceil(2))
+    }
 }
 
 fn default_schedule() -> ReplicaSchedule {
@@ -261,6 +272,15 @@ impl CampaignSpec {
                 "problems.start + problems.count = {end} exceeds the {} GSM8K test problems",
                 gsm8k::TEST_LEN
             ));
+        }
+        if self.passes.replica_schedule == ReplicaSchedule::Shuffled
+            && self.passes.run.contains(&Pass::Replica)
+            && self.passes.batch_size == 1
+            && self.passes.effective_replica_batch_size() == 1
+        {
+            return bad(
+                "passes.batch_size = 1 and passes.replica_batch_size = 1 run every continuation alone, so a shuffled replica would repeat exact's batches; set passes.replica_batch_size to 2 or more",
+            );
         }
         Ok(())
     }
