@@ -436,7 +436,7 @@ fn excess_is_tested_as_itself_not_through_the_paired_mean() {
     assert!(p.cr1.t.unwrap() > 0.0);
 
     // The report pairs the excess only with its own t and CI.
-    let report = kvcredit::analysis::report::render(&[s.clone()], &opts());
+    let report = kvcredit::analysis::report::render(std::slice::from_ref(&s), &opts());
     let line = |needle: &str| -> String {
         report
             .lines()

@@ -2,7 +2,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::stats::BootstrapCi;
+use crate::stats::{BootstrapCi, RateDifferenceBootstrap};
 
 use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM};
 use super::read::{Pass, is_batch_invariant};
@@ -50,6 +50,15 @@ fn pval(p: Option<f64>) -> String {
         None => dash(),
         Some(p) if p < 1e-4 => format!("{p:.1e}"),
         Some(p) => format!("{p:.4}"),
+    }
+}
+
+/// A percentile-bootstrap p-value; 0 (no replicate on the far side of 0) is shown as below
+/// the bootstrap's resolution, `2/valid`.
+fn boot_pval(b: Option<RateDifferenceBootstrap>) -> String {
+    match b {
+        Some(b) if b.p_value == 0.0 => format!("< {:.4}", 2.0 / b.ci.valid_reps as f64),
+        b => pval(b.map(|b| b.p_value)),
     }
 }
 
@@ -103,7 +112,8 @@ fn headline(out: &mut String, summaries: &[ConfigSummary]) {
          cluster bootstrap that recomputes both eligible sets in every replicate, `t` is its \
          linearized (delta-method) CR1 t with G − 1 df (G = problems with an estimate eligible \
          for either comparison), `p` its Student-t p-value and `boot p` the percentile-bootstrap \
-         p-value of the same replicates. Under treatment-independent conditioning both rates \
+         p-value of the same replicates (\"< 2/n\" when none of the n valid replicates is on the \
+         far side of 0). Under treatment-independent conditioning both rates \
          are over one set, so the excess coincides with the paired D̄ below and its t with D̄'s \
          CR1 t.\n\n\
          | config | policy | conditioning | N replica / refeed | G | replica floor [CI] | \
@@ -131,7 +141,7 @@ fn headline(out: &mut String, summaries: &[ConfigSummary]) {
                 num(e.and_then(|e| e.t_test.t), 2),
                 e.map_or_else(dash, |e| e.t_test.df.to_string()),
                 pval(e.and_then(|e| e.t_test.p_value)),
-                pval(e.and_then(|e| e.bootstrap.map(|b| b.p_value))),
+                boot_pval(e.and_then(|e| e.bootstrap)),
             );
         }
     }
@@ -415,7 +425,7 @@ fn sensitivity(out: &mut String, summaries: &[ConfigSummary]) {
          of either comparison is counted. The intersection (eligible for both comparisons) drops \
          the estimates where only the refeed or only the replica pass is informative; it is \
          shown as a sensitivity check.\n\n\
-         | config | union N | union D̄ (pp) | CR1 t | p | intersection N | intersection D̄ (pp) | CR1 t | p |\n\
+         | config | union N | union D̄ (pp) | CR1 t of D̄ | p | intersection N | intersection D̄ (pp) | CR1 t of D̄ | p |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for s in summaries {
