@@ -69,6 +69,11 @@ fn analyze_one_run_writes_outputs_into_the_run_dir() {
         "disagreement.png",
         "jaccard.png",
         "device-seconds",
+        "t of the excess",
+        "Paired contrast D̄",
+        // 41 of the fixture's 288 exact continuations stopped at the token cap; the fixture
+        // predates the `extraction_rule` column.
+        "| qwen-stock-fp16 | exact | 288 | 41 | 14.2% | not recorded |",
     ] {
         assert!(report.contains(needle), "`{needle}` not in report.md");
     }

@@ -102,6 +102,7 @@ fn meta() -> ConfigMeta {
         snapshot_checks: 15,
         snapshot_hits: 15,
         cost,
+        outputs: BTreeMap::new(),
     }
 }
 
@@ -169,7 +170,7 @@ fn any_informative_rates_excess_and_classes() {
         (c.zero_boundary, c.polarity_reversal, c.magnitude),
         (1, 1, 2)
     );
-    close(r.excess.unwrap(), 4.0 / 6.0 - 0.6);
+    close(r.excess.unwrap().estimate, 4.0 / 6.0 - 0.6);
 }
 
 #[test]
@@ -210,11 +211,19 @@ fn treatment_independent_uses_exact_informative_for_both() {
         (c.zero_boundary, c.polarity_reversal, c.magnitude),
         (0, 1, 2)
     );
-    close(r.excess.unwrap(), 0.0);
+    let e = r.excess.unwrap();
+    close(e.estimate, 0.0);
     let p = r.paired.unwrap();
     assert_eq!(p.n, 5);
     close(p.mean, 0.0);
     assert!(r.intersection.is_none());
+    // One set for both rates: the excess and its tests coincide with D̄ and its CR1 test.
+    assert_eq!((e.n, e.n_problems), (p.n, p.n_problems));
+    close(e.t_test.se.unwrap(), p.cr1.se.unwrap());
+    assert_eq!(e.t_test.df, p.cr1.df);
+    let (eb, pb) = (e.bootstrap.unwrap().ci, p.bootstrap_ci.unwrap());
+    close(eb.lo, pb.lo);
+    close(eb.hi, pb.hi);
 }
 
 #[test]
@@ -242,9 +251,21 @@ fn jaccard_of_critical_sets_by_hand() {
     // τ = 1: exact {A E G}, refeed {}, replica {A E}
     assert_eq!(j(&r.refeed, 1), (3, 0, 0, 3, Some(0.0)));
     assert_eq!(j(&r.replica, 1), (3, 2, 2, 3, Some(2.0 / 3.0)));
-    // treatment-independent drops B from refeed's universe: τ = ½ sets coincide
+    // Treatment-independent: B (exact uninformative, Â_exact = 0, Â_refeed = ½) is not
+    // eligible but stays in C_refeed(½) per design.md, so the sets are the same as above.
     let t = cond(&s, Conditioning::TreatmentIndependent);
-    assert_eq!(j(&t.refeed, 0), (4, 4, 4, 4, Some(1.0)));
+    assert_eq!(j(&t.refeed, 0), (4, 5, 4, 5, Some(0.8)));
+    assert_eq!(j(&t.refeed, 1), j(&r.refeed, 1));
+    assert_eq!(j(&t.replica, 0), j(&r.replica, 0));
+    let inel = |c: &kvcredit::analysis::summary::Comparison| -> Vec<usize> {
+        c.jaccard.iter().map(|p| p.n_ineligible).collect()
+    };
+    assert_eq!(inel(&t.refeed), vec![1, 0]);
+    assert_eq!(inel(&t.replica), vec![0, 0]);
+    assert_eq!(inel(&r.refeed), vec![0, 0]);
+    for (x, y) in t.refeed.jaccard.iter().zip(&r.refeed.jaccard) {
+        assert_eq!(x.ci, y.ci);
+    }
     for c in [&r.refeed, &r.replica] {
         for p in &c.jaccard {
             let ci = p.ci.expect("bootstrap CI");
@@ -332,6 +353,17 @@ fn summary_parquet_holds_the_hand_numbers() {
     close(f64_at(&b, "excess", 0).unwrap(), 4.0 / 6.0 - 0.6);
     close(f64_at(&b, "paired_mean", 0).unwrap(), 1.0 / 6.0);
     close(f64_at(&b, "excess", 1).unwrap(), 0.0);
+    close(
+        f64_at(&b, "excess_se", 1).unwrap(),
+        f64_at(&b, "paired_cr1_se", 1).unwrap(),
+    );
+    assert!(f64_at(&b, "excess_boot_lo", 0).unwrap() <= f64_at(&b, "excess", 0).unwrap());
+    let inel = b
+        .column_by_name("refeed_crit_ineligible")
+        .unwrap()
+        .as_list::<i32>();
+    let v = inel.value(1);
+    assert_eq!(v.as_primitive::<UInt64Type>().values().to_vec(), vec![1, 0]);
     assert_eq!(f64_at(&b, "both_mean", 1), None);
     close(f64_at(&b, "cost_refeed_device_seconds", 0).unwrap(), 17.5);
     close(f64_at(&b, "cost_total_device_seconds", 0).unwrap(), 42.5);
@@ -357,4 +389,188 @@ fn schema_doc_matches_the_writer() {
         have == want,
         "src/analysis/SCHEMA.md is stale: rerun this test with KVCREDIT_BLESS=1"
     );
+}
+
+/// The example: three keys, K = 2, one problem each, where the excess and the paired
+/// mean have opposite signs under any-informative.
+///
+/// | key | exact     | replica   | refeed    |
+/// |-----|-----------|-----------|-----------|
+/// | X   | 0,0 → 0 N | 0,0 → 0 N | 1,0 → ½ I |
+/// | Y   | 0,0 → 0 N | 0,0 → 0 N | 1,0 → ½ I |
+/// | Z   | 2,0 → 1 I | 1,0 → ½ I | 2,0 → 1 I |
+///
+/// Refeed set X Y Z, 2 disagree: 2/3. Replica set Z, 1 disagrees: 1. Excess −1/3 (linearized
+/// t = −1 with 2 df), but D = [1, 1, −1] over the union: D̄ = +1/3.
+fn three_keys() -> Vec<EstimateRow> {
+    use Pass::{Exact, Refeed, Replica};
+    let keys: [(u32, Counts); 3] = [
+        (0, [(0, 0), (0, 0), (1, 0)]),
+        (1, [(0, 0), (0, 0), (1, 0)]),
+        (2, [(2, 0), (1, 0), (2, 0)]),
+    ];
+    let mut rows = Vec::new();
+    for (p, counts) in keys {
+        for (pass, (o, a)) in [Exact, Replica, Refeed].into_iter().zip(counts) {
+            rows.push(row(p, 1, 1, pass, o, a));
+        }
+    }
+    rows
+}
+
+#[test]
+fn excess_is_tested_as_itself_not_through_the_paired_mean() {
+    let s = summarize(&three_keys(), meta(), &opts()).unwrap();
+    let r = cond(&s, Conditioning::AnyInformative);
+    let e = r.excess.unwrap();
+    close(e.estimate, 2.0 / 3.0 - 1.0);
+    assert_eq!((e.n, e.n_problems, e.t_test.df), (3, 3, 2));
+    close(e.t_test.t.unwrap(), -1.0);
+    let ci = e.bootstrap.unwrap().ci;
+    assert!(
+        ci.lo <= e.estimate && e.estimate <= ci.hi && ci.hi < 0.0,
+        "{ci:?}"
+    );
+    let p = r.paired.unwrap();
+    close(p.mean, 1.0 / 3.0);
+    assert!(p.cr1.t.unwrap() > 0.0);
+
+    // The report pairs the excess only with its own t and CI.
+    let report = kvcredit::analysis::report::render(std::slice::from_ref(&s), &opts());
+    let line = |needle: &str| -> String {
+        report
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` line in:\n{report}"))
+            .to_string()
+    };
+    let head = line("| hand | stock | any-informative | 1 / 3 |");
+    assert!(head.contains("| -33.3 ["), "{head}");
+    assert!(head.contains("| -1.00 (2) |"), "{head}");
+    let paper = line("| problem-clustered t of the excess |");
+    assert!(paper.contains("| -1.00 |"), "{paper}");
+    let d = line("| hand | any-informative | 3 | 3 |");
+    assert!(d.contains("| +33.3 ["), "{d}");
+    assert!(report.contains("coincides with the paired D̄"), "{report}");
+}
+
+#[test]
+fn output_counts_reach_summary_and_report() {
+    use kvcredit::analysis::OutputCounts;
+    let mut m = meta();
+    let rules = |v: &[(&str, u64)]| v.iter().map(|&(r, n)| (r.to_string(), n)).collect();
+    m.outputs.insert(
+        "exact".into(),
+        OutputCounts {
+            rows: 12,
+            truncated: 3,
+            rules: Some(rules(&[("hashes", 9), ("last_number", 3)])),
+        },
+    );
+    m.outputs.insert(
+        "rollout".into(),
+        OutputCounts {
+            rows: 4,
+            truncated: 1,
+            rules: None,
+        },
+    );
+    let s = summarize(&table_rows(), m, &opts()).unwrap();
+    let dir = std::env::temp_dir().join(format!("kvcredit-analysis-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = write_outputs(vec![s], &dir, &opts()).unwrap();
+    let b = read_batch(&out.summary);
+    let opt_u64 = |col: &str| {
+        let a = b.column_by_name(col).unwrap().as_primitive::<UInt64Type>();
+        a.is_valid(0).then(|| a.value(0))
+    };
+    assert_eq!(opt_u64("n_texts_exact"), Some(12));
+    assert_eq!(opt_u64("n_truncated_exact"), Some(3));
+    assert_eq!(opt_u64("n_truncated_rollout"), Some(1));
+    assert_eq!(opt_u64("n_truncated_refeed"), None);
+    let names = b
+        .column_by_name("extraction_rules")
+        .unwrap()
+        .as_list::<i32>();
+    let names = names.value(0);
+    let names: Vec<&str> = names.as_string::<i32>().iter().flatten().collect();
+    assert_eq!(names, ["hashes", "last_number"]);
+    let counts = b
+        .column_by_name("rule_counts_exact")
+        .unwrap()
+        .as_list::<i32>();
+    assert_eq!(
+        counts
+            .value(0)
+            .as_primitive::<UInt64Type>()
+            .values()
+            .to_vec(),
+        vec![9, 3]
+    );
+    let report = std::fs::read_to_string(&out.report).unwrap();
+    assert!(
+        report.contains("| hand | exact | 12 | 3 | 25.0% | hashes 9, last_number 3 |"),
+        "{report}"
+    );
+    assert!(report.contains("| hand | rollout | 4 | 1 | 25.0% | not recorded |"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn output_counts_read_extraction_rule_only_when_present() {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, StringArray};
+    use kvcredit::analysis::read::read_output_counts;
+    let dir = std::env::temp_dir().join(format!("kvcredit-analysis-rules-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, cols: Vec<(&str, Vec<Option<&str>>)>| {
+        let cols: Vec<(&str, ArrayRef)> = cols
+            .into_iter()
+            .map(|(n, v)| (n, Arc::new(StringArray::from(v)) as ArrayRef))
+            .collect();
+        let batch = RecordBatch::try_from_iter(cols).unwrap();
+        let f = std::fs::File::create(dir.join(name)).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    write(
+        "continuations.parquet",
+        vec![
+            ("pass", vec![Some("exact"), Some("exact"), Some("refeed")]),
+            ("stop", vec![Some("length"), Some("eos"), Some("length")]),
+            (
+                "extraction_rule",
+                vec![Some("hashes"), None, Some("last_number")],
+            ),
+        ],
+    );
+    let c = read_output_counts(&dir).unwrap();
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!((c["exact"].rows, c["exact"].truncated), (2, 1));
+    let exact = c["exact"].rules.as_ref().unwrap();
+    assert_eq!((exact["hashes"], exact["none"]), (1, 1));
+    assert_eq!(c["refeed"].rules.as_ref().unwrap()["last_number"], 1);
+    // Without the column (files written before it existed): no rule counts, and a rollouts
+    // file is counted under `rollout`.
+    write(
+        "continuations.parquet",
+        vec![
+            ("pass", vec![Some("replica")]),
+            ("stop", vec![Some("length")]),
+        ],
+    );
+    write(
+        "rollouts.parquet",
+        vec![("stop", vec![Some("eos"), Some("length")])],
+    );
+    let c = read_output_counts(&dir).unwrap();
+    assert_eq!(
+        (c["replica"].truncated, c["replica"].rules.clone()),
+        (1, None)
+    );
+    assert_eq!((c["rollout"].rows, c["rollout"].truncated), (2, 1));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -22,7 +22,7 @@ pub mod table;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use read::{EstimateRow, Key, Manifest, Pass, PassCost};
+pub use read::{EstimateRow, Key, Manifest, OutputCounts, Pass, PassCost};
 pub use summary::{AnalyzeOptions, Conditioning, ConfigMeta, ConfigSummary, summarize};
 
 use crate::{Error, Result};
@@ -36,10 +36,12 @@ pub struct RunData {
     pub manifest: Manifest,
     /// Its `estimates.parquet`.
     pub estimates: Vec<EstimateRow>,
+    /// Stop and extraction-rule counts of its continuations (and rollouts) per pass.
+    pub outputs: BTreeMap<String, OutputCounts>,
 }
 
-/// Read a run dir's manifest and estimates. The estimates must carry exactly one `config`
-/// label (one run dir is one configuration).
+/// Read a run dir's manifest, estimates and output counts ([`read::read_output_counts`]).
+/// The estimates must carry exactly one `config` label (one run dir is one configuration).
 pub fn load_run(dir: &Path) -> Result<RunData> {
     let manifest = read::read_manifest(dir)?;
     let estimates = read::read_estimates(dir)?;
@@ -61,6 +63,7 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
         dir: dir.to_path_buf(),
         manifest,
         estimates,
+        outputs: read::read_output_counts(dir)?,
     })
 }
 
@@ -75,7 +78,7 @@ fn same<'a>(what: &str, cfg: &str, a: &'a str, b: &'a str) -> Result<()> {
 }
 
 /// Group runs by `config` label (run dirs sharing a label are merged: rows concatenated,
-/// snapshot counts and costs summed) and summarize each, in label order.
+/// snapshot counts, costs and output counts summed) and summarize each, in label order.
 pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<ConfigSummary>> {
     let mut groups: BTreeMap<&str, Vec<&RunData>> = BTreeMap::new();
     for r in runs {
@@ -98,6 +101,7 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             snapshot_checks: 0,
             snapshot_hits: 0,
             cost: BTreeMap::new(),
+            outputs: BTreeMap::new(),
         };
         let mut rows = Vec::new();
         for run in runs {
@@ -130,6 +134,14 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
                 acc.device_seconds += c.device_seconds;
                 acc.tokens += c.tokens;
                 acc.continuations += c.continuations;
+            }
+            for (pass, c) in &run.outputs {
+                match meta.outputs.get_mut(pass) {
+                    Some(acc) => acc.merge(c),
+                    None => {
+                        meta.outputs.insert(pass.clone(), c.clone());
+                    }
+                }
             }
             rows.extend(run.estimates.iter().cloned());
         }

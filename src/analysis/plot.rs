@@ -285,7 +285,7 @@ fn segments(points: &[(f64, Option<f64>)]) -> Vec<Vec<(f64, f64)>> {
 
 impl Figure for JaccardFigure<'_> {
     fn size(&self) -> (u32, u32) {
-        (1400, 560)
+        (900, 560)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
@@ -293,96 +293,94 @@ impl Figure for JaccardFigure<'_> {
         DB::ErrorType: 'static,
     {
         root.fill(&WHITE)?;
-        let panels = root.split_evenly((1, 2));
-        for (p, cond) in panels.iter().zip(Conditioning::ALL) {
-            let mut chart = ChartBuilder::on(p)
-                .caption(
-                    format!("Critical-set Jaccard vs τ: {}", conditioning_title(cond)),
-                    ("sans-serif", 18),
-                )
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(50)
-                .build_cartesian_2d(0.0..1.05_f64, 0.0..1.05_f64)?;
-            chart
-                .configure_mesh()
-                .bold_line_style(BLACK.mix(0.12))
-                .light_line_style(TRANSPARENT)
-                .x_desc("τ (threshold on |Â|)")
-                .y_desc("Jaccard with exact")
-                .x_label_formatter(&|x| format!("{x:.2}"))
-                .y_label_formatter(&|y| format!("{y:.1}"))
-                .label_style(("sans-serif", 13))
-                .draw()?;
-            for (i, s) in self.summaries.iter().enumerate() {
-                let Some(row) = s.rows.iter().find(|r| r.conditioning == cond) else {
-                    continue;
+        // Critical sets are over every complete key, so one panel serves both conditionings.
+        let cond = Conditioning::AnyInformative;
+        let mut chart = ChartBuilder::on(root)
+            .caption(
+                "Critical-set Jaccard vs τ (every estimate; both conditionings)",
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..1.05_f64, 0.0..1.05_f64)?;
+        chart
+            .configure_mesh()
+            .bold_line_style(BLACK.mix(0.12))
+            .light_line_style(TRANSPARENT)
+            .x_desc("τ (threshold on |Â|)")
+            .y_desc("Jaccard with exact")
+            .x_label_formatter(&|x| format!("{x:.2}"))
+            .y_label_formatter(&|y| format!("{y:.1}"))
+            .label_style(("sans-serif", 13))
+            .draw()?;
+        for (i, s) in self.summaries.iter().enumerate() {
+            let Some(row) = s.rows.iter().find(|r| r.conditioning == cond) else {
+                continue;
+            };
+            let color = PALETTE[i % PALETTE.len()];
+            for (cmp, is_refeed) in [(&row.refeed, true), (&row.replica, false)] {
+                let pts: Vec<(f64, Option<f64>)> = cmp
+                    .jaccard
+                    .iter()
+                    .map(|j| (j.tau, j.result.value))
+                    .collect();
+                let style = color.stroke_width(2);
+                let label = if is_refeed {
+                    format!("{}: refeed", short(&s.meta.config, 24))
+                } else {
+                    format!("{}: replica ceiling", short(&s.meta.config, 24))
                 };
-                let color = PALETTE[i % PALETTE.len()];
-                for (cmp, is_refeed) in [(&row.refeed, true), (&row.replica, false)] {
-                    let pts: Vec<(f64, Option<f64>)> = cmp
-                        .jaccard
-                        .iter()
-                        .map(|j| (j.tau, j.result.value))
-                        .collect();
-                    let style = color.stroke_width(2);
-                    let label = if is_refeed {
-                        format!("{}: refeed", short(&s.meta.config, 24))
+                for (n_seg, seg) in segments(&pts).into_iter().enumerate() {
+                    let anno = if is_refeed {
+                        chart.draw_series(LineSeries::new(seg.clone(), style))?
                     } else {
-                        format!("{}: replica ceiling", short(&s.meta.config, 24))
+                        chart.draw_series(DashedLineSeries::new(seg.clone(), 8, 5, style))?
                     };
-                    for (n_seg, seg) in segments(&pts).into_iter().enumerate() {
-                        let anno = if is_refeed {
-                            chart.draw_series(LineSeries::new(seg.clone(), style))?
-                        } else {
-                            chart.draw_series(DashedLineSeries::new(seg.clone(), 8, 5, style))?
-                        };
-                        if n_seg == 0 && is_refeed {
-                            anno.label(label.clone()).legend(move |(x, y)| {
-                                PathElement::new(vec![(x, y), (x + 18, y)], style)
-                            });
-                        } else if n_seg == 0 {
-                            anno.label(label.clone()).legend(move |(x, y)| {
-                                EmptyElement::at((x, y))
-                                    + PathElement::new(vec![(0, 0), (6, 0)], style)
-                                    + PathElement::new(vec![(10, 0), (16, 0)], style)
-                            });
-                        }
-                        if is_refeed {
-                            chart.draw_series(
-                                seg.iter().map(|&c| Circle::new(c, 4, color.filled())),
-                            )?;
-                        } else {
-                            chart.draw_series(
-                                seg.iter()
-                                    .map(|&c| TriangleMarker::new(c, 5, color.filled())),
-                            )?;
-                        }
+                    if n_seg == 0 && is_refeed {
+                        anno.label(label.clone()).legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 18, y)], style)
+                        });
+                    } else if n_seg == 0 {
+                        anno.label(label.clone()).legend(move |(x, y)| {
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (6, 0)], style)
+                                + PathElement::new(vec![(10, 0), (16, 0)], style)
+                        });
                     }
-                    // Replica bars sit slightly right of τ so both CIs stay visible.
-                    let dx = if is_refeed { 0.0 } else { 0.012 };
-                    let bars = cmp.jaccard.iter().filter_map(|j| {
-                        let (v, ci) = (j.result.value?, j.ci?);
-                        Some(ErrorBar::new_vertical(
-                            j.tau + dx,
-                            ci.lo,
-                            v,
-                            ci.hi,
-                            color.stroke_width(1),
-                            6,
-                        ))
-                    });
-                    chart.draw_series(bars)?;
+                    if is_refeed {
+                        chart
+                            .draw_series(seg.iter().map(|&c| Circle::new(c, 4, color.filled())))?;
+                    } else {
+                        chart.draw_series(
+                            seg.iter()
+                                .map(|&c| TriangleMarker::new(c, 5, color.filled())),
+                        )?;
+                    }
                 }
+                // Replica bars sit slightly right of τ so both CIs stay visible.
+                let dx = if is_refeed { 0.0 } else { 0.012 };
+                let bars = cmp.jaccard.iter().filter_map(|j| {
+                    let (v, ci) = (j.result.value?, j.ci?);
+                    Some(ErrorBar::new_vertical(
+                        j.tau + dx,
+                        ci.lo,
+                        v,
+                        ci.hi,
+                        color.stroke_width(1),
+                        6,
+                    ))
+                });
+                chart.draw_series(bars)?;
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 12))
-                .draw()?;
         }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()?;
         Ok(())
     }
 }

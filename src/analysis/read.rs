@@ -1,5 +1,6 @@
 //! Reading a campaign run dir: `manifest.json`, `estimates.parquet`, `continuations.parquet`,
-//! and the row identities of `rollouts.parquet` and `pivots.parquet`.
+//! and the row identities (and stop/extraction-rule counts) of `rollouts.parquet` and
+//! `pivots.parquet`.
 //!
 //! Only the columns the analysis needs are read (by name, so extra columns are ignored and
 //! column order does not matter). Integer columns accept any Arrow integer width that holds
@@ -341,6 +342,7 @@ pub(crate) struct Frame {
     path: PathBuf,
     batches: Vec<RecordBatch>,
     rows: usize,
+    columns: Vec<String>,
 }
 
 fn out_err(path: &Path, msg: impl fmt::Display) -> Error {
@@ -350,17 +352,28 @@ fn out_err(path: &Path, msg: impl fmt::Display) -> Error {
 impl Frame {
     /// Read `columns` (top-level names) of a Parquet file; a missing column is an error.
     pub(crate) fn read(path: &Path, columns: &[&str]) -> Result<Frame> {
+        Frame::read_optional(path, columns, &[])
+    }
+
+    /// Read `columns` and those of `optional` that the file has ([`Frame::has`] tells which).
+    pub(crate) fn read_optional(path: &Path, columns: &[&str], optional: &[&str]) -> Result<Frame> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| out_err(path, format_args!("not a readable Parquet file ({e})")))?;
         let schema = builder.schema().clone();
-        let mut roots = Vec::with_capacity(columns.len());
+        let position = |c: &str| schema.fields().iter().position(|f| f.name() == c);
+        let mut roots = Vec::with_capacity(columns.len() + optional.len());
         for &c in columns {
-            match schema.fields().iter().position(|f| f.name() == c) {
+            match position(c) {
                 Some(i) => roots.push(i),
                 None => return Err(out_err(path, format_args!("missing column `{c}`"))),
             }
         }
+        roots.extend(optional.iter().filter_map(|&c| position(c)));
+        let names = roots
+            .iter()
+            .map(|&i| schema.field(i).name().clone())
+            .collect();
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
         let reader = builder
             .with_projection(mask)
@@ -377,11 +390,17 @@ impl Frame {
             path: path.to_path_buf(),
             batches,
             rows,
+            columns: names,
         })
     }
 
     pub(crate) fn len(&self) -> usize {
         self.rows
+    }
+
+    /// Whether the column was read (always true for a required one).
+    pub(crate) fn has(&self, col: &str) -> bool {
+        self.columns.iter().any(|c| c == col)
     }
 
     fn err(&self, col: &str, msg: impl fmt::Display) -> Error {
@@ -733,4 +752,86 @@ pub fn read_pivots(run_dir: &Path) -> Result<Vec<PivotRow>> {
             alt_rank: alt_rank[j],
         })
         .collect())
+}
+
+/// Stop reasons and extraction rules of one pass's generated texts (continuations, or the
+/// rollouts under the label `rollout`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutputCounts {
+    /// Rows counted.
+    pub rows: u64,
+    /// Rows with `stop == "length"`: the token cap was hit (truncated).
+    pub truncated: u64,
+    /// Rows per `extraction_rule` value (a null rule counts as `none`); `None` when a file
+    /// had no `extraction_rule` column (written before the column existed).
+    pub rules: Option<BTreeMap<String, u64>>,
+}
+
+impl OutputCounts {
+    /// Add another run's counts (rules stay known only if both are).
+    pub fn merge(&mut self, other: &OutputCounts) {
+        self.rows += other.rows;
+        self.truncated += other.truncated;
+        self.rules = match (self.rules.take(), &other.rules) {
+            (Some(mut a), Some(b)) => {
+                for (rule, n) in b {
+                    *a.entry(rule.clone()).or_default() += n;
+                }
+                Some(a)
+            }
+            _ => None,
+        };
+    }
+}
+
+/// Label of the rollouts in [`read_output_counts`].
+pub const ROLLOUT: &str = "rollout";
+
+/// Name of the optional extraction-rule column of continuations and rollouts.
+pub const EXTRACTION_RULE: &str = "extraction_rule";
+
+fn count_outputs(
+    f: &Frame,
+    labels: Vec<String>,
+    out: &mut BTreeMap<String, OutputCounts>,
+) -> Result<()> {
+    let stop = f.strings("stop")?;
+    let rules = if f.has(EXTRACTION_RULE) {
+        Some(f.opt_strings(EXTRACTION_RULE)?)
+    } else {
+        None
+    };
+    for (j, (label, stop)) in labels.into_iter().zip(stop).enumerate() {
+        let c = out.entry(label).or_insert_with(|| OutputCounts {
+            rules: rules.as_ref().map(|_| BTreeMap::new()),
+            ..OutputCounts::default()
+        });
+        c.rows += 1;
+        c.truncated += u64::from(stop == "length");
+        if let (Some(rules), Some(map)) = (&rules, c.rules.as_mut()) {
+            let rule = rules[j].as_deref().unwrap_or("none");
+            *map.entry(rule.to_string()).or_default() += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Per pass (`exact`, `replica`, `refeed`) the continuations' stop and extraction-rule counts
+/// from `continuations.parquet` (required), and under [`ROLLOUT`] those of
+/// `rollouts.parquet` when the run dir has one. `extraction_rule` is read only if present.
+pub fn read_output_counts(run_dir: &Path) -> Result<BTreeMap<String, OutputCounts>> {
+    let mut out = BTreeMap::new();
+    let path = run_dir.join(CONTINUATIONS);
+    let f = Frame::read_optional(&path, &["pass", "stop"], &[EXTRACTION_RULE])?;
+    let labels = passes(&f, "pass")?
+        .into_iter()
+        .map(|p| p.as_str().to_string())
+        .collect();
+    count_outputs(&f, labels, &mut out)?;
+    let path = run_dir.join(ROLLOUTS);
+    if path.exists() {
+        let f = Frame::read_optional(&path, &["stop"], &[EXTRACTION_RULE])?;
+        count_outputs(&f, vec![ROLLOUT.to_string(); f.len()], &mut out)?;
+    }
+    Ok(out)
 }

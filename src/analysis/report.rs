@@ -2,7 +2,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::stats::BootstrapCi;
+use crate::stats::{BootstrapCi, RateDifferenceBootstrap};
 
 use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM};
 use super::read::{Pass, is_batch_invariant};
@@ -53,6 +53,15 @@ fn pval(p: Option<f64>) -> String {
     }
 }
 
+/// A percentile-bootstrap p-value; 0 (no replicate on the far side of 0) is shown as below
+/// the bootstrap's resolution, `2/valid`.
+fn boot_pval(b: Option<RateDifferenceBootstrap>) -> String {
+    match b {
+        Some(b) if b.p_value == 0.0 => format!("< {:.4}", 2.0 / b.ci.valid_reps as f64),
+        b => pval(b.map(|b| b.p_value)),
+    }
+}
+
 fn ci_pct(ci: Option<BootstrapCi>) -> String {
     ci.map_or_else(dash, |c| {
         format!("[{:.1}, {:.1}]", 100.0 * c.lo, 100.0 * c.hi)
@@ -98,37 +107,80 @@ fn headline(out: &mut String, summaries: &[ConfigSummary]) {
     out.push_str(
         "## Re-feed disagreement above the replica floor\n\n\
          Rates are over eligible estimates; CIs are 95% cluster-bootstrap (problems resampled). \
-         The excess is `rate(exact≠refeed) − rate(exact≠replica)`; its tests use \
-         `D_j = 1[exact≠refeed] − 1[exact≠replica]` over the paired set, clustered by problem \
-         (G − 1 df).\n\n\
+         The **excess** is `rate(exact≠refeed) − rate(exact≠replica)`, each rate over its own \
+         eligible set, and every test in this table is of that same difference: its CI is a \
+         cluster bootstrap that recomputes both eligible sets in every replicate, `t` is its \
+         linearized (delta-method) CR1 t with G − 1 df (G = problems with an estimate eligible \
+         for either comparison), `p` its Student-t p-value and `boot p` the percentile-bootstrap \
+         p-value of the same replicates (\"< 2/n\" when none of the n valid replicates is on the \
+         far side of 0). Under treatment-independent conditioning both rates \
+         are over one set, so the excess coincides with the paired D̄ below and its t with D̄'s \
+         CR1 t.\n\n\
          | config | policy | conditioning | N replica / refeed | G | replica floor [CI] | \
-         exact≠refeed [CI] | excess (pp) | paired D̄ (pp) [CI] | cluster-mean t (df) | p | CR1 t | p |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         exact≠refeed [CI] | excess (pp) [CI] | t of the excess (df) | p | boot p |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for s in summaries {
+        for r in &s.rows {
+            let e = r.excess.as_ref();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} / {} | {} | {} {} | {} {} | {} {} | {} ({}) | {} | {} |",
+                s.meta.config,
+                s.meta.policy,
+                cond_label(r.conditioning),
+                r.replica.n_eligible,
+                r.refeed.n_eligible,
+                e.map_or(0, |e| e.n_problems),
+                pct(r.replica.rate),
+                ci_pct(r.replica.rate_ci),
+                pct(r.refeed.rate),
+                ci_pct(r.refeed.rate_ci),
+                pp(e.map(|e| e.estimate)),
+                ci_pp(e.and_then(|e| e.bootstrap.map(|b| b.ci))),
+                num(e.and_then(|e| e.t_test.t), 2),
+                e.map_or_else(dash, |e| e.t_test.df.to_string()),
+                pval(e.and_then(|e| e.t_test.p_value)),
+                boot_pval(e.and_then(|e| e.bootstrap)),
+            );
+        }
+    }
+    out.push('\n');
+}
+
+fn paired_contrast(out: &mut String, summaries: &[ConfigSummary]) {
+    out.push_str(
+        "## Paired contrast D̄ (not the excess under any-informative)\n\n\
+         `D_j = 1[exact≠refeed] − 1[exact≠replica]` over the paired set: the union of the two \
+         eligible sets under any-informative, the exact-informative estimates under \
+         treatment-independent. **D̄** is the pooled mean of `D_j`, shown with its own \
+         cluster-bootstrap CI and its CR1 t; **d̄** is the mean over problems of the per-problem \
+         means of `D_j`, shown with the cluster-mean t that tests it. Under any-informative D̄ \
+         divides by the union, the excess by each comparison's own set: they differ and can \
+         have opposite signs, so neither t here is a test of the excess.\n\n\
+         | config | conditioning | N | G | D̄ (pp) [CI] | CR1 t of D̄ (df) | p | \
+         d̄ (pp) | cluster-mean t of d̄ (df) | p |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for s in summaries {
         for r in &s.rows {
             let p = r.paired.as_ref();
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} / {} | {} | {} {} | {} {} | {} | {} {} | {} ({}) | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} {} | {} ({}) | {} | {} | {} ({}) | {} |",
                 s.meta.config,
-                s.meta.policy,
                 cond_label(r.conditioning),
-                r.replica.n_eligible,
-                r.refeed.n_eligible,
+                p.map_or(0, |p| p.n),
                 p.map_or(0, |p| p.n_problems),
-                pct(r.replica.rate),
-                ci_pct(r.replica.rate_ci),
-                pct(r.refeed.rate),
-                ci_pct(r.refeed.rate_ci),
-                pp(r.excess),
                 pp(p.map(|p| p.mean)),
                 ci_pp(p.and_then(|p| p.bootstrap_ci)),
+                num(p.and_then(|p| p.cr1.t), 2),
+                p.map_or_else(dash, |p| p.cr1.df.to_string()),
+                pval(p.and_then(|p| p.cr1.p_value)),
+                pp(p.map(|p| p.cluster_mean.estimate)),
                 num(p.and_then(|p| p.cluster_mean.t), 2),
                 p.map_or_else(dash, |p| p.cluster_mean.df.to_string()),
                 pval(p.and_then(|p| p.cluster_mean.p_value)),
-                num(p.and_then(|p| p.cr1.t), 2),
-                pval(p.and_then(|p| p.cr1.p_value)),
             );
         }
     }
@@ -165,9 +217,7 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
     };
     let ts: Vec<f64> = rows(ai)
         .chain(rows(ti))
-        .filter_map(|r| r.paired.as_ref())
-        .flat_map(|p| [p.cluster_mean.t, p.cr1.t])
-        .flatten()
+        .filter_map(|r| r.excess.as_ref().and_then(|e| e.t_test.t))
         .collect();
     let _ = write!(
         out,
@@ -176,7 +226,7 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
          replica{} next to the seed abstract's ranges over its six configurations \
          (batch-invariant configurations are listed last). The abstract states neither the \
          threshold of its critical sets (ours: every τ = m/K) nor which conditioning its \
-         clustered t belongs to (ours: both, cluster-mean and CR1).\n\n\
+         clustered t belongs to (ours: the linearized CR1 t of the excess under both).\n\n\
          | quantity | this analysis | seed paper |\n| --- | --- | --- |\n\
          | excess above the replica floor, any-informative (pp) | {} | {:.0}–{:.0} |\n\
          | excess above the replica floor, treatment-independent (pp) | {} | {:.0}–{:.0} |\n\
@@ -193,10 +243,18 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
                 same.join(", ")
             )
         },
-        range(rows(ai).filter_map(|r| r.excess), 100.0, 1),
+        range(
+            rows(ai).filter_map(|r| r.excess.map(|e| e.estimate)),
+            100.0,
+            1
+        ),
         sp::EXCESS_PP.0,
         sp::EXCESS_PP.1,
-        range(rows(ti).filter_map(|r| r.excess), 100.0, 1),
+        range(
+            rows(ti).filter_map(|r| r.excess.map(|e| e.estimate)),
+            100.0,
+            1
+        ),
         sp::EXCESS_TI_PP.0,
         sp::EXCESS_TI_PP.1,
         range(ts, 1.0, 2),
@@ -309,36 +367,48 @@ fn jaccard_cell(c: &Comparison, i: usize) -> String {
 fn critical_sets(out: &mut String, summaries: &[ConfigSummary]) {
     out.push_str(
         "## Critical-token sets\n\n\
-         `C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` over the comparison's eligible estimates, for \
-         every τ = m/K. Jaccard = |C_exact ∩ C_π| / |C_exact ∪ C_π| with a cluster-bootstrap CI; \
-         an empty union has no Jaccard (\"empty union\", null in `summary.parquet`), and \
-         bootstrap replicates with an empty union are dropped. The replica ceiling is \
-         Jaccard(exact, replica) at the same τ.\n\n",
+         `C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` as design.md defines it: over **every** complete \
+         estimate, whatever the conditioning, for every τ = m/K. Under any-informative every \
+         critical key is eligible for its comparison (an ineligible key has Â = 0 in both \
+         passes). Under treatment-independent only exact-informative keys are eligible, but a \
+         key with exact uninformative (Â_exact = 0) and |Â_refeed| ≥ τ (or |Â_replica| ≥ τ) \
+         stays in C_refeed (C_replica); the column *exact uninformative* counts those keys of \
+         each union, which a conditioned critical set would drop. So the sets, the Jaccard and \
+         the ceiling are the same under both conditionings. Jaccard = |C_exact ∩ C_π| / \
+         |C_exact ∪ C_π| with a cluster-bootstrap CI over every problem; an empty union has no \
+         Jaccard (\"empty union\", null in `summary.parquet`), and bootstrap replicates with an \
+         empty union are dropped. The replica ceiling is Jaccard(exact, replica) at the same \
+         τ.\n\n",
     );
     for s in summaries {
-        for r in &s.rows {
-            let _ = write!(
+        let (Some(a), Some(t)) = (
+            row_of(s, Conditioning::AnyInformative),
+            row_of(s, Conditioning::TreatmentIndependent),
+        ) else {
+            continue;
+        };
+        let _ = write!(
+            out,
+            "### `{}` (both conditionings)\n\n\
+             | τ | \\|C_exact\\| | \\|C_refeed\\| | \\|C_replica\\| | exact uninformative (refeed / replica) | Jaccard(exact, refeed) [CI] | replica ceiling [CI] |\n\
+             | --- | --- | --- | --- | --- | --- | --- |\n",
+            s.meta.config,
+        );
+        for (i, &tau) in s.taus.iter().enumerate() {
+            let _ = writeln!(
                 out,
-                "### `{}`, {}\n\n\
-                 | τ | \\|C_exact\\| | \\|C_refeed\\| | \\|C_replica\\| | Jaccard(exact, refeed) [CI] | replica ceiling [CI] |\n\
-                 | --- | --- | --- | --- | --- | --- |\n",
-                s.meta.config,
-                cond_label(r.conditioning)
+                "| {} | {} | {} | {} | {} / {} | {} | {} |",
+                tau_label(tau, s.meta.k),
+                a.refeed.jaccard[i].result.size_a,
+                a.refeed.jaccard[i].result.size_b,
+                a.replica.jaccard[i].result.size_b,
+                t.refeed.jaccard[i].n_ineligible,
+                t.replica.jaccard[i].n_ineligible,
+                jaccard_cell(&a.refeed, i),
+                jaccard_cell(&a.replica, i),
             );
-            for (i, &tau) in s.taus.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {} | {} | {} |",
-                    tau_label(tau, s.meta.k),
-                    r.refeed.jaccard[i].result.size_a,
-                    r.refeed.jaccard[i].result.size_b,
-                    r.replica.jaccard[i].result.size_b,
-                    jaccard_cell(&r.refeed, i),
-                    jaccard_cell(&r.replica, i),
-                );
-            }
-            out.push('\n');
         }
+        out.push('\n');
     }
 }
 
@@ -355,7 +425,7 @@ fn sensitivity(out: &mut String, summaries: &[ConfigSummary]) {
          of either comparison is counted. The intersection (eligible for both comparisons) drops \
          the estimates where only the refeed or only the replica pass is informative; it is \
          shown as a sensitivity check.\n\n\
-         | config | union N | union D̄ (pp) | CR1 t | p | intersection N | intersection D̄ (pp) | CR1 t | p |\n\
+         | config | union N | union D̄ (pp) | CR1 t of D̄ | p | intersection N | intersection D̄ (pp) | CR1 t of D̄ | p |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for s in summaries {
@@ -376,6 +446,43 @@ fn sensitivity(out: &mut String, summaries: &[ConfigSummary]) {
             num(b.and_then(|p| p.cr1.t), 2),
             pval(b.and_then(|p| p.cr1.p_value)),
         );
+    }
+    out.push('\n');
+}
+
+fn outputs(out: &mut String, summaries: &[ConfigSummary]) {
+    out.push_str(
+        "## Generated texts: truncations and extraction rules\n\n\
+         Per pass, the continuations in `continuations.parquet` (and the rollouts in \
+         `rollouts.parquet`, when the run dir has one) that stopped at the token cap \
+         (`stop = length`), and how their answers were extracted (`extraction_rule`; \
+         \"not recorded\" for files written without that column).\n\n\
+         | config | pass | texts | truncated | share | extraction rules |\n\
+         | --- | --- | ---: | ---: | ---: | --- |\n",
+    );
+    for s in summaries {
+        if s.meta.outputs.is_empty() {
+            let _ = writeln!(out, "| {} | (none read) | | | | |", s.meta.config);
+        }
+        for (pass, o) in &s.meta.outputs {
+            let share = if o.rows > 0 {
+                format!("{:.1}%", 100.0 * o.truncated as f64 / o.rows as f64)
+            } else {
+                dash()
+            };
+            let rules = o.rules.as_ref().map_or_else(
+                || "not recorded".to_string(),
+                |m| {
+                    let v: Vec<String> = m.iter().map(|(r, n)| format!("{r} {n}")).collect();
+                    v.join(", ")
+                },
+            );
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                s.meta.config, pass, o.rows, o.truncated, share, rules
+            );
+        }
     }
     out.push('\n');
 }
@@ -457,15 +564,20 @@ fn definitions(out: &mut String) {
          - Only estimates `(problem, pivot_pos, alt_rank)` with all three passes enter \
          (`incomplete` counts the others).\n\
          - *any-informative*: exact vs X is eligible when exact or X is informative, so the two \
-         comparisons have their own sets; the excess is the difference of the two rates, and \
-         the paired `D_j` uses the union of the two sets.\n\
+         comparisons have their own sets; the excess is the difference of the two rates, the \
+         paired `D_j` uses the union of the two sets, and the two are different numbers.\n\
          - *treatment-independent*: eligible iff exact is informative, one set for both \
-         comparisons; the excess equals the mean of `D_j`.\n\
-         - Cluster-mean t: per-problem means of `D_j`, `t = mean/(sd/√G)`, G − 1 df. CR1: \
-         intercept-only OLS with problem-clustered variance `G/(G−1)·Σ_g(Σ e_j)²/N²`, G − 1 df. \
-         Cluster bootstrap: problems drawn with replacement, percentile interval.\n\
-         - Critical sets use the comparison's eligible estimates (for any-informative the same \
-         as all estimates when τ > 0).\n",
+         comparisons; the excess equals D̄ and its linearized t equals D̄'s CR1 t.\n\
+         - Tests of the excess: linearized CR1 t, `z_g = Σ_{j∈g∩refeed}(y_j − r_refeed)/N_refeed \
+         − Σ_{j∈g∩replica}(y_j − r_replica)/N_replica`, `V = G/(G−1)·Σ_g z_g²`, `t = excess/√V`, \
+         G − 1 df; cluster bootstrap recomputing both eligible sets per replicate (replicates \
+         with an empty set dropped), percentile CI and p = min(1, 2·min(#≤0, #≥0)/valid).\n\
+         - Tests of D̄ and d̄: cluster-mean t, per-problem means of `D_j`, \
+         `t = mean/(sd/√G)`, G − 1 df; CR1, intercept-only OLS with problem-clustered variance \
+         `G/(G−1)·Σ_g(Σ e_j)²/N²`, G − 1 df. Cluster bootstrap: problems drawn with \
+         replacement, percentile interval.\n\
+         - Critical sets are over every complete estimate under both conditionings \
+         (design.md's `C^π(τ)`), see *Critical-token sets*.\n",
     );
 }
 
@@ -479,6 +591,7 @@ pub fn render(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
     );
     inputs(&mut out, summaries, opts);
     headline(&mut out, summaries);
+    paired_contrast(&mut out, summaries);
     let _ = write!(
         out,
         "![Disagreement rates vs replica floor]({DISAGREEMENT_STEM}.png)\n\n\
@@ -494,6 +607,7 @@ pub fn render(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
          (also [`{JACCARD_STEM}.svg`]({JACCARD_STEM}.svg))\n\n"
     );
     sensitivity(&mut out, summaries);
+    outputs(&mut out, summaries);
     cost(&mut out, summaries);
     definitions(&mut out);
     out

@@ -10,25 +10,35 @@
 //! - An estimate key `(problem, pivot_pos, alt_rank)` enters only with all three passes;
 //!   keys missing a pass are counted (`n_incomplete`) and left out.
 //! - *any-informative*: the comparison exact-vs-X uses the keys where exact or X is
-//!   informative (so the two comparisons have their own sets); the headline excess is the
-//!   difference of the two rates. The paired contrast `D_j` is taken over the **union** of the
-//!   two sets (any of the three passes informative): a key outside a comparison's set has both
-//!   estimates equal to 0, so its indicator there is 0 and `Σ D_j` is exactly
-//!   `#disagree(refeed) − #disagree(replica)`; the intersection would drop the keys where only
-//!   the refeed (or only the replica) pass is informative, which are the refeed-induced zero
-//!   crossings the test is about. The intersection is kept as a sensitivity column.
-//! - *treatment-independent*: one set for both comparisons, exact informative; the excess is
-//!   the mean of `D_j` over it.
-//! - Critical sets are taken within each comparison's eligible set (under any-informative this
-//!   equals the unconditioned set for every `τ > 0`), over `τ = m/K`, `m = 1..K`.
+//!   informative, so the two comparisons have their own sets. The headline **excess** is
+//!   `rate(exact≠refeed) − rate(exact≠replica)`, each over its own set, and its inference is
+//!   of that same quantity: a linearized CR1 t ([`stats::rate_difference_t`]) and a cluster
+//!   bootstrap that recomputes both eligible sets in every replicate (CI and percentile p).
+//! - The **paired contrast** `D_j = 1[exact≠refeed] − 1[exact≠replica]` is a different
+//!   quantity under any-informative: its mean `D̄` is taken over the union of the two sets
+//!   (a key outside a comparison's set has both estimates 0, so `Σ D_j` is exactly
+//!   `#disagree(refeed) − #disagree(replica)`), and the cluster-mean t and CR1 t test `D̄`
+//!   (the cluster-mean one its mean of problem means), never the excess. `D̄` and the excess
+//!   can have opposite signs. The intersection of the two sets is a sensitivity row.
+//! - *treatment-independent*: one set for both comparisons, exact informative; the excess and
+//!   `D̄` coincide and so do their CR1 tests.
+//! - Critical sets follow design.md, `C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` over **every**
+//!   complete key, whatever the conditioning, over `τ = m/K`, `m = 1..K`. Under
+//!   any-informative every critical key is eligible for its comparison (an ineligible key has
+//!   `Â = 0` in both passes); under treatment-independent a key with exact uninformative
+//!   (`Â_exact = 0`) still enters `C_refeed`/`C_replica` when `|Â| ≥ τ`: `n_ineligible`
+//!   counts those keys. So the Jaccard values are the same under both conditionings.
 //! - Every bootstrap uses the same seed and `reps`, resampling problems.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use crate::stats::{self, BootstrapCi, ClusteredMeanCi, DisagreementCounts, JaccardResult, TTest};
+use crate::stats::{
+    self, BootstrapCi, ClusteredMeanCi, DisagreementCounts, JaccardResult, RateDifferenceBootstrap,
+    TTest,
+};
 use crate::{Error, Result};
 
-use super::read::{EstimateRow, Key, Pass, PassCost};
+use super::read::{EstimateRow, Key, OutputCounts, Pass, PassCost};
 
 /// Bootstrap and interval settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -152,15 +162,19 @@ pub fn triples(rows: &[EstimateRow]) -> Result<(Vec<Triple>, usize)> {
     Ok((out, incomplete))
 }
 
-/// Critical-set overlap at one threshold.
+/// Critical-set overlap at one threshold (critical sets over every complete key).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct JaccardPoint {
     /// Threshold `τ = m/K`.
     pub tau: f64,
     /// Sizes, intersection, union and value (`None` for an empty union).
     pub result: JaccardResult,
-    /// Cluster-bootstrap CI (`None` if no replicate had a non-empty union).
+    /// Cluster-bootstrap CI over every problem (`None` if no replicate had a non-empty union).
     pub ci: Option<BootstrapCi>,
+    /// Keys of `C_exact ∪ C_other` outside this conditioning's eligible set for the
+    /// comparison: 0 under any-informative; under treatment-independent the critical keys
+    /// whose exact pass is uninformative (a conditioned critical set would drop them).
+    pub n_ineligible: usize,
 }
 
 /// Exact vs one other pass under one conditioning.
@@ -182,25 +196,43 @@ pub struct Comparison {
     pub classes: DisagreementCounts,
     /// Clustered mean of `Â_other − Â_exact` (the mean-zero check).
     pub mean_diff: Option<ClusteredMeanCi>,
-    /// Critical-set overlap with exact, per `τ`.
+    /// Critical-set overlap with exact, per `τ` (over every complete key; the same under
+    /// both conditionings except `n_ineligible`).
     pub jaccard: Vec<JaccardPoint>,
 }
 
-/// Clustered inference for the paired contrast `D_j`.
+/// Clustered inference for the paired contrast `D_j` (its mean `D̄`, not the excess).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairedExcess {
     /// Estimates in the paired set.
     pub n: usize,
     /// Problems in the paired set (`G`).
     pub n_problems: usize,
-    /// Pooled mean of `D_j` (the CR1 estimate).
+    /// Pooled mean `D̄` (the CR1 estimate).
     pub mean: f64,
-    /// Cluster-mean t test (estimate = mean of per-problem means).
+    /// Cluster-mean t test (estimate = mean of per-problem means of `D_j`).
     pub cluster_mean: TTest,
-    /// CR1 t test (estimate = pooled mean).
+    /// CR1 t test (estimate = pooled mean `D̄`).
     pub cr1: TTest,
-    /// Cluster-bootstrap percentile CI of the pooled mean.
+    /// Cluster-bootstrap percentile CI of the pooled mean `D̄`.
     pub bootstrap_ci: Option<BootstrapCi>,
+}
+
+/// The excess `rate(exact≠refeed) − rate(exact≠replica)`, each rate over its own eligible
+/// set, with inference on that same quantity.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Excess {
+    /// The excess.
+    pub estimate: f64,
+    /// Estimates in either eligible set (the rows resampled).
+    pub n: usize,
+    /// Their problems (`G`).
+    pub n_problems: usize,
+    /// Linearized CR1 t test of the excess ([`stats::rate_difference_t`], `G − 1` df).
+    pub t_test: TTest,
+    /// Cluster bootstrap with both eligible sets recomputed per replicate: percentile CI and
+    /// percentile p-value; `None` if every replicate had an empty set.
+    pub bootstrap: Option<RateDifferenceBootstrap>,
 }
 
 /// All numbers of one configuration under one conditioning.
@@ -212,8 +244,8 @@ pub struct ConditioningSummary {
     pub replica: Comparison,
     /// Exact vs refeed.
     pub refeed: Comparison,
-    /// `rate(refeed) − rate(replica)`; `None` if either rate is.
-    pub excess: Option<f64>,
+    /// `rate(refeed) − rate(replica)` and its tests; `None` if either rate is.
+    pub excess: Option<Excess>,
     /// `D_j` over the paired set (union / exact-informative); `None` if the set is empty.
     pub paired: Option<PairedExcess>,
     /// Any-informative only: `D_j` over the intersection of the two eligible sets.
@@ -249,6 +281,9 @@ pub struct ConfigMeta {
     pub snapshot_hits: u64,
     /// Cost per pass label (manifest, summed over run dirs).
     pub cost: BTreeMap<String, PassCost>,
+    /// Stop reasons and extraction rules per pass label (`exact`, `replica`, `refeed` from
+    /// the continuations, `rollout` from the rollouts; summed over run dirs).
+    pub outputs: BTreeMap<String, OutputCounts>,
 }
 
 impl ConfigMeta {
@@ -289,11 +324,41 @@ fn n_clusters(ts: &[&Triple]) -> usize {
         .len()
 }
 
+/// Critical-set overlap of exact with `pass` per `τ`, over every complete key and every
+/// problem (design.md's `C^π(τ)`; the same for every conditioning, `n_ineligible` left 0).
+fn critical_overlap(
+    triples: &[Triple],
+    pass: Pass,
+    taus: &[f64],
+    opts: &AnalyzeOptions,
+) -> Result<Vec<JaccardPoint>> {
+    let ka: Vec<(Key, f64)> = triples.iter().map(|t| (t.key, t.exact.a_hat)).collect();
+    let kb: Vec<(Key, f64)> = triples.iter().map(|t| (t.key, t.get(pass).a_hat)).collect();
+    taus.iter()
+        .map(|&tau| {
+            Ok(JaccardPoint {
+                tau,
+                result: stats::jaccard(&ka, &kb, tau)?,
+                ci: stats::jaccard_bootstrap_ci(
+                    &ka,
+                    &kb,
+                    tau,
+                    |k: &Key| u64::from(k.problem),
+                    opts.reps,
+                    opts.seed,
+                    opts.level,
+                )?,
+                n_ineligible: 0,
+            })
+        })
+        .collect()
+}
+
 fn compare(
     triples: &[Triple],
     cond: Conditioning,
     pass: Pass,
-    taus: &[f64],
+    overlap: &[JaccardPoint],
     opts: &AnalyzeOptions,
 ) -> Result<Comparison> {
     let elig: Vec<&Triple> = triples
@@ -326,28 +391,18 @@ fn compare(
             )?),
         )
     };
-    let keyed = |f: &dyn Fn(&Triple) -> f64| -> Vec<(Key, f64)> {
-        elig.iter().map(|t| (t.key, f(t))).collect()
-    };
-    let (ka, kb) = (keyed(&|t| t.exact.a_hat), keyed(&|t| t.get(pass).a_hat));
-    let mut jaccard = Vec::with_capacity(taus.len());
-    for &tau in taus {
-        let result = stats::jaccard(&ka, &kb, tau)?;
-        let ci = if n == 0 {
-            None
-        } else {
-            stats::jaccard_bootstrap_ci(
-                &ka,
-                &kb,
-                tau,
-                |k: &Key| u64::from(k.problem),
-                opts.reps,
-                opts.seed,
-                opts.level,
-            )?
-        };
-        jaccard.push(JaccardPoint { tau, result, ci });
-    }
+    let jaccard = overlap
+        .iter()
+        .map(|p| {
+            let critical =
+                |t: &&Triple| t.exact.a_hat.abs() >= p.tau || t.get(pass).a_hat.abs() >= p.tau;
+            let n_ineligible = triples
+                .iter()
+                .filter(|t| critical(t) && !cond.eligible(t.exact, t.get(pass)))
+                .count();
+            JaccardPoint { n_ineligible, ..*p }
+        })
+        .collect();
     Ok(Comparison {
         pass,
         n_eligible: n,
@@ -387,16 +442,45 @@ fn paired(set: &[&Triple], opts: &AnalyzeOptions) -> Result<Option<PairedExcess>
     }))
 }
 
-/// Summarize complete triples under one conditioning.
-pub fn summarize_conditioning(
+/// The excess over `union` (keys eligible for either comparison): each rate over its own
+/// eligible subset of it. `None` if either subset is empty.
+fn excess(union: &[&Triple], cond: Conditioning, opts: &AnalyzeOptions) -> Result<Option<Excess>> {
+    let flags = |pass: Pass| -> Vec<Option<bool>> {
+        union
+            .iter()
+            .map(|t| {
+                let other = t.get(pass);
+                cond.eligible(t.exact, other)
+                    .then_some(t.exact.a_hat != other.a_hat)
+            })
+            .collect()
+    };
+    let (refeed, replica) = (flags(Pass::Refeed), flags(Pass::Replica));
+    let Some(estimate) = stats::rate_difference(&refeed, &replica) else {
+        return Ok(None);
+    };
+    let clusters = problems_of(union);
+    Ok(Some(Excess {
+        estimate,
+        n: union.len(),
+        n_problems: n_clusters(union),
+        t_test: stats::rate_difference_t(&refeed, &replica, &clusters)?,
+        bootstrap: stats::rate_difference_bootstrap(
+            &refeed, &replica, &clusters, opts.reps, opts.seed, opts.level,
+        )?,
+    }))
+}
+
+/// Summarize complete triples under one conditioning; `overlap` holds the critical-set
+/// overlap of exact with replica and with refeed ([`critical_overlap`]).
+fn summarize_conditioning(
     triples: &[Triple],
     cond: Conditioning,
-    taus: &[f64],
+    overlap: [&[JaccardPoint]; 2],
     opts: &AnalyzeOptions,
 ) -> Result<ConditioningSummary> {
-    let replica = compare(triples, cond, Pass::Replica, taus, opts)?;
-    let refeed = compare(triples, cond, Pass::Refeed, taus, opts)?;
-    let excess = refeed.rate.zip(replica.rate).map(|(a, b)| a - b);
+    let replica = compare(triples, cond, Pass::Replica, overlap[0], opts)?;
+    let refeed = compare(triples, cond, Pass::Refeed, overlap[1], opts)?;
     let el = |t: &Triple, p: Pass| cond.eligible(t.exact, t.get(p));
     let union: Vec<&Triple> = triples
         .iter()
@@ -414,10 +498,10 @@ pub fn summarize_conditioning(
     };
     Ok(ConditioningSummary {
         conditioning: cond,
+        excess: excess(&union, cond, opts)?,
         paired: paired(&union, opts)?,
         replica,
         refeed,
-        excess,
         intersection,
     })
 }
@@ -457,9 +541,13 @@ pub fn summarize(
         .collect::<BTreeSet<_>>()
         .len();
     let taus = tau_grid(first.k);
+    let overlap = [
+        critical_overlap(&triples, Pass::Replica, &taus, opts)?,
+        critical_overlap(&triples, Pass::Refeed, &taus, opts)?,
+    ];
     let rows = Conditioning::ALL
         .iter()
-        .map(|&c| summarize_conditioning(&triples, c, &taus, opts))
+        .map(|&c| summarize_conditioning(&triples, c, [&overlap[0], &overlap[1]], opts))
         .collect::<Result<Vec<_>>>()?;
     Ok(ConfigSummary { meta, taus, rows })
 }

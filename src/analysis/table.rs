@@ -6,7 +6,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::builder::{Float64Builder, ListBuilder, UInt64Builder};
+use arrow_array::builder::{Float64Builder, ListBuilder, StringBuilder, UInt64Builder};
 use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
@@ -16,7 +16,7 @@ use parquet::file::properties::WriterProperties;
 use crate::stats::{BootstrapCi, TTest};
 use crate::{Error, Result};
 
-use super::read::Pass;
+use super::read::{Pass, ROLLOUT};
 use super::summary::{AnalyzeOptions, Comparison, ConditioningSummary, ConfigSummary};
 
 /// File name of the summary table.
@@ -30,6 +30,7 @@ enum Value {
     F64(Option<f64>),
     ListF64(Vec<Option<f64>>),
     ListU64(Vec<u64>),
+    ListStr(Vec<String>),
 }
 
 impl Value {
@@ -41,6 +42,7 @@ impl Value {
             Value::F64(_) => "f64?",
             Value::ListF64(_) => "list<f64?>",
             Value::ListU64(_) => "list<u64>",
+            Value::ListStr(_) => "list<utf8>",
         }
     }
 }
@@ -155,12 +157,12 @@ fn comparison(row: &mut Row, c: &Comparison) {
     let j = &c.jaccard;
     row.put(
         format!("{p}_jaccard"),
-        format!("{vs}: Jaccard of the critical sets at each tau (null for an empty union)"),
+        format!("{vs}: Jaccard of the critical sets C(tau) = {{|Â| ≥ tau}} over every complete key, the same under both conditionings (null for an empty union)"),
         Value::ListF64(j.iter().map(|x| x.result.value).collect()),
     );
     row.put(
         format!("{p}_jaccard_lo"),
-        format!("{vs}: cluster-bootstrap CI of the Jaccard, lower (null if no replicate had a non-empty union)"),
+        format!("{vs}: cluster-bootstrap CI of the Jaccard over every problem, lower (null if no replicate had a non-empty union)"),
         Value::ListF64(j.iter().map(|x| x.ci.map(|c| c.lo)).collect()),
     );
     row.put(
@@ -173,12 +175,12 @@ fn comparison(row: &mut Row, c: &Comparison) {
     };
     row.put(
         format!("{p}_crit_exact"),
-        format!("{vs}: |C_exact(tau)| within this comparison's eligible set"),
+        format!("{vs}: |C_exact(tau)| over every complete key"),
         sizes(&|r| r.size_a),
     );
     row.put(
         format!("{p}_crit_{p}"),
-        format!("{vs}: |C_{p}(tau)|"),
+        format!("{vs}: |C_{p}(tau)| over every complete key"),
         sizes(&|r| r.size_b),
     );
     row.put(
@@ -191,12 +193,17 @@ fn comparison(row: &mut Row, c: &Comparison) {
         format!("{vs}: |C_exact ∪ C_{p}|"),
         sizes(&|r| r.union),
     );
+    row.put(
+        format!("{p}_crit_ineligible"),
+        format!("{vs}: keys of C_exact ∪ C_{p} outside this conditioning's eligible set (0 under any_informative; under treatment_independent the critical keys with exact uninformative, kept in the sets)"),
+        Value::ListU64(j.iter().map(|x| x.n_ineligible as u64).collect()),
+    );
 }
 
 fn t_test(row: &mut Row, prefix: &str, what: &str, t: Option<&TTest>) {
     row.f(
         format!("{prefix}_se"),
-        format!("{what}: standard error (0 when all problem means are equal; null if G < 2)"),
+        format!("{what}: standard error (0 when the problems show no spread; null if G < 2)"),
         t.and_then(|t| t.se),
     );
     row.f(
@@ -275,10 +282,44 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
     );
     comparison(&mut row, &r.replica);
     comparison(&mut row, &r.refeed);
+    let e = r.excess.as_ref();
     row.f(
         "excess",
-        "refeed_rate − replica_rate (each over its own eligible set)",
-        r.excess,
+        "refeed_rate − replica_rate, each over its own eligible set (the two sets coincide under treatment_independent)",
+        e.map(|e| e.estimate),
+    );
+    row.u(
+        "excess_n",
+        "estimates eligible for either comparison (the rows the excess's inference resamples)",
+        e.map_or(0, |e| e.n),
+    );
+    row.u(
+        "excess_n_problems",
+        "problems of excess_n (G of the excess's t)",
+        e.map_or(0, |e| e.n_problems),
+    );
+    t_test(
+        &mut row,
+        "excess",
+        "linearized CR1 t test of the excess (delta method of the two ratio estimators; equals paired_cr1 under treatment_independent)",
+        e.map(|e| &e.t_test),
+    );
+    let eb = e.and_then(|e| e.bootstrap);
+    row.f(
+        "excess_boot_lo",
+        "cluster-bootstrap percentile CI of the excess, both eligible sets recomputed per replicate, lower",
+        eb.map(|b| b.ci.lo),
+    );
+    row.f("excess_boot_hi", "… upper", eb.map(|b| b.ci.hi));
+    row.f(
+        "excess_boot_p",
+        "two-sided percentile-bootstrap p-value of excess = 0 from the same replicates: min(1, 2·min(#≤0, #≥0)/valid)",
+        eb.map(|b| b.p_value),
+    );
+    row.put(
+        "excess_boot_valid",
+        "replicates of that bootstrap with both eligible sets non-empty (the others are dropped)",
+        Value::OptU64(eb.map(|b| b.ci.valid_reps as u64)),
     );
     let p = r.paired.as_ref();
     row.u(
@@ -293,7 +334,7 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
     );
     row.f(
         "paired_mean",
-        "pooled mean of D_j over the paired set (the CR1 estimate)",
+        "D̄: pooled mean of D_j over the paired set (the CR1 estimate; not the excess under any_informative)",
         p.map(|p| p.mean),
     );
     let (lo, hi) = boot(p.and_then(|p| p.bootstrap_ci));
@@ -304,17 +345,22 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
     );
     row.f("paired_boot_hi", "… upper", hi);
     row.f(
-        "cm_estimate",
-        "cluster-mean t test of D_j: mean over problems of the per-problem mean of D_j",
+        "paired_cm_estimate",
+        "cluster-mean t test of D_j: its estimate, the mean over problems of the per-problem mean of D_j",
         p.map(|p| p.cluster_mean.estimate),
     );
     t_test(
         &mut row,
-        "cm",
-        "cluster-mean t test of D_j",
+        "paired_cm",
+        "cluster-mean t test of paired_cm_estimate",
         p.map(|p| &p.cluster_mean),
     );
-    t_test(&mut row, "cr1", "CR1 t test of D_j", p.map(|p| &p.cr1));
+    t_test(
+        &mut row,
+        "paired_cr1",
+        "CR1 t test of paired_mean",
+        p.map(|p| &p.cr1),
+    );
     let b = r.intersection.as_ref();
     row.put(
         "both_n",
@@ -366,6 +412,50 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
             Value::OptU64(c.map(|c| c.continuations)),
         );
     }
+    let rules: std::collections::BTreeSet<&String> = m
+        .outputs
+        .values()
+        .filter_map(|o| o.rules.as_ref())
+        .flat_map(|r| r.keys())
+        .collect();
+    row.put(
+        "extraction_rules",
+        "extraction_rule values seen in continuations/rollouts, sorted (the index of every rule_counts_* column; empty if no file has the column)",
+        Value::ListStr(rules.iter().map(|r| r.to_string()).collect()),
+    );
+    for label in Pass::ALL.iter().map(|p| p.as_str()).chain([ROLLOUT]) {
+        let o = m.outputs.get(label);
+        let what = if label == ROLLOUT {
+            "rollouts"
+        } else {
+            "continuations"
+        };
+        row.put(
+            format!("n_texts_{label}"),
+            format!("{label}: {what} read (null if none)"),
+            Value::OptU64(o.map(|o| o.rows)),
+        );
+        row.put(
+            format!("n_truncated_{label}"),
+            format!("{label}: {what} with stop = length (hit the token cap)"),
+            Value::OptU64(o.map(|o| o.truncated)),
+        );
+        row.put(
+            format!("rule_counts_{label}"),
+            format!("{label}: {what} per extraction rule, indexed like extraction_rules"),
+            Value::ListU64(
+                rules
+                    .iter()
+                    .map(|r| {
+                        o.and_then(|o| o.rules.as_ref())
+                            .and_then(|m| m.get(*r))
+                            .copied()
+                            .unwrap_or(0)
+                    })
+                    .collect(),
+            ),
+        );
+    }
     row.f(
         "cost_total_device_seconds",
         "sum over every pass in the manifest's cost map (including e.g. rollout)",
@@ -411,6 +501,7 @@ fn arrow_type(v: &Value) -> (DataType, bool) {
         Value::F64(_) => (DataType::Float64, true),
         Value::ListF64(_) => (item(DataType::Float64), false),
         Value::ListU64(_) => (item(DataType::UInt64), false),
+        Value::ListStr(_) => (item(DataType::Utf8), false),
     }
 }
 
@@ -447,6 +538,18 @@ fn column(rows: &[Row], j: usize) -> ArrayRef {
             for v in vals {
                 if let Value::ListU64(xs) = v {
                     b.values().extend(xs.iter().map(|&x| Some(x)));
+                }
+                b.append(true);
+            }
+            Arc::new(b.finish())
+        }
+        Value::ListStr(_) => {
+            let mut b = ListBuilder::new(StringBuilder::new());
+            for v in vals {
+                if let Value::ListStr(xs) = v {
+                    for x in xs {
+                        b.values().append_value(x);
+                    }
                 }
                 b.append(true);
             }

@@ -14,6 +14,9 @@
 //!   An empty Jaccard union gives `value = None`.
 //! - **Bootstrap** is deterministic: [`SplitMix64`] seeded by the caller, problems drawn with
 //!   replacement, percentile CI with linear interpolation (numpy's default `'linear'`).
+//! - A difference of two rates over **different** subsets of the rows (the excess under
+//!   any-informative conditioning) has its own tests, [`rate_difference_t`] and
+//!   [`rate_difference_bootstrap`]; a mean of per-row contrasts is not a test of it.
 //!
 //! The fixture `tests/fixtures/stats/stats_fixture.json` (from `gen_stats_fixture.py`, using
 //! numpy/scipy/statsmodels) pins every formula here.
@@ -258,6 +261,40 @@ pub fn mean_of_cluster_means(values: &[f64], clusters: &[u64]) -> f64 {
     sums.iter().map(|&(s, n)| s / n as f64).sum::<f64>() / sums.len() as f64
 }
 
+/// Draw `reps` cluster-bootstrap replicates of the rows grouped by `clusters` and call `stat`
+/// on each: the drawn rows (indices into the input, in draw order) and, parallel to them, the
+/// replicate's cluster ids (`k` for the `k`-th draw, so a problem drawn twice counts as two
+/// clusters). Each replicate draws `G` problems uniformly with replacement, problems indexed in
+/// ascending id order, from [`SplitMix64`] seeded with `seed`.
+fn bootstrap_draws<F>(clusters: &[u64], reps: usize, seed: u64, mut stat: F) -> Result<Vec<f64>>
+where
+    F: FnMut(&[usize], &[u64]) -> f64,
+{
+    if reps == 0 {
+        return Err(spec("bootstrap needs reps >= 1"));
+    }
+    let groups = group_rows(clusters);
+    let g = groups.len();
+    let mut rng = SplitMix64::new(seed);
+    let (mut rows, mut ids) = (
+        Vec::with_capacity(clusters.len()),
+        Vec::with_capacity(clusters.len()),
+    );
+    let mut out = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        rows.clear();
+        ids.clear();
+        for k in 0..g {
+            for &j in &groups[rng.below(g)] {
+                rows.push(j);
+                ids.push(k as u64);
+            }
+        }
+        out.push(stat(&rows, &ids));
+    }
+    Ok(out)
+}
+
 /// The raw statistic of each of `reps` cluster-bootstrap replicates (in draw order).
 ///
 /// Each replicate draws `G` problems uniformly with replacement (problems indexed in ascending
@@ -275,29 +312,12 @@ where
     F: Fn(&[f64], &[u64]) -> f64,
 {
     check_clustered(values, clusters)?;
-    if reps == 0 {
-        return Err(spec("bootstrap needs reps >= 1"));
-    }
-    let groups = group_rows(clusters);
-    let g = groups.len();
-    let mut rng = SplitMix64::new(seed);
-    let (mut rv, mut rc) = (
-        Vec::with_capacity(values.len()),
-        Vec::with_capacity(values.len()),
-    );
-    let mut out = Vec::with_capacity(reps);
-    for _ in 0..reps {
+    let mut rv = Vec::with_capacity(values.len());
+    bootstrap_draws(clusters, reps, seed, |rows, ids| {
         rv.clear();
-        rc.clear();
-        for k in 0..g {
-            for &j in &groups[rng.below(g)] {
-                rv.push(values[j]);
-                rc.push(k as u64);
-            }
-        }
-        out.push(stat(&rv, &rc));
-    }
-    Ok(out)
+        rv.extend(rows.iter().map(|&j| values[j]));
+        stat(&rv, ids)
+    })
 }
 
 /// Linear-interpolation quantile (numpy `'linear'`, Hyndman–Fan type 7) of sorted data.
@@ -306,6 +326,40 @@ fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
     let lo = h.floor() as usize;
     let hi = (lo + 1).min(sorted.len() - 1);
     sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+}
+
+/// Percentile interval of the finite `replicates` (`None` if none is finite).
+fn percentile_ci(mut replicates: Vec<f64>, level: f64) -> Option<BootstrapCi> {
+    let reps = replicates.len();
+    replicates.retain(|x| x.is_finite());
+    if replicates.is_empty() {
+        return None;
+    }
+    replicates.sort_by(f64::total_cmp);
+    let a = (1.0 - level) / 2.0;
+    Some(BootstrapCi {
+        lo: quantile_sorted(&replicates, a),
+        hi: quantile_sorted(&replicates, 1.0 - a),
+        level,
+        reps,
+        valid_reps: replicates.len(),
+    })
+}
+
+/// Two-sided percentile-bootstrap p-value of `statistic = 0`:
+/// `min(1, 2 · min(#{r ≤ 0}, #{r ≥ 0}) / n)` over the `n` finite replicates (`None` if none
+/// is). It inverts the equal-tailed percentile interval: `p < 1 − level` exactly when 0 lies
+/// outside the empirical `level` interval (up to interpolation). Replicates equal to 0 count
+/// on both sides, so ties make it conservative.
+pub fn percentile_p_value(replicates: &[f64]) -> Option<f64> {
+    let finite = replicates.iter().filter(|x| x.is_finite());
+    let (mut n, mut le, mut ge) = (0usize, 0usize, 0usize);
+    for &x in finite {
+        n += 1;
+        le += usize::from(x <= 0.0);
+        ge += usize::from(x >= 0.0);
+    }
+    (n > 0).then(|| (2.0 * le.min(ge) as f64 / n as f64).min(1.0))
 }
 
 /// Percentile cluster-bootstrap CI of `stat` (see [`cluster_bootstrap_replicates`]).
@@ -322,20 +376,133 @@ where
     F: Fn(&[f64], &[u64]) -> f64,
 {
     check_level(level)?;
-    let mut r = cluster_bootstrap_replicates(values, clusters, stat, reps, seed)?;
-    r.retain(|x| x.is_finite());
-    if r.is_empty() {
-        return Ok(None);
+    let r = cluster_bootstrap_replicates(values, clusters, stat, reps, seed)?;
+    Ok(percentile_ci(r, level))
+}
+
+fn check_subsets(a: &[Option<bool>], b: &[Option<bool>], clusters: &[u64]) -> Result<()> {
+    if a.len() != clusters.len() || b.len() != clusters.len() {
+        return Err(spec(format_args!(
+            "{} and {} subset flags but {} cluster ids",
+            a.len(),
+            b.len(),
+            clusters.len()
+        )));
     }
-    r.sort_by(f64::total_cmp);
-    let a = (1.0 - level) / 2.0;
-    Ok(Some(BootstrapCi {
-        lo: quantile_sorted(&r, a),
-        hi: quantile_sorted(&r, 1.0 - a),
-        level,
-        reps,
-        valid_reps: r.len(),
-    }))
+    if clusters.is_empty() {
+        return Err(spec("no observations"));
+    }
+    for (which, s) in [("a", a), ("b", b)] {
+        if s.iter().all(Option::is_none) {
+            return Err(spec(format_args!("rate {which} has no member rows")));
+        }
+    }
+    Ok(())
+}
+
+/// `(successes, members)` of a subset over the given rows.
+fn subset_counts(s: &[Option<bool>], rows: impl Iterator<Item = usize>) -> (u64, u64) {
+    rows.fold((0, 0), |(h, n), j| match s[j] {
+        Some(hit) => (h + u64::from(hit), n + 1),
+        None => (h, n),
+    })
+}
+
+/// Difference of two proportions, each over its own subset of the rows: `r_a − r_b` with
+/// `r_s = #{j : s_j = Some(true)} / #{j : s_j ≠ None}` (`None` marks a row outside the
+/// subset). `None` when either subset is empty.
+pub fn rate_difference(a: &[Option<bool>], b: &[Option<bool>]) -> Option<f64> {
+    let rate = |s: &[Option<bool>]| {
+        let (h, n) = subset_counts(s, 0..s.len());
+        (n > 0).then(|| h as f64 / n as f64)
+    };
+    Some(rate(a)? - rate(b)?)
+}
+
+/// Cluster-robust (CR1) t test of a [`rate_difference`] by linearization (the delta method of
+/// a difference of two ratio estimators, as in survey statistics).
+///
+/// With `N_s` members, `H_s` successes and `r_s = H_s/N_s`, cluster `g` contributes
+/// `z_g = Σ_{j∈g∩a} (y_j − r_a)/N_a − Σ_{j∈g∩b} (y_j − r_b)/N_b`;
+/// `V = G/(G−1) · Σ_g z_g²`, `t = (r_a − r_b)/√V`, `G − 1` df, where `G` counts every
+/// cluster of the input (rows in neither subset keep their cluster in `G`). When both subsets
+/// are the same rows this is exactly [`cr1_t`] of `D_j = 1[a_j] − 1[b_j]` over them. The
+/// `z_g` are computed from integer counts, so "all `z_g` are 0" (`se = 0`, no `t`) is exact.
+/// Errors on length mismatch, no rows, or an empty subset.
+pub fn rate_difference_t(
+    a: &[Option<bool>],
+    b: &[Option<bool>],
+    clusters: &[u64],
+) -> Result<TTest> {
+    check_subsets(a, b, clusters)?;
+    let all = 0..clusters.len();
+    let ((ha, na), (hb, nb)) = (subset_counts(a, all.clone()), subset_counts(b, all));
+    let estimate = ha as f64 / na as f64 - hb as f64 / nb as f64;
+    let groups = group_rows(clusters);
+    let g = groups.len();
+    if g < 2 {
+        return Ok(TTest::new(estimate, None, g, clusters.len()));
+    }
+    // z_g = (H_ag·N_a − H_a·n_ag)/N_a² − (H_bg·N_b − H_b·n_bg)/N_b²: integer numerators.
+    let (na_i, nb_i) = (i128::from(na), i128::from(nb));
+    let (ha_i, hb_i) = (i128::from(ha), i128::from(hb));
+    let mut all_zero = true;
+    let mut meat = 0.0;
+    for rows in &groups {
+        let (hag, nag) = subset_counts(a, rows.iter().copied());
+        let (hbg, nbg) = subset_counts(b, rows.iter().copied());
+        let num_a = i128::from(hag) * na_i - ha_i * i128::from(nag);
+        let num_b = i128::from(hbg) * nb_i - hb_i * i128::from(nbg);
+        all_zero &= num_a * nb_i * nb_i == num_b * na_i * na_i;
+        let z = num_a as f64 / (na as f64 * na as f64) - num_b as f64 / (nb as f64 * nb as f64);
+        meat += z * z;
+    }
+    let se = if all_zero {
+        0.0
+    } else {
+        (g as f64 / (g - 1) as f64 * meat).sqrt()
+    };
+    Ok(TTest::new(estimate, Some(se), g, clusters.len()))
+}
+
+/// Cluster bootstrap of a [`rate_difference`]: each replicate (drawn as in
+/// [`cluster_bootstrap_replicates`], so the same seed draws the same problems) recomputes both
+/// subsets' rates over its rows, i.e. both eligible sets are recomputed per replicate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateDifferenceBootstrap {
+    /// Percentile interval; replicates where either subset is empty are dropped.
+    pub ci: BootstrapCi,
+    /// [`percentile_p_value`] of the same replicates.
+    pub p_value: f64,
+}
+
+/// Percentile CI and percentile p-value of [`rate_difference`] by cluster bootstrap (see
+/// [`RateDifferenceBootstrap`]). `Ok(None)` if every replicate had an empty subset.
+pub fn rate_difference_bootstrap(
+    a: &[Option<bool>],
+    b: &[Option<bool>],
+    clusters: &[u64],
+    reps: usize,
+    seed: u64,
+    level: f64,
+) -> Result<Option<RateDifferenceBootstrap>> {
+    check_level(level)?;
+    check_subsets(a, b, clusters)?;
+    let r = bootstrap_draws(clusters, reps, seed, |rows, _| {
+        let ((ha, na), (hb, nb)) = (
+            subset_counts(a, rows.iter().copied()),
+            subset_counts(b, rows.iter().copied()),
+        );
+        if na == 0 || nb == 0 {
+            f64::NAN
+        } else {
+            ha as f64 / na as f64 - hb as f64 / nb as f64
+        }
+    })?;
+    let p_value = percentile_p_value(&r);
+    Ok(percentile_ci(r, level)
+        .zip(p_value)
+        .map(|(ci, p_value)| RateDifferenceBootstrap { ci, p_value }))
 }
 
 /// Clustered CIs of a mean of per-estimate values (e.g. `Â_refeed − Â_exact`, whose mean

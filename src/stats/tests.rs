@@ -510,3 +510,136 @@ fn clustered_intervals_cover_the_true_mean_near_nominal_rate() {
     assert!((0.89..=0.98).contains(&cr1), "CR1 coverage {cr1}");
     assert!((0.87..=0.98).contains(&boot), "bootstrap coverage {boot}");
 }
+
+/// The three keys with K = 2, one problem each. Refeed set (exact or refeed
+/// informative) = all three, disagreeing on the first two; replica set = the third only,
+/// disagreeing. Rate difference 2/3 − 1 = −1/3, but `D = [1, 1, −1]` has mean +1/3.
+fn three_keys() -> (Vec<Option<bool>>, Vec<Option<bool>>, Vec<u64>) {
+    (
+        vec![Some(true), Some(true), Some(false)],
+        vec![None, None, Some(true)],
+        vec![0, 1, 2],
+    )
+}
+
+#[test]
+fn rate_difference_t_tests_the_difference_not_the_paired_mean() {
+    let (a, b, c) = three_keys();
+    close(rate_difference(&a, &b).unwrap(), -1.0 / 3.0, 1e-15);
+    // z = [(1 − 2/3)/3, (1 − 2/3)/3, (0 − 2/3)/3 − (1 − 1)/1] = [1/9, 1/9, −2/9];
+    // V = 3/2 · 6/81 = 1/9, se = 1/3, t = −1, df = 2.
+    let t = rate_difference_t(&a, &b, &c).unwrap();
+    close(t.estimate, -1.0 / 3.0, 1e-15);
+    close(t.se.unwrap(), 1.0 / 3.0, 1e-15);
+    close(t.t.unwrap(), -1.0, 1e-14);
+    assert_eq!((t.df, t.n_clusters, t.n_obs), (2, 3, 3));
+    // Student t with 2 df: P(|T| ≥ 1) = 1 − 1/√3.
+    close(t.p_value.unwrap(), 1.0 - 1.0 / 3f64.sqrt(), 1e-12);
+    // The paired mean over the union has the opposite sign.
+    let d = [1.0, 1.0, -1.0];
+    let paired = cr1_t(&d, &c).unwrap();
+    assert!(
+        paired.estimate > 0.0 && paired.t.unwrap() > 0.0,
+        "{paired:?}"
+    );
+}
+
+#[test]
+fn rate_difference_t_on_one_common_set_is_cr1_of_the_contrast() {
+    // Two flags per row of the D table's clusters; both rates over every row.
+    let (_, c) = d_table();
+    let fa = [1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1];
+    let fb = [1, 0, 0, 0, 1, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0, 1];
+    let a: Vec<Option<bool>> = fa.iter().map(|&x| Some(x == 1)).collect();
+    let b: Vec<Option<bool>> = fb.iter().map(|&x| Some(x == 1)).collect();
+    let d: Vec<f64> = fa
+        .iter()
+        .zip(&fb)
+        .map(|(&x, &y)| f64::from(x - y))
+        .collect();
+    let (rd, cr) = (
+        rate_difference_t(&a, &b, &c).unwrap(),
+        cr1_t(&d, &c).unwrap(),
+    );
+    close(rd.estimate, cr.estimate, 1e-15);
+    close(rd.se.unwrap(), cr.se.unwrap(), 1e-13);
+    close(rd.t.unwrap(), cr.t.unwrap(), 1e-12);
+    assert_eq!(rd.df, cr.df);
+    // ... and the bootstrap draws the same problems as the pooled-mean bootstrap of D.
+    let rb = rate_difference_bootstrap(&a, &b, &c, 400, 11, 0.9)
+        .unwrap()
+        .unwrap();
+    let pb = cluster_bootstrap_ci(&d, &c, pooled_mean, 400, 11, 0.9)
+        .unwrap()
+        .unwrap();
+    close(rb.ci.lo, pb.lo, 1e-12);
+    close(rb.ci.hi, pb.hi, 1e-12);
+    assert_eq!(rb.ci.valid_reps, 400);
+}
+
+#[test]
+fn rate_difference_bootstrap_recomputes_both_sets_per_replicate() {
+    let (a, b, c) = three_keys();
+    let got = rate_difference_bootstrap(&a, &b, &c, 1000, 5, 0.95)
+        .unwrap()
+        .unwrap();
+    // Replay with the values API: code each row, recompute both subsets from the codes.
+    let code = |x: Option<bool>| x.map_or(0.0, |h| 1.0 + f64::from(u8::from(h)));
+    let codes: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(&x, &y)| code(x) + 3.0 * code(y))
+        .collect();
+    let stat = |v: &[f64], _: &[u64]| {
+        let (mut ha, mut na, mut hb, mut nb) = (0.0, 0.0, 0.0, 0.0);
+        for &x in v {
+            let (ca, cb) = (x % 3.0, (x / 3.0).floor());
+            na += f64::from(u8::from(ca > 0.0));
+            ha += f64::from(u8::from(ca == 2.0));
+            nb += f64::from(u8::from(cb > 0.0));
+            hb += f64::from(u8::from(cb == 2.0));
+        }
+        ha / na - hb / nb
+    };
+    let r = cluster_bootstrap_replicates(&codes, &c, stat, 1000, 5).unwrap();
+    let want = cluster_bootstrap_ci(&codes, &c, stat, 1000, 5, 0.95)
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.ci, want);
+    assert_eq!(got.p_value, percentile_p_value(&r).unwrap());
+    // Draws without the third problem have an empty replica set: P = (2/3)³ = 8/27.
+    let dropped = 1000 - got.ci.valid_reps;
+    assert!((230..370).contains(&dropped), "{dropped}");
+    assert!(got.ci.lo < 0.0 && got.ci.hi <= 0.0, "{:?}", got.ci);
+}
+
+#[test]
+fn rate_difference_without_spread_has_zero_se_and_errors_on_empty_sets() {
+    // Every problem at the same rates: each z_g is exactly 0.
+    let a = [Some(true), Some(false), Some(true), Some(false)];
+    let b = [Some(false), None, Some(false), None];
+    let t = rate_difference_t(&a, &b, &[1, 1, 2, 2]).unwrap();
+    assert_eq!(
+        (t.estimate, t.se, t.t, t.p_value),
+        (0.5, Some(0.0), None, None)
+    );
+    let one = rate_difference_t(&a, &b, &[1, 1, 1, 1]).unwrap();
+    assert_eq!((one.se, one.t), (None, None));
+    let none = [None, None, None, None];
+    for e in [
+        rate_difference_t(&a, &none, &[1, 1, 2, 2]).unwrap_err(),
+        rate_difference_t(&a, &b, &[1, 2]).unwrap_err(),
+        rate_difference_bootstrap(&none, &b, &[1, 1, 2, 2], 10, 1, 0.9).unwrap_err(),
+    ] {
+        assert!(matches!(e, Error::Spec(_)), "{e}");
+    }
+    assert_eq!(rate_difference(&a, &none), None);
+}
+
+#[test]
+fn percentile_p_value_counts_both_tails_with_ties() {
+    assert_eq!(percentile_p_value(&[1.0, 2.0, 3.0, -1.0]), Some(0.5));
+    assert_eq!(percentile_p_value(&[-1.0, 0.0, 1.0, 2.0]), Some(1.0));
+    assert_eq!(percentile_p_value(&[1.0, 2.0, f64::NAN]), Some(0.0));
+    assert_eq!(percentile_p_value(&[f64::NAN]), None);
+}
