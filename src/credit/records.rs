@@ -63,6 +63,7 @@ pub fn rollouts(
         .with("stop", Column::Str(vec![roll.stop.as_str().into()]))
         .with("text", Column::Str(vec![text.to_string()]))
         .with("answer", Column::OptStr(vec![grade.predicted.clone()]))
+        .with("extraction_rule", Column::OptStr(vec![grade.rule.clone()]))
         .with("correct", Column::Bool(vec![grade.correct]))
         .with("n_candidates", Column::U32(vec![candidates as u32]))
         .with("n_pivots", Column::U32(vec![n_pivots as u32])))
@@ -83,6 +84,7 @@ pub fn pivots(
             c.token.push(p.token);
             c.token_text.push(model.decode(&[p.token])?);
             c.margin.push(p.margin);
+            c.margin_t.push(p.margin_at_temperature);
             c.logprob.push(p.logprob);
             c.rank.push(r as u32 + 1);
             c.alt.push(alt);
@@ -97,6 +99,7 @@ pub fn pivots(
         .with("token", Column::I64(c.token))
         .with("token_text", Column::Str(c.token_text))
         .with("margin", Column::F64(c.margin))
+        .with("margin_at_temperature", Column::OptF64(c.margin_t))
         .with("logprob", Column::F64(c.logprob))
         .with("alt_rank", Column::U32(c.rank))
         .with("alt_token", Column::I64(c.alt))
@@ -111,6 +114,7 @@ struct PivotCols {
     token: Vec<i64>,
     token_text: Vec<String>,
     margin: Vec<f64>,
+    margin_t: Vec<Option<f64>>,
     logprob: Vec<f64>,
     rank: Vec<u32>,
     alt: Vec<i64>,
@@ -124,14 +128,15 @@ pub(crate) fn continuations(
     pivots: &[Pivot],
     ids: &[JobId],
     outcomes: &BTreeMap<Pass, Vec<Outcome>>,
-    graded: &BTreeMap<Pass, Vec<(Option<String>, bool)>>,
+    graded: &BTreeMap<Pass, Vec<Grade>>,
 ) -> Table {
     let (mut pos, mut rank, mut branch, mut pass_col, mut sample) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut tokens, mut n_tokens, mut stop, mut answer, mut correct) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let mut rule = vec![];
     for (pass, outs) in outcomes {
-        for ((id, o), (ans, ok)) in ids.iter().zip(outs).zip(&graded[pass]) {
+        for ((id, o), g) in ids.iter().zip(outs).zip(&graded[pass]) {
             pos.push(pivots[id.pivot].pos as u32);
             rank.push(id.branch as u32);
             branch.push(if id.branch == 0 { "orig" } else { "alt" }.to_string());
@@ -140,8 +145,9 @@ pub(crate) fn continuations(
             n_tokens.push(o.tokens.len() as u32);
             tokens.push(o.tokens.clone());
             stop.push(o.stop.as_str().to_string());
-            answer.push(ans.clone());
-            correct.push(*ok);
+            answer.push(g.predicted.clone());
+            rule.push(g.rule.clone());
+            correct.push(g.correct);
         }
     }
     common(ctx, pos.len())
@@ -154,6 +160,7 @@ pub(crate) fn continuations(
         .with("n_tokens", Column::U32(n_tokens))
         .with("stop", Column::Str(stop))
         .with("answer", Column::OptStr(answer))
+        .with("extraction_rule", Column::OptStr(rule))
         .with("correct", Column::Bool(correct))
 }
 
