@@ -108,7 +108,7 @@ pub fn alternatives(logits: &Tensor, token: i64, n: usize, excluded: &[i64]) -> 
 fn margin_at(logits: &Tensor, sampling: Sampling, token: i64, margin: f64) -> Result<Option<f64>> {
     Ok(match sampling {
         Sampling::Greedy => None,
-        Sampling::Temperature { temperature } if temperature == 1.0 => Some(margin),
+        Sampling::Temperature { temperature: 1.0 } => Some(margin),
         Sampling::Temperature { temperature } => {
             let scaled = logits.f_to_kind(Kind::Float)? / temperature;
             Some(sampling::step_info(&scaled, &[token])?[0].margin)
