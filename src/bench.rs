@@ -579,6 +579,7 @@ impl ContinuationSetup {
             max_new_tokens: cfg.rollout_tokens,
             key: NoiseKey::rollout(cfg.seed, 0),
             stop_tokens: &[],
+            special_tokens: &[],
             text_stop: None,
             policy,
             // Pivot fingerprints are taken below from the finished cache: it is append-only,

@@ -122,8 +122,11 @@ pub struct LoadedModel {
     pub tokenizer: Option<tokenizers::Tokenizer>,
     /// Chat template, if the source had one.
     pub chat: Option<crate::chat::ChatTemplate>,
-    /// Token ids that end a sequence.
+    /// Token ids that end a sequence: EOS and the end-of-turn tokens (EOS first).
     pub stop_tokens: Vec<i64>,
+    /// The tokenizer's special (control) token ids, ascending; those that are not stop tokens
+    /// are never pivots or alternatives.
+    pub special_tokens: Vec<i64>,
     /// Short name for records.
     pub name: String,
     /// SHA-256 of the weights file, when known.
@@ -168,6 +171,10 @@ impl LoadedModel {
     }
 }
 
+fn ids_i64(ids: &[u32]) -> Vec<i64> {
+    ids.iter().map(|&x| x as i64).collect()
+}
+
 /// Load a model from its source.
 pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<LoadedModel> {
     match source {
@@ -183,17 +190,20 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
                 true => Some(crate::chat::ChatTemplate::from_tokenizer_config(&tc_path)?),
                 false => None,
             };
-            let stop_tokens = decoder
-                .config()
-                .eos_token_ids
-                .iter()
-                .map(|&x| x as i64)
-                .collect();
+            let eos = &decoder.config().eos_token_ids;
+            let (stop_tokens, special_tokens) = match &tokenizer {
+                Some(t) => (
+                    crate::tokenizer::hf_stop_token_ids(eos, t),
+                    crate::tokenizer::special_token_ids(t),
+                ),
+                None => (eos.clone(), vec![]),
+            };
             Ok(LoadedModel {
                 decoder,
                 tokenizer,
                 chat,
-                stop_tokens,
+                stop_tokens: ids_i64(&stop_tokens),
+                special_tokens: ids_i64(&special_tokens),
                 name: dir.display().to_string(),
                 sha256: None,
             })
@@ -221,7 +231,8 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
             });
             Ok(LoadedModel {
                 decoder,
-                stop_tokens: g.eos_token_ids.iter().map(|&x| x as i64).collect(),
+                stop_tokens: ids_i64(&g.eos_token_ids),
+                special_tokens: ids_i64(&crate::tokenizer::special_token_ids(&g.tokenizer)),
                 tokenizer: Some(g.tokenizer),
                 chat,
                 name: label,

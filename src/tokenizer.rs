@@ -257,21 +257,12 @@ fn from_gguf_inner(g: &GgufFile) -> Result<TokenizerInfo> {
     }
 
     // End-of-generation set, EOS first.
-    let mut eos_ids: Vec<u32> = Vec::new();
-    for i in [eos, eot, eom].into_iter().flatten() {
-        if !eos_ids.contains(&i) {
-            eos_ids.push(i);
-        }
-    }
-    let mut extra: Vec<u32> = EOG_TEXTS
+    let extra = EOG_TEXTS
         .iter()
         .filter_map(|t| tokens.iter().position(|x| x == t))
         .filter(|&i| types[i] == TYPE_CONTROL)
-        .map(|i| i as u32)
-        .filter(|i| !eos_ids.contains(i))
-        .collect();
-    extra.sort_unstable();
-    eos_ids.extend(extra);
+        .map(|i| i as u32);
+    let eos_ids = end_of_generation([eos, eot, eom].into_iter().flatten(), extra);
 
     Ok(TokenizerInfo {
         tokenizer,
@@ -282,6 +273,50 @@ fn from_gguf_inner(g: &GgufFile) -> Result<TokenizerInfo> {
         eos_token: eos.map(|e| tokens[e as usize].to_string()),
         chat_template: g.opt_str("tokenizer.chat_template")?.map(str::to_string),
     })
+}
+
+/// An end-of-generation set: `first` in order, then the other ids of `extra` ascending; no
+/// duplicates.
+fn end_of_generation(
+    first: impl IntoIterator<Item = u32>,
+    extra: impl Iterator<Item = u32>,
+) -> Vec<u32> {
+    let mut ids: Vec<u32> = Vec::new();
+    for i in first {
+        if !ids.contains(&i) {
+            ids.push(i);
+        }
+    }
+    let mut extra: Vec<u32> = extra.filter(|i| !ids.contains(i)).collect();
+    extra.sort_unstable();
+    extra.dedup();
+    ids.extend(extra);
+    ids
+}
+
+/// Ids of the tokenizer's special tokens, ascending: a GGUF vocabulary's control and unknown
+/// tokens (see [`from_gguf`]), a `tokenizer.json`'s added tokens marked `special`.
+pub fn special_token_ids(tokenizer: &Tokenizer) -> Vec<u32> {
+    let mut ids: Vec<u32> = tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special)
+        .map(|(i, _)| i)
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// End-of-generation ids of a Hugging Face checkpoint: `eos` (its config's `eos_token_id`)
+/// first, then the tokenizer's special tokens whose text is an end-of-turn marker (the set
+/// llama.cpp uses for GGUF files: `<|im_end|>`, `<|endoftext|>`, `<end_of_turn>`, ...).
+pub fn hf_stop_token_ids(eos: &[u32], tokenizer: &Tokenizer) -> Vec<u32> {
+    let extra = tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special && EOG_TEXTS.contains(&t.content.as_str()))
+        .map(|(i, _)| i);
+    end_of_generation(eos.iter().copied(), extra)
 }
 
 /// One piece of a `TemplateProcessing` template in its JSON form.

@@ -200,6 +200,7 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
         max_new_tokens: 12,
         key: NoiseKey::rollout(1, 0),
         stop_tokens: &[],
+        special_tokens: &[],
         text_stop: None,
         policy: ExecPolicy::Stock,
         max_margin: 1.0,
@@ -349,4 +350,101 @@ print("ok", len(e))
         .expect("python runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("ok"));
+}
+
+/// One column of a run's table as debug strings (`None` for nulls): utf8, bool, f64 and
+/// list columns.
+fn strings(run: &Path, table: &str, name: &str) -> Vec<Option<String>> {
+    use arrow_array::{Array, BooleanArray, Float64Array, ListArray, StringArray};
+    let mut out = Vec::new();
+    for b in read_batches(&run.join(format!("{table}.parquet"))).unwrap() {
+        let col = b.column(b.schema().index_of(name).unwrap()).clone();
+        let any = col.as_any();
+        for i in 0..col.len() {
+            let v = if col.is_null(i) {
+                None
+            } else if let Some(a) = any.downcast_ref::<StringArray>() {
+                Some(a.value(i).to_string())
+            } else if let Some(a) = any.downcast_ref::<BooleanArray>() {
+                Some(a.value(i).to_string())
+            } else if let Some(a) = any.downcast_ref::<Float64Array>() {
+                Some(format!("{:?}", a.value(i).to_bits()))
+            } else if let Some(a) = any.downcast_ref::<ListArray>() {
+                Some(format!("{:?}", a.value(i)))
+            } else {
+                panic!("{table}.{name}: unexpected type {:?}", col.data_type())
+            };
+            out.push(v);
+        }
+    }
+    out
+}
+
+#[test]
+fn truncated_setting_regrades_only_length_stopped_outputs() {
+    let dir = common::scratch("campaign", "truncated");
+    let run = |truncated: &str| {
+        let text = spec_text(truncated, "shuffled", 1)
+            .replace("temperature = 0.0", "temperature = 0.7")
+            .replace(
+                "[continuations]\n",
+                &format!("[continuations]\ntruncated = \"{truncated}\"\n"),
+            );
+        let (spec, sha) = CampaignSpec::load(&write_spec(&dir, &text)).unwrap();
+        let out = dir.join(truncated);
+        let m = run_campaign(
+            &spec,
+            &sha,
+            &model(),
+            &RunOptions {
+                out_dir: out.clone(),
+                quiet: true,
+            },
+        )
+        .unwrap();
+        let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+        assert!(
+            manifest.contains(&format!(r#""truncated": "{truncated}""#)),
+            "{manifest}"
+        );
+        assert!(m.snapshot_checks > 0, "no pivots");
+        out
+    };
+    let (last, explicit) = (run("last_number"), run("explicit"));
+    let col = |run: &Path, name: &str| strings(run, "continuations", name);
+    assert_eq!(col(&last, "tokens"), col(&explicit, "tokens"));
+    let stops = col(&last, "stop");
+    let rules = col(&last, "extraction_rule");
+    let answers = col(&last, "answer");
+    let (ok_last, ok_explicit) = (col(&last, "correct"), col(&explicit, "correct"));
+    let mut length_rows = 0;
+    for i in 0..stops.len() {
+        // A rule is recorded exactly when an answer was found.
+        assert_eq!(rules[i].is_some(), answers[i].is_some(), "row {i}");
+        if stops[i].as_deref() != Some("length") {
+            assert_eq!(ok_last[i], ok_explicit[i], "row {i}");
+            continue;
+        }
+        length_rows += 1;
+        let explicit_rule = matches!(rules[i].as_deref(), Some("boxed" | "hashes" | "answer_is"));
+        let want = if explicit_rule {
+            &ok_last[i]
+        } else {
+            &Some("false".into())
+        };
+        assert_eq!(&ok_explicit[i], want, "row {i}");
+    }
+    assert!(length_rows > 0, "no continuation hit the token cap");
+    // Rollouts carry the rule too.
+    let r = strings(&last, "rollouts", "extraction_rule");
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        r[0].is_some(),
+        strings(&last, "rollouts", "answer")[0].is_some()
+    );
+    // A sampled rollout (T = 0.7) records the margin at its temperature for every pivot.
+    let margins = strings(&last, "pivots", "margin");
+    let at_t = strings(&last, "pivots", "margin_at_temperature");
+    assert!(!at_t.is_empty() && at_t.iter().all(Option::is_some));
+    assert_ne!(margins, at_t);
 }

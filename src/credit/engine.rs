@@ -3,7 +3,8 @@
 //!
 //! A schedule is the order in which jobs are taken and the batch size. Rows that finish are
 //! dropped from the batch once at least half of it has finished; that compaction is part of
-//! the schedule, so the same schedule always runs the same batches.
+//! the schedule, so the same schedule always runs the same batches. A job whose branch token
+//! is a stop token ends with no tokens; it keeps its row (and its snapshot check) all the same.
 pub use super::stepper::Stepper;
 use crate::exec::ExecPolicy;
 use crate::kv_cache::{HostKv, KvCache, Snapshot};
@@ -58,7 +59,7 @@ pub struct Job<'a> {
 /// The tokens a continuation produced.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
-    /// Sampled tokens after the branch token.
+    /// Sampled tokens after the branch token (none when the branch token is a stop token).
     pub tokens: Vec<i64>,
     /// Why it stopped.
     pub stop: Stop,
@@ -509,7 +510,25 @@ fn decode_chunk(
     let mut tokens: Vec<Vec<i64>> = vec![Vec::new(); jobs.len()];
     let mut done: Vec<(usize, Outcome)> = Vec::new();
     let mut feed: Vec<i64> = chunk.iter().map(|&j| jobs[j].first_token).collect();
+    // A branch token that is a stop token ends its continuation before anything is decoded.
+    for slot in rows.iter_mut() {
+        if let Some(j) = *slot
+            && dec.stop_tokens.contains(&jobs[j].first_token)
+        {
+            done.push((
+                j,
+                Outcome {
+                    tokens: vec![],
+                    stop: Stop::Eos,
+                },
+            ));
+            *slot = None;
+        }
+    }
     for step in 0..dec.max_new_tokens {
+        if rows.iter().all(Option::is_none) {
+            break;
+        }
         // Finished rows draw with their old key; their tokens are discarded.
         let keys: Vec<NoiseKey> = rows
             .iter()

@@ -63,6 +63,7 @@ pub fn rollouts(
         .with("stop", Column::Str(vec![roll.stop.as_str().into()]))
         .with("text", Column::Str(vec![text.to_string()]))
         .with("answer", Column::OptStr(vec![grade.predicted.clone()]))
+        .with("extraction_rule", Column::OptStr(vec![grade.rule.clone()]))
         .with("correct", Column::Bool(vec![grade.correct]))
         .with("n_candidates", Column::U32(vec![candidates as u32]))
         .with("n_pivots", Column::U32(vec![n_pivots as u32])))
@@ -83,6 +84,7 @@ pub fn pivots(
             c.token.push(p.token);
             c.token_text.push(model.decode(&[p.token])?);
             c.margin.push(p.margin);
+            c.margin_t.push(p.margin_at_temperature);
             c.logprob.push(p.logprob);
             c.rank.push(r as u32 + 1);
             c.alt.push(alt);
@@ -97,6 +99,7 @@ pub fn pivots(
         .with("token", Column::I64(c.token))
         .with("token_text", Column::Str(c.token_text))
         .with("margin", Column::F64(c.margin))
+        .with("margin_at_temperature", Column::OptF64(c.margin_t))
         .with("logprob", Column::F64(c.logprob))
         .with("alt_rank", Column::U32(c.rank))
         .with("alt_token", Column::I64(c.alt))
@@ -111,6 +114,7 @@ struct PivotCols {
     token: Vec<i64>,
     token_text: Vec<String>,
     margin: Vec<f64>,
+    margin_t: Vec<Option<f64>>,
     logprob: Vec<f64>,
     rank: Vec<u32>,
     alt: Vec<i64>,
@@ -126,16 +130,17 @@ pub(crate) fn continuations(
     ids: &[JobId],
     outcomes: &BTreeMap<Pass, Vec<Outcome>>,
     audits: &BTreeMap<Pass, PassAudit>,
-    graded: &BTreeMap<Pass, Vec<(Option<String>, bool)>>,
+    graded: &BTreeMap<Pass, Vec<Grade>>,
 ) -> Table {
     let (mut pos, mut rank, mut branch, mut pass_col, mut sample) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut tokens, mut n_tokens, mut stop, mut answer, mut correct) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut chunk, mut row, mut batch_rows, mut verified) = (vec![], vec![], vec![], vec![]);
+    let mut rule = vec![];
     for (pass, outs) in outcomes {
         let audit = &audits[pass];
-        for (j, ((id, o), (ans, ok))) in ids.iter().zip(outs).zip(&graded[pass]).enumerate() {
+        for (j, ((id, o), g)) in ids.iter().zip(outs).zip(&graded[pass]).enumerate() {
             pos.push(pivots[id.pivot].pos as u32);
             rank.push(id.branch as u32);
             branch.push(if id.branch == 0 { "orig" } else { "alt" }.to_string());
@@ -144,8 +149,9 @@ pub(crate) fn continuations(
             n_tokens.push(o.tokens.len() as u32);
             tokens.push(o.tokens.clone());
             stop.push(o.stop.as_str().to_string());
-            answer.push(ans.clone());
-            correct.push(*ok);
+            answer.push(g.predicted.clone());
+            rule.push(g.rule.clone());
+            correct.push(g.correct);
             let at = audit.placements[j];
             chunk.push(at.chunk);
             row.push(at.row);
@@ -163,6 +169,7 @@ pub(crate) fn continuations(
         .with("n_tokens", Column::U32(n_tokens))
         .with("stop", Column::Str(stop))
         .with("answer", Column::OptStr(answer))
+        .with("extraction_rule", Column::OptStr(rule))
         .with("correct", Column::Bool(correct))
         .with("chunk", Column::U32(chunk))
         .with("row", Column::U32(row))

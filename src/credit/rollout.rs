@@ -1,6 +1,12 @@
 //! Rollouts: generate from the prompt, keeping per step the token, its log-probability, the
 //! top-2 margin, the runner-up tokens and — for pivot candidates — the fingerprint of the
 //! decode-time KV state the token was sampled from.
+//!
+//! Special tokens that are not stop tokens (`<|im_start|>`, `<start_of_turn>`, `<pad>`, ...)
+//! are never pivots nor alternatives: a step that sampled one is no candidate, and the
+//! alternatives are the most probable tokens outside that set. Stop tokens may be
+//! alternatives (ending the answer there is a real counterfactual); a branch that feeds one
+//! ends at once (see `credit::engine`).
 use super::engine::{Stop, TextStop};
 use super::spec::{PivotRule, PivotSpec};
 use crate::Result;
@@ -20,7 +26,10 @@ pub struct Step {
     pub logprob: f64,
     /// `p(top1) − p(top2)` (temperature 1).
     pub margin: f64,
-    /// The most probable tokens other than `token`, best first.
+    /// The same margin under the rollout's sampling temperature `T` (softmax of logits / T),
+    /// for pivot candidates of a sampled rollout; `None` for other steps and greedy rollouts.
+    pub margin_at_temperature: Option<f64>,
+    /// The most probable tokens other than `token` and the non-stop special tokens, best first.
     pub alternatives: Vec<i64>,
     /// Fingerprint of the KV state this token was sampled from (pivot candidates only).
     pub fingerprint: Option<[u8; 32]>,
@@ -63,6 +72,8 @@ pub struct RolloutParams<'a> {
     pub key: NoiseKey,
     /// End-of-sequence tokens.
     pub stop_tokens: &'a [i64],
+    /// Special tokens; those not in `stop_tokens` are never candidates nor alternatives.
+    pub special_tokens: &'a [i64],
     /// Text stop test, if any.
     pub text_stop: Option<TextStop<'a>>,
     /// Execution policy.
@@ -73,12 +84,36 @@ pub struct RolloutParams<'a> {
     pub alternatives: usize,
 }
 
-/// The most probable `n` tokens of a `[1, V]` row, best first.
-fn top_tokens(logits: &Tensor, n: i64) -> Result<Vec<i64>> {
-    let (_, idx) = logits.f_to_kind(Kind::Float)?.f_topk(n, -1, true, true)?;
-    Ok(Vec::<i64>::try_from(
-        idx.to_device(Device::Cpu).reshape([-1]),
-    )?)
+/// The `n` most probable tokens of a `[1, V]` row other than `token` and the `excluded` ones,
+/// best first (fewer when the vocabulary runs out).
+pub fn alternatives(logits: &Tensor, token: i64, n: usize, excluded: &[i64]) -> Result<Vec<i64>> {
+    let mut row = logits.f_to_kind(Kind::Float)?;
+    if !excluded.is_empty() {
+        let idx = Tensor::from_slice(excluded).to_device(row.device());
+        row = row.f_index_fill(-1, &idx, f64::NEG_INFINITY)?;
+    }
+    let k = (n as i64 + 1).min(row.size().last().copied().unwrap_or(0));
+    let (_, idx) = row.f_topk(k, -1, true, true)?;
+    Ok(
+        Vec::<i64>::try_from(idx.to_device(Device::Cpu).reshape([-1]))?
+            .into_iter()
+            .filter(|t| *t != token && !excluded.contains(t))
+            .take(n)
+            .collect(),
+    )
+}
+
+/// `p(top1) − p(top2)` of `token`'s row under the sampling temperature (`None` when greedy);
+/// at temperature 1 it is `margin` itself.
+fn margin_at(logits: &Tensor, sampling: Sampling, token: i64, margin: f64) -> Result<Option<f64>> {
+    Ok(match sampling {
+        Sampling::Greedy => None,
+        Sampling::Temperature { temperature: 1.0 } => Some(margin),
+        Sampling::Temperature { temperature } => {
+            let scaled = logits.f_to_kind(Kind::Float)? / temperature;
+            Some(sampling::step_info(&scaled, &[token])?[0].margin)
+        }
+    })
 }
 
 /// Generate one rollout.
@@ -88,6 +123,12 @@ pub fn rollout(model: &Decoder, prompt: &[i64], p: &RolloutParams) -> Result<Rol
     let mut logits = model
         .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
         .view([1, -1]);
+    let excluded: Vec<i64> = p
+        .special_tokens
+        .iter()
+        .copied()
+        .filter(|t| !p.stop_tokens.contains(t))
+        .collect();
     let mut steps: Vec<Step> = Vec::new();
     let stop = loop {
         check_finite(&logits, "rollout")?;
@@ -97,25 +138,26 @@ pub fn rollout(model: &Decoder, prompt: &[i64], p: &RolloutParams) -> Result<Rol
         };
         let token = sampling::select(&logits, p.sampling, &[key])?[0];
         let info = sampling::step_info(&logits, &[token])?[0];
-        let alternatives: Vec<i64> = top_tokens(&logits, p.alternatives as i64 + 1)?
-            .into_iter()
-            .filter(|&t| t != token)
-            .take(p.alternatives)
-            .collect();
-        let special = p.stop_tokens.contains(&token);
-        let fingerprint = if info.margin <= p.max_margin && !special {
-            Some(cache.fingerprint(cache.snapshot(0))?)
+        let alternatives = alternatives(&logits, token, p.alternatives, &excluded)?;
+        let is_stop = p.stop_tokens.contains(&token);
+        let candidate = info.margin <= p.max_margin && !is_stop && !excluded.contains(&token);
+        let (fingerprint, margin_at_temperature) = if candidate {
+            (
+                Some(cache.fingerprint(cache.snapshot(0))?),
+                margin_at(&logits, p.sampling, token, info.margin)?,
+            )
         } else {
-            None
+            (None, None)
         };
         steps.push(Step {
             token,
             logprob: info.logprob,
             margin: info.margin,
+            margin_at_temperature,
             alternatives,
             fingerprint,
         });
-        if special {
+        if is_stop {
             break Stop::Eos;
         }
         if steps.len() >= p.max_new_tokens {
@@ -150,6 +192,8 @@ pub struct Pivot {
     pub alternatives: Vec<i64>,
     /// Top-2 margin at `t`.
     pub margin: f64,
+    /// Top-2 margin at `t` under the rollout's sampling temperature (`None` when greedy).
+    pub margin_at_temperature: Option<f64>,
     /// Log-probability of the rollout's token.
     pub logprob: f64,
     /// Decode-time fingerprint of the state at `t`.
@@ -190,6 +234,7 @@ pub fn select_pivots(steps: &[Step], spec: &PivotSpec) -> Vec<Pivot> {
             token: s.token,
             alternatives: s.alternatives.clone(),
             margin: s.margin,
+            margin_at_temperature: s.margin_at_temperature,
             logprob: s.logprob,
             fingerprint,
         })
@@ -205,9 +250,41 @@ mod tests {
             token: 1,
             logprob: -0.5,
             margin,
+            margin_at_temperature: None,
             alternatives: vec![2],
             fingerprint: fp.then_some([0; 32]),
         }
+    }
+
+    fn row(logits: &[f32]) -> Tensor {
+        Tensor::from_slice(logits).view([1, -1])
+    }
+
+    #[test]
+    fn alternatives_skip_excluded_tokens_for_the_next_most_probable() {
+        // Ranking 0 > 2 > 4 > 1 > 3.
+        let logits = row(&[5.0, 1.0, 4.0, 0.5, 3.0]);
+        assert_eq!(alternatives(&logits, 0, 2, &[]).unwrap(), vec![2, 4]);
+        assert_eq!(alternatives(&logits, 0, 2, &[2]).unwrap(), vec![4, 1]);
+        assert_eq!(alternatives(&logits, 4, 1, &[0, 2]).unwrap(), vec![1]);
+        // The vocabulary runs out: fewer alternatives, never an excluded one.
+        assert_eq!(alternatives(&logits, 0, 9, &[1, 3]).unwrap(), vec![2, 4]);
+    }
+
+    #[test]
+    fn margin_at_temperature_sharpens_and_is_absent_when_greedy() {
+        let logits = row(&[2.0, 1.0, 0.0]);
+        let m1 = sampling::step_info(&logits, &[0]).unwrap()[0].margin;
+        let t = |temperature| Sampling::Temperature { temperature };
+        assert_eq!(margin_at(&logits, t(1.0), 0, m1).unwrap(), Some(m1));
+        let half = margin_at(&logits, t(0.5), 0, m1).unwrap().unwrap();
+        let e = |x: f64| x.exp();
+        let want = (e(4.0) - e(2.0)) / (e(4.0) + e(2.0) + 1.0);
+        assert!((half - want).abs() < 1e-6, "{half} vs {want}");
+        assert!(half > m1);
+        let hot = margin_at(&logits, t(2.0), 0, m1).unwrap().unwrap();
+        assert!(hot < m1);
+        assert_eq!(margin_at(&logits, Sampling::Greedy, 0, m1).unwrap(), None);
     }
 
     #[test]

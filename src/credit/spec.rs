@@ -1,9 +1,11 @@
 //! Campaign specification: a TOML file fixed before anything runs (its hash goes into the
 //! manifest).
+use super::engine::Stop;
 use crate::exec::ExecPolicy;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
-use crate::tasks::gsm8k::{self, PromptFormat};
+use crate::tasks::Grade;
+use crate::tasks::gsm8k::{self, PromptFormat, Rule};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -110,6 +112,45 @@ pub struct ContinuationSpec {
     pub max_new_tokens: usize,
     /// Sampling temperature; 0 means greedy.
     pub temperature: f64,
+    /// How outputs stopped by the token cap are graded (continuations and rollouts alike).
+    #[serde(default)]
+    pub truncated: Truncated,
+}
+
+/// How an output that hit its token cap (`stop = "length"`) is graded. Such an output is
+/// cut mid-reasoning, so the number a fallback rule finds in it is an intermediate value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncated {
+    /// Always incorrect.
+    Incorrect,
+    /// Correct only when an explicit final-answer marker found the answer (`\boxed{}`,
+    /// `#### N`, "the answer is N"): the model had committed to it before the cap.
+    #[default]
+    Explicit,
+    /// Graded like a finished output, down to the last number in the text.
+    LastNumber,
+}
+
+impl Truncated {
+    /// Whether an output with `grade` that stopped for `stop` counts as correct.
+    pub fn correct(self, grade: &Grade, stop: Stop) -> bool {
+        if stop != Stop::Length {
+            return grade.correct;
+        }
+        match self {
+            Truncated::Incorrect => false,
+            Truncated::Explicit => {
+                grade.correct
+                    && grade
+                        .rule
+                        .as_deref()
+                        .and_then(Rule::from_name)
+                        .is_some_and(Rule::is_final_answer)
+            }
+            Truncated::LastNumber => grade.correct,
+        }
+    }
 }
 
 /// One of the three ways the pivot state is obtained.
@@ -293,5 +334,69 @@ impl CampaignSpec {
     /// Continuation sampling rule.
     pub fn continuation_sampling(&self) -> Sampling {
         Sampling::from_temperature(self.continuations.temperature)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grade(rule: Option<&str>, correct: bool) -> Grade {
+        Grade {
+            predicted: rule.map(|_| "18".to_string()),
+            rule: rule.map(str::to_string),
+            correct,
+        }
+    }
+
+    #[test]
+    fn truncated_outputs_are_graded_per_the_setting() {
+        let boxed = grade(Some("boxed"), true);
+        let last = grade(Some("last_number"), true);
+        let printed = grade(Some("printed_output"), true);
+        let wrong = grade(Some("answer_is"), false);
+        let none = grade(None, false);
+        for stop in [Stop::Eos, Stop::Text] {
+            for t in [
+                Truncated::Incorrect,
+                Truncated::Explicit,
+                Truncated::LastNumber,
+            ] {
+                assert!(t.correct(&boxed, stop) && t.correct(&last, stop));
+                assert!(!t.correct(&wrong, stop) && !t.correct(&none, stop));
+            }
+        }
+        let at_cap = |t: Truncated| {
+            [&boxed, &last, &printed, &wrong, &none].map(|g| t.correct(g, Stop::Length))
+        };
+        assert_eq!(at_cap(Truncated::Incorrect), [false; 5]);
+        assert_eq!(
+            at_cap(Truncated::Explicit),
+            [true, false, false, false, false]
+        );
+        assert_eq!(
+            at_cap(Truncated::LastNumber),
+            [true, true, true, false, false]
+        );
+    }
+
+    #[test]
+    fn truncated_defaults_to_explicit_and_rejects_unknown_values() {
+        let parse = |extra: &str| {
+            toml::from_str::<ContinuationSpec>(&format!(
+                "k = 2\nmax_new_tokens = 8\ntemperature = 1.0\n{extra}"
+            ))
+        };
+        assert_eq!(parse("").unwrap().truncated, Truncated::Explicit);
+        assert_eq!(
+            parse("truncated = \"last_number\"").unwrap().truncated,
+            Truncated::LastNumber
+        );
+        assert_eq!(
+            parse("truncated = \"incorrect\"").unwrap().truncated,
+            Truncated::Incorrect
+        );
+        let e = parse("truncated = \"boxed\"").unwrap_err().to_string();
+        assert!(e.contains("incorrect") && e.contains("last_number"), "{e}");
     }
 }

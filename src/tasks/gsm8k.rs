@@ -91,12 +91,27 @@ impl PromptFormat {
     }
 
     /// Text stop sequences. The 8-shot list is lm-evaluation-harness `gsm8k-cot`'s (`Q:`,
-    /// `</s>`, `<|im_end|>`) plus OLMES's blank line; chat stops only catch end-of-turn markers
-    /// that were decoded as text.
+    /// `</s>`, `<|im_end|>`) plus OLMES's blank line and the other end-of-turn markers; chat
+    /// stops only catch end-of-turn markers that were decoded as text (the model's stop tokens
+    /// end generation first).
     pub fn stop_sequences(self) -> &'static [&'static str] {
         match self {
-            PromptFormat::ZeroShotChat => &["<|im_end|>", "<|endoftext|>", "<end_of_turn>", "</s>"],
-            PromptFormat::EightShotCot => &["\n\n", "Q:", "</s>", "<|im_end|>", "<|endoftext|>"],
+            PromptFormat::ZeroShotChat => &[
+                "<|im_end|>",
+                "<|endoftext|>",
+                "<end_of_turn>",
+                "<eos>",
+                "</s>",
+            ],
+            PromptFormat::EightShotCot => &[
+                "\n\n",
+                "Q:",
+                "</s>",
+                "<|im_end|>",
+                "<|endoftext|>",
+                "<end_of_turn>",
+                "<eos>",
+            ],
         }
     }
 
@@ -639,6 +654,17 @@ impl Rule {
             Rule::PrintedOutput => "printed_output",
             Rule::LastNumber => "last_number",
         }
+    }
+
+    /// The rule named `name` in records.
+    pub fn from_name(name: &str) -> Option<Rule> {
+        Rule::PRIORITY.into_iter().find(|r| r.as_str() == name)
+    }
+
+    /// Whether the rule reads an explicit final-answer marker (`\boxed{}`, `#### N`, "the
+    /// answer is N") rather than falling back on printed output or the last number.
+    pub fn is_final_answer(self) -> bool {
+        matches!(self, Rule::Boxed | Rule::Hashes | Rule::AnswerIs)
     }
 }
 
