@@ -203,7 +203,7 @@ pub struct Comparison {
 
 /// Clustered inference for the paired contrast `D_j` (its mean `D̄`, not the excess).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PairedExcess {
+pub struct PairedContrast {
     /// Estimates in the paired set.
     pub n: usize,
     /// Problems in the paired set (`G`).
@@ -247,9 +247,9 @@ pub struct ConditioningSummary {
     /// `rate(refeed) − rate(replica)` and its tests; `None` if either rate is.
     pub excess: Option<Excess>,
     /// `D_j` over the paired set (union / exact-informative); `None` if the set is empty.
-    pub paired: Option<PairedExcess>,
+    pub paired: Option<PairedContrast>,
     /// Any-informative only: `D_j` over the intersection of the two eligible sets.
-    pub intersection: Option<PairedExcess>,
+    pub intersection: Option<PairedContrast>,
 }
 
 /// What a configuration is and what it cost.
@@ -416,7 +416,7 @@ fn compare(
     })
 }
 
-fn paired(set: &[&Triple], opts: &AnalyzeOptions) -> Result<Option<PairedExcess>> {
+fn paired(set: &[&Triple], opts: &AnalyzeOptions) -> Result<Option<PairedContrast>> {
     if set.is_empty() {
         return Ok(None);
     }
@@ -425,7 +425,7 @@ fn paired(set: &[&Triple], opts: &AnalyzeOptions) -> Result<Option<PairedExcess>
         .map(|t| stats::flip_contrast(t.exact.a_hat, t.refeed.a_hat, t.replica.a_hat))
         .collect();
     let clusters = problems_of(set);
-    Ok(Some(PairedExcess {
+    Ok(Some(PairedContrast {
         n: set.len(),
         n_problems: n_clusters(set),
         mean: stats::pooled_mean(&d, &clusters),
