@@ -236,6 +236,56 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
     };
     let (_, checks) = run(&roll).expect("clean snapshot resumes");
     assert_eq!((checks.checks, checks.hits), (1, 1));
+    // Counted per continuation and per distinct snapshot, only for rows that were compared:
+    // two rows of one snapshot (one hashed, one compared on the device), a row of another
+    // snapshot in the next batch, and a row without a fingerprint.
+    let (other, _) = roll
+        .steps
+        .iter()
+        .enumerate()
+        .find(|(t, s)| *t != pivot.pos && s.fingerprint.is_some())
+        .expect("a second fingerprinted step");
+    let start = |t: usize, verify: bool| Start {
+        cache: &roll.cache,
+        snap: roll.snapshot(t),
+        expect: verify.then(|| roll.steps[t].fingerprint.unwrap()),
+    };
+    let jobs: Vec<Job> = [
+        (pivot.pos, true),
+        (pivot.pos, true),
+        (other, true),
+        (other, false),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(k, &(t, verify))| Job {
+        start: start(t, verify),
+        first_token: pivot.token,
+        key: NoiseKey {
+            sample: k as u64,
+            ..params.key
+        },
+    })
+    .collect();
+    let batches = vec![vec![1, 0, 3], vec![2]];
+    let r =
+        engine::run_batches(&decoding, &jobs, &batches, &Default::default(), &mut |_| {}).unwrap();
+    assert_eq!(r.verified, vec![true, true, true, false]);
+    assert_eq!(
+        (
+            r.checks.checks,
+            r.checks.hits,
+            r.checks.snapshots,
+            r.checks.snapshot_hits
+        ),
+        (3, 3, 2, 2)
+    );
+    let at: Vec<(u32, u32, u32)> = r
+        .placements
+        .iter()
+        .map(|p| (p.chunk, p.row, p.batch_rows))
+        .collect();
+    assert_eq!(at, vec![(0, 1, 3), (0, 0, 3), (1, 0, 1), (0, 2, 3)]);
     roll.cache.corrupt_for_test(3, 0, 5).unwrap();
     match run(&roll) {
         Err(Error::Invariant(msg)) => assert!(msg.contains("fingerprint mismatch"), "{msg}"),

@@ -162,9 +162,12 @@ fn manifest(run: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap()
 }
 
-/// Per (problem, pass): the set of batch memberships `{(pivot_pos, alt_rank, sample)}`.
-fn groupings(run: &Path) -> BTreeMap<(u32, String), BTreeSet<BTreeSet<(u32, u32, u32)>>> {
-    let mut batches: BTreeMap<(u32, String, u32), BTreeSet<(u32, u32, u32)>> = BTreeMap::new();
+/// A batch's members: `(pivot_pos, alt_rank, sample)`.
+type Members = BTreeSet<(u32, u32, u32)>;
+
+/// Per (problem, pass): the set of batch memberships.
+fn groupings(run: &Path) -> BTreeMap<(u32, String), BTreeSet<Members>> {
+    let mut batches: BTreeMap<(u32, String, u32), Members> = BTreeMap::new();
     for b in read_batches(&run.join("continuations.parquet")).unwrap() {
         let (prob, pos, rank, sample, chunk) = (
             u32s(&b, "problem"),
@@ -181,7 +184,7 @@ fn groupings(run: &Path) -> BTreeMap<(u32, String), BTreeSet<BTreeSet<(u32, u32,
                 .insert((pos[i], rank[i], sample[i]));
         }
     }
-    let mut out: BTreeMap<(u32, String), BTreeSet<BTreeSet<(u32, u32, u32)>>> = BTreeMap::new();
+    let mut out: BTreeMap<(u32, String), BTreeSet<Members>> = BTreeMap::new();
     for ((prob, pass, _), members) in batches {
         out.entry((prob, pass)).or_default().insert(members);
     }
@@ -262,8 +265,8 @@ fn snapshot_counters_equal_the_exact_and_replica_continuations_and_pivots() {
     for b in read_batches(&run.join("estimates.parquet")).unwrap() {
         let pass = strs(&b, "pass");
         let verified: BooleanArray = common::column(&b, "snapshot_verified");
-        for i in 0..b.num_rows() {
-            assert_eq!(verified.value(i), pass[i] != "refeed", "estimate row {i}");
+        for (i, pass) in pass.iter().enumerate() {
+            assert_eq!(verified.value(i), pass != "refeed", "estimate row {i}");
         }
     }
 }
