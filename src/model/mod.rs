@@ -79,6 +79,8 @@ pub struct Decoder {
     rope_local: Option<RopeTable>,
     kind: Kind,
     device: Device,
+    /// Refuse forwards past `max_position_embeddings` (see [`Decoder::allow_extrapolation`]).
+    limit_positions: bool,
 }
 
 impl Decoder {
@@ -213,7 +215,33 @@ impl Decoder {
             lm_head,
             kind,
             device,
+            limit_positions: true,
         })
+    }
+
+    /// Let forwards run past the positions the checkpoint was trained for
+    /// (`max_position_embeddings`, GGUF `context_length`), which are refused by default
+    /// (`--allow-extrapolation` on the command line).
+    pub fn allow_extrapolation(&mut self, allow: bool) {
+        self.limit_positions = !allow;
+    }
+
+    /// The most positions a sequence may use: `Some(max_position_embeddings)`, or `None` when
+    /// extrapolation is allowed.
+    pub fn context_limit(&self) -> Option<usize> {
+        self.limit_positions
+            .then_some(self.cfg.max_position_embeddings)
+    }
+
+    /// Refuse `what` if it needs more than [`Self::context_limit`] positions: one line naming
+    /// the limit, the need and how to override it.
+    pub fn check_context(&self, positions: usize, what: &str) -> Result<()> {
+        match self.context_limit() {
+            Some(limit) if positions > limit => Err(Error::ContextLimit(format!(
+                "{what} needs {positions} positions but the model has {limit} (max_position_embeddings / context_length); pass --allow-extrapolation to run past it"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The architecture this decoder was built from.
@@ -284,6 +312,8 @@ impl Decoder {
                 self.cfg.vocab_size
             )));
         }
+        let longest = cache.lens().iter().copied().max().unwrap_or(0);
+        self.check_context((longest + t) as usize, "this forward pass")?;
         let tokens = tokens.f_to_device(self.device)?;
         cache.reserve(t)?;
         let lens = cache.lens();
