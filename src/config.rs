@@ -232,7 +232,7 @@ impl ArchConfig {
             .unwrap_or(num_attention_heads);
         let head_dim = c
             .opt_usize("head_dim")?
-            .unwrap_or(hidden_size / num_attention_heads);
+            .unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0));
         let num_layers = c.usize("num_hidden_layers")?;
         if num_layers > MAX_LAYERS {
             return Err(Error::Config(format!(

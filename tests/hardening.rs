@@ -153,7 +153,6 @@ fn forwards_and_continuations_past_the_context_are_refused() {
         .unwrap_err();
         assert!(matches!(e, Error::ContextLimit(_)), "{mode}: {e}");
     }
-    drop(jobs);
     // Allowed, the same forward runs.
     d.allow_extrapolation(true);
     let _ = d
@@ -462,7 +461,7 @@ fn non_finite_logits_are_caught_on_the_eager_and_static_engines() {
                 // Negative control: the same jobs on clean weights decode.
                 assert!(r.is_ok(), "{mode}: {:?}", r.err());
             } else {
-                let e = r.err().expect("non-finite logits detected");
+                let e = r.expect_err("non-finite logits detected");
                 assert!(matches!(e, Error::NonFinite(_)), "{mode}: {e}");
                 assert!(e.to_string().contains("continuation step 0"), "{mode}: {e}");
             }

@@ -257,6 +257,13 @@ fn out_err(path: &Path, msg: impl fmt::Display) -> Error {
 impl Frame {
     /// Read `columns` (top-level names) of a Parquet file; a missing column is an error.
     pub(crate) fn read(path: &Path, columns: &[&str]) -> Result<Frame> {
+        crate::io::contain_panics(
+            || Self::read_columns(path, columns),
+            |m| crate::io::parquet::corrupt(path, m),
+        )
+    }
+
+    fn read_columns(path: &Path, columns: &[&str]) -> Result<Frame> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| out_err(path, format_args!("not a readable Parquet file ({e})")))?;

@@ -7,10 +7,12 @@ use super::mutate::interesting;
 use kvcredit::gguf::{GgufFile, Value};
 use std::collections::BTreeMap;
 
-/// Integer fields `(offset, width)` of a GGUF header, split into structural fields (counts,
-/// lengths, types, dims, offsets) and array element values; parsing stops at the first
-/// inconsistency.
-pub fn fields(b: &[u8]) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+/// `(offset, width)` of little-endian integer fields.
+pub type Fields = Vec<(usize, usize)>;
+
+/// Integer fields of a GGUF header, split into structural ones (counts, lengths, types, dims,
+/// offsets) and array element values; parsing stops at the first inconsistency.
+pub fn fields(b: &[u8]) -> (Fields, Fields) {
     let mut structural = Vec::new();
     let mut elements = Vec::new();
     let mut p = 8usize;

@@ -238,13 +238,16 @@ pub struct Report {
     pub failures: BTreeMap<String, (PathBuf, String)>,
 }
 
+/// Makes one input from the random generator and the seeds.
+pub type Mutator<'a> = dyn FnMut(&mut Rng, &[Vec<u8>]) -> Vec<u8> + 'a;
+
 /// Run the seeds, the regression cases and `iterations` mutants of `target` through `run`
 /// (`Ok` = loaded, `Err(line)` = refused). Panics at the end, listing every distinct failure
 /// and where its input was saved, if any input panicked, gave a multi-line error or allocated
 /// past the budget.
 pub fn fuzz(
     target: &Target<'_>,
-    mutate: &mut dyn FnMut(&mut Rng, &[Vec<u8>]) -> Vec<u8>,
+    mutate: &mut Mutator<'_>,
     run: &dyn Fn(&[u8]) -> Result<(), String>,
 ) -> Report {
     install_hook();
