@@ -110,6 +110,7 @@ fn bench_and_invariance_past_the_context_are_refused() {
 #[test]
 fn forwards_and_continuations_past_the_context_are_refused() {
     let mut d = common::load(&common::hf_fixtures().join("llama"), Kind::Float).unwrap();
+    d.limit_context(true);
     let limit = d.config().max_position_embeddings;
     let mut cache = d.new_cache(1, 8).unwrap();
     let ids = Tensor::arange(limit as i64 - 4, (Kind::Int64, Device::Cpu)).view([1, -1]);
@@ -154,7 +155,7 @@ fn forwards_and_continuations_past_the_context_are_refused() {
         assert!(matches!(e, Error::ContextLimit(_)), "{mode}: {e}");
     }
     // Allowed, the same forward runs.
-    d.allow_extrapolation(true);
+    d.limit_context(false);
     let _ = d
         .forward(&five, &mut cache, &ExecPolicy::Stock, &LogitsAt::Last)
         .unwrap();

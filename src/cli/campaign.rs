@@ -39,7 +39,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     }
     let dev = runtime::parse_device(&spec.device)?;
     let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, spec.dtype, dev)?;
-    model.decoder.allow_extrapolation(allow_extrapolation);
+    model.decoder.limit_context(!allow_extrapolation);
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let m = run_campaign(
         &spec,

@@ -36,7 +36,7 @@ fn load(a: &Args, dtype: Dtype, device: Device) -> anyhow::Result<Decoder> {
         }
         (None, None) => bail!("give --model or --synthetic"),
     };
-    decoder.allow_extrapolation(a.model.allow_extrapolation);
+    decoder.limit_context(!a.model.allow_extrapolation);
     Ok(decoder)
 }
 

@@ -59,7 +59,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     let task = Gsm8k::bundled(a.start..a.start + a.limit, format)?;
     let device = runtime::parse_device(&a.device)?;
     let mut model = runtime::load(&ModelSource::resolve(&a.model)?, a.dtype, device)?;
-    model.decoder.allow_extrapolation(a.allow_extrapolation);
+    model.decoder.limit_context(!a.allow_extrapolation);
     let opts = EvalOptions {
         max_new_tokens: a.max_new_tokens.unwrap_or(task.max_new_tokens()),
         batch_size: a.batch_size,

@@ -47,7 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let device = runtime::parse_device(&a.device)?;
     let source = ModelSource::resolve(&a.model)?;
     let mut model = runtime::load(&source, a.dtype, device)?;
-    model.decoder.allow_extrapolation(a.allow_extrapolation);
+    model.decoder.limit_context(!a.allow_extrapolation);
     let prompt: Vec<i64> = match (&a.prompt, &a.ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {

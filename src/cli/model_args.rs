@@ -55,7 +55,7 @@ impl ModelArgs {
             },
             (None, None) => bail!("give --model or --synthetic"),
         };
-        chosen.decoder.allow_extrapolation(self.allow_extrapolation);
+        chosen.decoder.limit_context(!self.allow_extrapolation);
         Ok(chosen)
     }
 }

@@ -79,7 +79,7 @@ pub struct Decoder {
     rope_local: Option<RopeTable>,
     kind: Kind,
     device: Device,
-    /// Refuse forwards past `max_position_embeddings` (see [`Decoder::allow_extrapolation`]).
+    /// Refuse forwards past `max_position_embeddings` (see [`Decoder::limit_context`]).
     limit_positions: bool,
 }
 
@@ -215,19 +215,20 @@ impl Decoder {
             lm_head,
             kind,
             device,
-            limit_positions: true,
+            limit_positions: false,
         })
     }
 
-    /// Let forwards run past the positions the checkpoint was trained for
-    /// (`max_position_embeddings`, GGUF `context_length`), which are refused by default
-    /// (`--allow-extrapolation` on the command line).
-    pub fn allow_extrapolation(&mut self, allow: bool) {
-        self.limit_positions = !allow;
+    /// Refuse (`true`) or allow forwards past the positions the checkpoint was trained for
+    /// (`max_position_embeddings`, GGUF `context_length`). Off for library users (numerics
+    /// checks on tiny fixtures run past them on purpose); every command turns it on unless
+    /// given `--allow-extrapolation`.
+    pub fn limit_context(&mut self, on: bool) {
+        self.limit_positions = on;
     }
 
-    /// The most positions a sequence may use: `Some(max_position_embeddings)`, or `None` when
-    /// extrapolation is allowed.
+    /// The most positions a sequence may use: `Some(max_position_embeddings)` while
+    /// [`Self::limit_context`] is on, else `None`.
     pub fn context_limit(&self) -> Option<usize> {
         self.limit_positions
             .then_some(self.cfg.max_position_embeddings)
