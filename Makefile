@@ -1,6 +1,7 @@
 # kvcredit: two commands.
 #   make demo   — set up (.venv with torch 2.11.0, release build, model download) and run the demo
 #   make test   — set up and run the whole test suite
+#   make fuzz   — long fuzz run of every parser (FUZZ_ITERS mutants per target)
 # Set CARGO_TARGET_DIR to reuse a build folder between clones (CI does).
 
 VENV       ?= .venv
@@ -17,7 +18,7 @@ TARGET_DIR := $(if $(CARGO_TARGET_DIR),$(CARGO_TARGET_DIR),$(CURDIR)/target)
 BIN        := $(TARGET_DIR)/release/kvcredit
 DEMO_MODEL ?= qwen2.5-coder-0.5b-instruct
 
-.PHONY: venv build test smoke demo models lint clean-venv
+.PHONY: venv build test smoke demo models lint fuzz clean-venv
 
 venv: $(VENV)/.ready
 
@@ -54,6 +55,16 @@ demo: models
 	$(BIN) analyze runs/demo
 	$(BIN) check runs/demo
 	@echo "demo results: runs/demo (report.md, summary.parquet, estimates.parquet, figures)"
+
+# Long fuzz run of every parser (tests/fuzz.rs): FUZZ_ITERS mutants per target, per-target
+# counts appended to runs/fuzz/report.jsonl; failing inputs land in the target dir's
+# tmp/fuzz-failures/.
+FUZZ_ITERS ?= 20000
+FUZZ_SEED  ?= 20261201
+fuzz: models
+	mkdir -p runs/fuzz
+	KVCREDIT_FUZZ_ITERS=$(FUZZ_ITERS) KVCREDIT_FUZZ_SEED=$(FUZZ_SEED) KVCREDIT_FUZZ_REPORT=$(CURDIR)/runs/fuzz/report.jsonl \
+		cargo test --release --test fuzz -- --nocapture
 
 lint: venv
 	cargo fmt --check

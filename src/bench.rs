@@ -327,6 +327,19 @@ pub fn run(
     if cfg.batches.contains(&0) || cfg.cont_batches.contains(&0) {
         return Err(Error::Spec("bench: batch sizes must be positive".into()));
     }
+    let decode = cfg.warmup_steps + 1 + cfg.steps;
+    let continuation = if cfg.cont_batches.is_empty() {
+        0
+    } else {
+        cfg.rollout_tokens + cfg.new_tokens + 1
+    };
+    model.check_context(
+        cfg.prompt + decode.max(continuation),
+        &format!(
+            "bench (--prompt {} + {} decode steps or {} rollout and continuation tokens)",
+            cfg.prompt, decode, continuation
+        ),
+    )?;
     let started = Instant::now();
     let device = model.device();
     let floor_ms = cfg

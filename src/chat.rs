@@ -188,10 +188,20 @@ pub fn render(
     ChatTemplate::new(template, bos_token, eos_token)?.render(messages, add_generation_prompt)
 }
 
+/// Largest `tojson` indent accepted.
+const MAX_INDENT: usize = 64;
+
 /// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent,
 /// separators=separators, sort_keys=sort_keys)`.
 fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
+    // Real templates indent by 2 or 4; a huge indent would allocate indent × depth spaces.
+    if let Some(n) = indent.filter(|&n| n > MAX_INDENT) {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: indent {n} is more than {MAX_INDENT}"),
+        ));
+    }
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;

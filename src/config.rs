@@ -9,6 +9,10 @@ use crate::{Error, Result};
 use serde_json::Value;
 use std::path::Path;
 
+/// Most decoder layers a configuration may declare (real checkpoints have at most a few
+/// hundred); a larger count is corrupt and must not size an allocation.
+pub const MAX_LAYERS: usize = 1 << 12;
+
 /// Decoder family. Differences between families are expressed by the fields of
 /// [`ArchConfig`]; this enum only records provenance and selects defaults when parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -215,8 +219,13 @@ impl ArchConfig {
             .unwrap_or(num_attention_heads);
         let head_dim = c
             .opt_usize("head_dim")?
-            .unwrap_or(hidden_size / num_attention_heads);
+            .unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0));
         let num_layers = c.usize("num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(Error::Config(format!(
+                "num_hidden_layers {num_layers} is more than {MAX_LAYERS}"
+            )));
+        }
         if num_attention_heads == 0
             || num_key_value_heads == 0
             || !num_attention_heads.is_multiple_of(num_key_value_heads)

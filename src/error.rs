@@ -17,42 +17,49 @@ pub enum Error {
         source: std::io::Error,
     },
     /// `config.json` (or GGUF metadata) is malformed or names something unsupported.
-    #[error("config: {0}")]
+    #[error("config: {}", one_line(.0))]
     Config(String),
     /// The checkpoint names an architecture kvcredit does not implement.
     #[error(
-        "config: unknown architecture `{0}` (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)"
+        "config: unknown architecture `{}` (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)",
+        one_line(.0)
     )]
     UnknownArch(String),
     /// Weights are missing, truncated, or have the wrong shape or dtype.
-    #[error("weights: {0}")]
+    #[error("weights: {}", one_line(.0))]
     Weights(String),
     /// GGUF parsing or de-quantization failed.
-    #[error("gguf: {0}")]
+    #[error("gguf: {}", one_line(.0))]
     Gguf(String),
     /// Tokenizer construction or encoding failed.
-    #[error("tokenizer: {0}")]
+    #[error("tokenizer: {}", one_line(.0))]
     Tokenizer(String),
     /// The KV cache was asked for something it cannot do.
-    #[error("kv-cache: {0}")]
+    #[error("kv-cache: {}", one_line(.0))]
     KvCache(String),
+    /// A request needs more positions than the model was trained for.
+    #[error("context: {}", one_line(.0))]
+    ContextLimit(String),
     /// The model produced non-finite logits.
-    #[error("numerics: {0}")]
+    #[error("numerics: {}", one_line(.0))]
     NonFinite(String),
     /// A campaign or run specification is invalid.
-    #[error("spec: {0}")]
+    #[error("spec: {}", one_line(.0))]
     Spec(String),
     /// Fetching or verifying a model package failed.
-    #[error("models: {0}")]
+    #[error("models: {}", one_line(.0))]
     Models(String),
     /// Reading or writing Parquet/JSON outputs failed.
-    #[error("output: {0}")]
+    #[error("output: {}", one_line(.0))]
     Output(String),
     /// An invariant check failed (fingerprint mismatch, replica differs, ...).
-    #[error("invariant: {0}")]
+    #[error("invariant: {}", one_line(.0))]
     Invariant(String),
+    /// An allocation failed (libtorch's CPU or CUDA allocator).
+    #[error("out of memory: {}", one_line(.0))]
+    OutOfMemory(String),
     /// An error reported by libtorch.
-    #[error("torch: {0}")]
+    #[error("torch: {}", one_line(.0))]
     Torch(String),
 }
 
@@ -60,15 +67,65 @@ impl From<tch::TchError> for Error {
     fn from(e: tch::TchError) -> Self {
         let msg = e.to_string();
         let first = msg.lines().next().unwrap_or("").to_string();
-        if first.contains("out of memory") {
-            Error::Torch(format!("out of memory: {first}"))
+        // CUDA: "CUDA out of memory. Tried to allocate ..."; CPU: "DefaultCPUAllocator: can't
+        // allocate memory: you tried to allocate ..." (or "not enough memory").
+        if [
+            "out of memory",
+            "not enough memory",
+            "can't allocate memory",
+        ]
+        .iter()
+        .any(|m| first.contains(m))
+        {
+            Error::OutOfMemory(first)
         } else {
             Error::Torch(first)
         }
     }
 }
 
+/// Text from files (keys, token strings, template snippets) with its control characters
+/// escaped, so that every error stays on one line.
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_debug().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        s.into()
+    }
+}
+
 impl Error {
+    /// The same error with where it happened (`problem 3, exact pass`) prepended to its
+    /// message.
+    pub fn context(self, what: &str) -> Error {
+        let at = |m: String| format!("{what}: {m}");
+        match self {
+            Error::Config(m) => Error::Config(at(m)),
+            Error::Weights(m) => Error::Weights(at(m)),
+            Error::Gguf(m) => Error::Gguf(at(m)),
+            Error::Tokenizer(m) => Error::Tokenizer(at(m)),
+            Error::KvCache(m) => Error::KvCache(at(m)),
+            Error::ContextLimit(m) => Error::ContextLimit(at(m)),
+            Error::NonFinite(m) => Error::NonFinite(at(m)),
+            Error::Spec(m) => Error::Spec(at(m)),
+            Error::Models(m) => Error::Models(at(m)),
+            Error::Output(m) => Error::Output(at(m)),
+            Error::Invariant(m) => Error::Invariant(at(m)),
+            Error::OutOfMemory(m) => Error::OutOfMemory(at(m)),
+            Error::Torch(m) => Error::Torch(at(m)),
+            other @ (Error::Io { .. } | Error::UnknownArch(_)) => other,
+        }
+    }
+
     /// Wrap an io error with the path it concerns.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

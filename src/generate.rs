@@ -43,6 +43,18 @@ pub fn check_finite(logits: &Tensor, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Prompt and new tokens must fit the model's positions (before anything is computed).
+fn check_length(model: &Decoder, prompt: &[i64], opts: &GenerateOptions) -> Result<()> {
+    model.check_context(
+        prompt.len().saturating_add(opts.max_new_tokens),
+        &format!(
+            "generation ({} prompt + {} new tokens)",
+            prompt.len(),
+            opts.max_new_tokens
+        ),
+    )
+}
+
 fn key(opts: &GenerateOptions, step: usize) -> NoiseKey {
     NoiseKey {
         step: step as u64,
@@ -55,6 +67,7 @@ pub fn generate(model: &Decoder, prompt: &[i64], opts: &GenerateOptions) -> Resu
     if prompt.is_empty() {
         return Err(Error::Spec("empty prompt".into()));
     }
+    check_length(model, prompt, opts)?;
     let start = Instant::now();
     let mut cache = model.new_cache(1, (prompt.len() + opts.max_new_tokens) as i64)?;
     let ids = Tensor::from_slice(prompt).view([1, -1]);
@@ -89,6 +102,7 @@ pub fn generate_nocache(
     if prompt.is_empty() {
         return Err(Error::Spec("empty prompt".into()));
     }
+    check_length(model, prompt, opts)?;
     let start = Instant::now();
     let mut seq = prompt.to_vec();
     let mut tokens = Vec::new();

@@ -6,6 +6,7 @@ mod cli;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    kvcredit::io::install_panic_filter();
     match cli::run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

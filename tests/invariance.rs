@@ -182,6 +182,7 @@ fn cli_checks_with_small_tiles_and_reports_stock() {
     let (code, out, err) = common::kvcredit_env(
         &[
             "invariance",
+            "--allow-extrapolation",
             "--model",
             dir,
             "--dtype",
@@ -198,7 +199,14 @@ fn cli_checks_with_small_tiles_and_reports_stock() {
     assert!(out.contains("batch invariant on these checks"), "{out}");
     // The same through the environment variable, in fp32.
     let (code, out, err) = common::kvcredit_env(
-        &["invariance", "--model", dir, "--trials", "2"],
+        &[
+            "invariance",
+            "--allow-extrapolation",
+            "--model",
+            dir,
+            "--trials",
+            "2",
+        ],
         &[("KVCREDIT_BI_TILES", tiles)],
     );
     assert_eq!(code, 0, "{out}\n{err}");
@@ -207,6 +215,7 @@ fn cli_checks_with_small_tiles_and_reports_stock() {
     let (code, out, err) = common::kvcredit_env(
         &[
             "invariance",
+            "--allow-extrapolation",
             "--model",
             dir,
             "--policy",
@@ -220,7 +229,14 @@ fn cli_checks_with_small_tiles_and_reports_stock() {
     assert!(out.contains("stock: not batch invariant"), "{out}");
     // Bad tiles are one clear error line.
     let (code, _, err) = common::kvcredit_env(
-        &["invariance", "--model", dir, "--tiles", "key_chunk=0"],
+        &[
+            "invariance",
+            "--allow-extrapolation",
+            "--model",
+            dir,
+            "--tiles",
+            "key_chunk=0",
+        ],
         &[],
     );
     assert_ne!(code, 0);

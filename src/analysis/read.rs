@@ -357,6 +357,13 @@ impl Frame {
 
     /// Read `columns` and those of `optional` that the file has ([`Frame::has`] tells which).
     pub(crate) fn read_optional(path: &Path, columns: &[&str], optional: &[&str]) -> Result<Frame> {
+        crate::io::contain_panics(
+            || Self::read_columns(path, columns, optional),
+            |m| crate::io::parquet::corrupt(path, m),
+        )
+    }
+
+    fn read_columns(path: &Path, columns: &[&str], optional: &[&str]) -> Result<Frame> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| out_err(path, format_args!("not a readable Parquet file ({e})")))?;

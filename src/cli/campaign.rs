@@ -18,6 +18,10 @@ pub enum Cmd {
         /// Hide progress bars.
         #[arg(long)]
         quiet: bool,
+        /// Run past the model's trained positions (`max_position_embeddings` / GGUF
+        /// `context_length`), which are refused by default.
+        #[arg(long)]
+        allow_extrapolation: bool,
     },
 }
 
@@ -27,13 +31,15 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         out,
         device,
         quiet,
+        allow_extrapolation,
     } = cmd;
     let (mut spec, sha) = CampaignSpec::load(&spec)?;
     if let Some(d) = device {
         spec.device = d;
     }
     let dev = runtime::parse_device(&spec.device)?;
-    let model = runtime::load(&ModelSource::resolve(&spec.model)?, spec.dtype, dev)?;
+    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, spec.dtype, dev)?;
+    model.decoder.limit_context(!allow_extrapolation);
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let m = run_campaign(
         &spec,

@@ -26,7 +26,7 @@ pub struct Args {
 
 /// Load the model under test (or the CPU fp32 reference) in `dtype` on `device`.
 fn load(a: &Args, dtype: Dtype, device: Device) -> anyhow::Result<Decoder> {
-    Ok(match (&a.model.model, &a.model.synthetic) {
+    let mut decoder = match (&a.model.model, &a.model.synthetic) {
         (Some(m), _) => runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
         (None, Some(name)) => {
             // Weights are drawn on the CPU in fp32 so every device and dtype sees the same values.
@@ -35,7 +35,9 @@ fn load(a: &Args, dtype: Dtype, device: Device) -> anyhow::Result<Decoder> {
             Decoder::from_weights(cfg, w.with_target(dtype.kind(), device))?
         }
         (None, None) => bail!("give --model or --synthetic"),
-    })
+    };
+    decoder.limit_context(!a.model.allow_extrapolation);
+    Ok(decoder)
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

@@ -47,6 +47,10 @@ pub struct Args {
     /// Per-problem rows (Parquet).
     #[arg(long, default_value = "runs/eval-gsm8k.parquet")]
     out: PathBuf,
+    /// Run past the model's trained positions (`max_position_embeddings` / GGUF
+    /// `context_length`), which are refused by default.
+    #[arg(long)]
+    allow_extrapolation: bool,
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
@@ -54,7 +58,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     let format: PromptFormat = a.format.parse()?;
     let task = Gsm8k::bundled(a.start..a.start + a.limit, format)?;
     let device = runtime::parse_device(&a.device)?;
-    let model = runtime::load(&ModelSource::resolve(&a.model)?, a.dtype, device)?;
+    let mut model = runtime::load(&ModelSource::resolve(&a.model)?, a.dtype, device)?;
+    model.decoder.limit_context(!a.allow_extrapolation);
     let opts = EvalOptions {
         max_new_tokens: a.max_new_tokens.unwrap_or(task.max_new_tokens()),
         batch_size: a.batch_size,

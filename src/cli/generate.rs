@@ -37,12 +37,17 @@ pub struct Args {
     /// Recompute the whole sequence every step instead of using the KV cache.
     #[arg(long)]
     no_cache: bool,
+    /// Run past the model's trained positions (`max_position_embeddings` / GGUF
+    /// `context_length`), which are refused by default.
+    #[arg(long)]
+    allow_extrapolation: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let device = runtime::parse_device(&a.device)?;
     let source = ModelSource::resolve(&a.model)?;
-    let model = runtime::load(&source, a.dtype, device)?;
+    let mut model = runtime::load(&source, a.dtype, device)?;
+    model.decoder.limit_context(!a.allow_extrapolation);
     let prompt: Vec<i64> = match (&a.prompt, &a.ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {

@@ -162,6 +162,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         what,
         ..
     } = a.model.load(a.dtype, device)?;
+    if a.bench {
+        model.check_context(
+            (a.bench_context + a.bench_steps + 1).max(a.bench_prefill),
+            "invariance --bench (--bench-context + --bench-steps, or --bench-prefill)",
+        )?;
+    }
+    if !a.bench_only {
+        model.check_context(
+            a.max_len + a.decode_steps,
+            "invariance (--max-len + --decode-steps)",
+        )?;
+    }
     let tiles = BiTiles::for_device(device);
     println!(
         "model {what}, {} {}, policy {}, libtorch threads {}; batch-invariant tiles {}",

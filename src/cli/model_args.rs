@@ -22,6 +22,10 @@ pub struct ModelArgs {
     /// Seed of the synthetic weights.
     #[arg(long, default_value_t = 0)]
     pub weight_seed: i64,
+    /// Run past the model's trained positions (`max_position_embeddings` / GGUF
+    /// `context_length`), which are refused by default.
+    #[arg(long)]
+    pub allow_extrapolation: bool,
 }
 
 /// A loaded model and how reports name it.
@@ -37,7 +41,7 @@ pub struct Chosen {
 impl ModelArgs {
     /// Load the chosen model in `dtype` on `device` (synthetic weights are drawn there).
     pub fn load(&self, dtype: Dtype, device: Device) -> anyhow::Result<Chosen> {
-        Ok(match (&self.model, &self.synthetic) {
+        let mut chosen = match (&self.model, &self.synthetic) {
             (Some(m), _) => Chosen {
                 decoder: runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
                 what: m.clone(),
@@ -50,6 +54,8 @@ impl ModelArgs {
                 shape: Some(name.clone()),
             },
             (None, None) => bail!("give --model or --synthetic"),
-        })
+        };
+        chosen.decoder.limit_context(!self.allow_extrapolation);
+        Ok(chosen)
     }
 }

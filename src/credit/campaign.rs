@@ -169,6 +169,7 @@ pub fn run_campaign(
             spec.problems.start
         )));
     }
+    check_positions(spec, model, &task)?;
     let out = &opts.out_dir;
     std::fs::create_dir_all(out.join("shards")).map_err(|e| Error::io(out, e))?;
     let manifest_path = out.join("manifest.json");
@@ -263,12 +264,20 @@ pub fn run_campaign(
                 std::process::id()
             ));
             std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-            let shard = run_problem(spec, model, &task, problem, &pb_work)?;
-            for (name, table) in TABLES.iter().zip(&shard.tables) {
-                table.write(&tmp.join(format!("{name}.parquet")))?;
+            let written = run_problem(spec, model, &task, problem, &pb_work)
+                .map_err(|e| e.context(&format!("problem {}", problem.index)))
+                .and_then(|shard| {
+                    for (name, table) in TABLES.iter().zip(&shard.tables) {
+                        table.write(&tmp.join(format!("{name}.parquet")))?;
+                    }
+                    write_json(&tmp.join("shard.json"), &shard.info)?;
+                    std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))
+                });
+            if let Err(e) = written {
+                // The shard being written is abandoned; finished shards and the manifest stay.
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(e);
             }
-            write_json(&tmp.join("shard.json"), &shard.info)?;
-            std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))?;
         }
         pb_problems.inc(1);
         refresh_manifest(&mut manifest, out, &problems)?;
@@ -287,6 +296,32 @@ pub fn run_campaign(
     manifest.finished_at = Some(now_rfc3339());
     write_json(&manifest_path, &manifest)?;
     Ok(manifest)
+}
+
+/// Refuse, before anything is written, a campaign whose longest prompt plus the rollout and
+/// continuation token caps exceeds the model's positions.
+fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Result<()> {
+    if model.decoder.context_limit().is_none() {
+        return Ok(());
+    }
+    let (mut longest, mut which) = (0, 0);
+    for p in task.problems() {
+        let n = model.encode_prompt(&task.prompt(p))?.len();
+        if n > longest {
+            (longest, which) = (n, p.index);
+        }
+    }
+    let (r, c) = (
+        spec.rollout.max_new_tokens,
+        spec.continuations.max_new_tokens,
+    );
+    model.decoder.check_context(
+        longest.saturating_add(r).saturating_add(c),
+        &format!(
+            "campaign `{}` (problem {which}: {longest} prompt + {r} rollout.max_new_tokens + {c} continuations.max_new_tokens)",
+            spec.name
+        ),
+    )
 }
 
 fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<()> {
@@ -505,7 +540,25 @@ fn run_problem(
             &batches,
             &EngineOptions::default(),
             &mut on_tokens,
-        )?;
+        )
+        .map_err(|e| {
+            let rows = batches.iter().map(Vec::len).max().unwrap_or(0);
+            let what = format!("{} pass, batch size {rows}", pass.as_str());
+            match e {
+                Error::OutOfMemory(m) => Error::OutOfMemory(format!(
+                    "{what}: {m}; try a smaller {}",
+                    if pass == Pass::Replica
+                        && spec.passes.replica_schedule == ReplicaSchedule::Shuffled
+                        && spec.passes.replica_batch_size.is_some()
+                    {
+                        "passes.replica_batch_size"
+                    } else {
+                        "passes.batch_size"
+                    }
+                )),
+                other => other.context(&what),
+            }
+        })?;
         pb.set_position(ids.len() as u64);
         sync(device);
         info.snapshot_checks += run.checks.checks;

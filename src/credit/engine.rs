@@ -328,6 +328,13 @@ pub fn run_batches(
         .map(|&j| jobs[j].start.snap.len)
         .max()
         .unwrap_or(0);
+    dec.model.check_context(
+        (longest + extra as i64) as usize,
+        &format!(
+            "continuing a {longest}-token state by {} tokens",
+            dec.max_new_tokens
+        ),
+    )?;
     let mut stepper: Option<Stepper> = None;
     for chunk in batches {
         let parts: Vec<(&KvCache, Snapshot)> = chunk
@@ -540,7 +547,9 @@ fn decode_chunk(
                 }
             })
             .collect();
-        let next = stepper.step(&feed, &keys)?;
+        let next = stepper
+            .step(&feed, &keys)
+            .map_err(|e| e.context(&format!("continuation step {step}")))?;
         let live = rows.iter().filter(|r| r.is_some()).count();
         stats.steps += 1;
         stats.row_steps += rows.len() as u64;

@@ -131,7 +131,7 @@ pub fn rollout(model: &Decoder, prompt: &[i64], p: &RolloutParams) -> Result<Rol
         .collect();
     let mut steps: Vec<Step> = Vec::new();
     let stop = loop {
-        check_finite(&logits, "rollout")?;
+        check_finite(&logits, &format!("rollout step {}", steps.len()))?;
         let key = NoiseKey {
             step: steps.len() as u64,
             ..p.key

@@ -92,16 +92,17 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// De-quantize `n` elements stored as `ty` in `data`.
+/// De-quantize `n` elements stored as `ty` in `data` (sizes are checked before the output is
+/// allocated).
 pub fn dequantize(ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
+    check_size(ty, data.len(), n)?;
     let mut out = vec![0f32; n];
     dequantize_into(ty, data, &mut out)?;
     Ok(out)
 }
 
-/// De-quantize `data` (stored as `ty`) into `out`, whose length is the element count.
-pub fn dequantize_into(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
-    let n = out.len();
+/// `n` elements of `ty` must fill whole blocks and occupy exactly `len` bytes.
+fn check_size(ty: GgmlType, len: usize, n: usize) -> Result<()> {
     let (block, bytes) = ty.block();
     if !n.is_multiple_of(block) {
         return Err(Error::Gguf(format!(
@@ -109,13 +110,19 @@ pub fn dequantize_into(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()>
         )));
     }
     let n_blocks = n / block;
-    if data.len() != n_blocks * bytes {
+    if n_blocks.checked_mul(bytes) != Some(len) {
         return Err(Error::Gguf(format!(
-            "{ty:?} data has {} bytes, expected {} for {n} elements",
-            data.len(),
-            n_blocks * bytes
+            "{ty:?} data has {len} bytes, expected {} for {n} elements",
+            n_blocks as u128 * bytes as u128
         )));
     }
+    Ok(())
+}
+
+/// De-quantize `data` (stored as `ty`) into `out`, whose length is the element count.
+pub fn dequantize_into(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
+    check_size(ty, data.len(), out.len())?;
+    let (block, bytes) = ty.block();
     let decode: fn(&[u8], &mut [f32]) = match ty {
         GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => |b, y| y[0] = half(b, 0),

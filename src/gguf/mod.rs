@@ -106,6 +106,15 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
 
     let hidden_size = usize_key("embedding_length")?;
     let num_layers = usize_key("block_count")?;
+    // Every layer has tensors: a count past the directory is corrupt (and must not size an
+    // allocation).
+    if num_layers > g.tensors.len() {
+        return Err(Error::Config(format!(
+            "`{}` is {num_layers} but the file has only {} tensors",
+            key("block_count"),
+            g.tensors.len()
+        )));
+    }
     let intermediate_size = match g.get(&key("feed_forward_length")) {
         Some(Value::Array(_)) => {
             return Err(Error::Config(

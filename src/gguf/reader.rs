@@ -267,6 +267,25 @@ impl<R: Read> Cursor<R> {
     }
 }
 
+/// Keys and tensor names are ASCII identifiers (ggml's `docs/gguf.md`); ones with control
+/// characters or of unreasonable length are corrupt and would garble error messages.
+fn printable(s: &str, what: &str) -> Result<()> {
+    const MAX_NAME: usize = 1 << 16;
+    if s.len() > MAX_NAME || s.chars().any(char::is_control) {
+        let shown: String = s
+            .chars()
+            .take(48)
+            .collect::<String>()
+            .escape_debug()
+            .to_string();
+        return Err(Error::Gguf(format!(
+            "{what} (\"{shown}…\", {} bytes) is not a printable name",
+            s.len()
+        )));
+    }
+    Ok(())
+}
+
 impl GgufFile {
     /// Open and parse the header, metadata and tensor directory of a GGUF file.
     pub fn open(path: &Path) -> Result<GgufFile> {
@@ -339,6 +358,7 @@ impl GgufFile {
         let mut metadata = BTreeMap::new();
         for i in 0..n_kv {
             let key = c.string(&format!("metadata key #{i}"))?;
+            printable(&key, &format!("metadata key #{i}"))?;
             let ty = c.u32(&key)?;
             let value = c.value(ty, &key, 0)?;
             if metadata.insert(key.clone(), value).is_some() {
@@ -348,6 +368,7 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         for i in 0..n_tensors {
             let name = c.string(&format!("tensor name #{i}"))?;
+            printable(&name, &format!("tensor name #{i}"))?;
             let n_dims = c.u32(&name)?;
             if n_dims == 0 || n_dims > MAX_DIMS {
                 return Err(Error::Gguf(format!(

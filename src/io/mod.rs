@@ -4,6 +4,41 @@ pub mod parquet;
 use crate::{Error, Result};
 use std::path::Path;
 
+thread_local! {
+    static CONTAINED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f`, turning a panic inside it into an error built by `err` from the panic message.
+/// For third-party decoders that can panic on corrupt files (the Parquet reader does); with
+/// [`install_panic_filter`] the panic prints nothing, so the error stays the only line.
+pub fn contain_panics<T>(
+    f: impl FnOnce() -> Result<T>,
+    err: impl FnOnce(&str) -> Error,
+) -> Result<T> {
+    let was = CONTAINED.with(|c| c.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CONTAINED.with(|c| c.set(was));
+    r.unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(err(&msg))
+    })
+}
+
+/// Keep panics inside [`contain_panics`] silent (they become errors); every other panic is
+/// reported by the previous hook as before. Call once at start-up.
+pub fn install_panic_filter() {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !CONTAINED.with(|c| c.get()) {
+            prev(info)
+        }
+    }));
+}
+
 /// A UTC calendar time, to the second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UtcTime {

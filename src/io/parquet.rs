@@ -191,12 +191,25 @@ pub fn write_batches(path: &Path, batches: &[RecordBatch]) -> Result<()> {
 /// Read every record batch of a Parquet file.
 pub fn read_batches(path: &Path) -> Result<Vec<RecordBatch>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.build())
-        .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
-    reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Output(format!("{}: {e}", path.display())))
+    super::contain_panics(
+        || {
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                .and_then(|b| b.build())
+                .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
+            reader
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error::Output(format!("{}: {e}", path.display())))
+        },
+        |m| corrupt(path, m),
+    )
+}
+
+/// The error for a Parquet file whose decoder panicked.
+pub fn corrupt(path: &Path, panic: &str) -> Error {
+    Error::Output(format!(
+        "{}: corrupt Parquet file (the decoder failed: {panic})",
+        path.display()
+    ))
 }
 
 /// Concatenate Parquet files (same schema) into one, in the given order.

@@ -79,6 +79,8 @@ pub struct Decoder {
     rope_local: Option<RopeTable>,
     kind: Kind,
     device: Device,
+    /// Refuse forwards past `max_position_embeddings` (see [`Decoder::limit_context`]).
+    limit_positions: bool,
 }
 
 impl Decoder {
@@ -213,7 +215,34 @@ impl Decoder {
             lm_head,
             kind,
             device,
+            limit_positions: false,
         })
+    }
+
+    /// Refuse (`true`) or allow forwards past the positions the checkpoint was trained for
+    /// (`max_position_embeddings`, GGUF `context_length`). Off for library users (numerics
+    /// checks on tiny fixtures run past them on purpose); every command turns it on unless
+    /// given `--allow-extrapolation`.
+    pub fn limit_context(&mut self, on: bool) {
+        self.limit_positions = on;
+    }
+
+    /// The most positions a sequence may use: `Some(max_position_embeddings)` while
+    /// [`Self::limit_context`] is on, else `None`.
+    pub fn context_limit(&self) -> Option<usize> {
+        self.limit_positions
+            .then_some(self.cfg.max_position_embeddings)
+    }
+
+    /// Refuse `what` if it needs more than [`Self::context_limit`] positions: one line naming
+    /// the limit, the need and how to override it.
+    pub fn check_context(&self, positions: usize, what: &str) -> Result<()> {
+        match self.context_limit() {
+            Some(limit) if positions > limit => Err(Error::ContextLimit(format!(
+                "{what} needs {positions} positions but the model has {limit} (max_position_embeddings / context_length); pass --allow-extrapolation to run past it"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The architecture this decoder was built from.
@@ -284,6 +313,8 @@ impl Decoder {
                 self.cfg.vocab_size
             )));
         }
+        let longest = cache.lens().iter().copied().max().unwrap_or(0);
+        self.check_context((longest + t) as usize, "this forward pass")?;
         let tokens = tokens.f_to_device(self.device)?;
         cache.reserve(t)?;
         let lens = cache.lens();
