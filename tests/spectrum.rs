@@ -385,7 +385,7 @@ fn dropped_tokens_are_masked_at_their_original_positions() -> Result<()> {
         let m = model(name, Kind::Float);
         let ids = prompt(30, 7);
         let cache = prefilled(&m, &ids);
-        let dropped = [3i64, 4, 11, 20];
+        let dropped = [3i64, 4, 11, 20, 26, 28];
         let plan = plan_of(30, |i| {
             if dropped.contains(&(i as i64)) {
                 Tier::Drop
@@ -422,6 +422,19 @@ fn dropped_tokens_are_masked_at_their_original_positions() -> Result<()> {
         assert_eq!(restored.lens(), &[31]);
         restored.reserve(100)?;
         assert_eq!(restored.masked_positions(0)?, dropped.to_vec());
+        // ... and copies of it (gather, load_rows), but not into rows of unmasked sources.
+        let g = KvCache::gather(
+            &[
+                (&cache, cache.snapshot(0)),
+                (&restored, restored.snapshot(0)),
+            ],
+            1,
+        )?;
+        assert!(g.masked_positions(0)?.is_empty());
+        assert_eq!(g.masked_positions(1)?, dropped.to_vec());
+        let mut reused = KvCache::gather(&[(&restored, restored.snapshot(0))], 1)?;
+        reused.load_rows(&[(&cache, cache.snapshot(0))])?;
+        assert!(reused.masked_positions(0)?.is_empty());
     }
     Ok(())
 }
@@ -462,7 +475,7 @@ fn importance_sums_the_window_attention() -> Result<()> {
     let plain = importance::score(&m, &ids, &cache, &trace, &max_of(1, Pooling::Max), &POLICY)?;
     let pooled = importance::score(&m, &ids, &cache, &trace, &max_of(5, Pooling::Max), &POLICY)?;
     assert_ne!(pooled, plain);
-    for i in 0..50 {
+    for i in 0..50usize {
         let window = plain[i.saturating_sub(2)..(i + 3).min(50)]
             .iter()
             .cloned()
