@@ -105,7 +105,11 @@ fn reference_dequant(b: &Block, tier: Tier, q: Quantizer, side: Side, s: BlockSh
             Tier::Int8 => b.payload[i] as f64,
             _ => {
                 let byte = b.payload[i / 2];
-                (if i % 2 == 0 { byte & 0x0f } else { byte >> 4 }) as f64
+                (if i.is_multiple_of(2) {
+                    byte & 0x0f
+                } else {
+                    byte >> 4
+                }) as f64
             }
         }
     };

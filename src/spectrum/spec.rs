@@ -205,7 +205,11 @@ impl SpectrumSpec {
                     "probe: needs quantizers and a context beyond the pinned tokens".into(),
                 ));
             }
-            if !(p.gate_max_ppl_ratio >= 1.0) || p.gate_windows == 0 || p.gate_continuation == 0 {
+            if p.gate_max_ppl_ratio.is_nan()
+                || p.gate_max_ppl_ratio < 1.0
+                || p.gate_windows == 0
+                || p.gate_continuation == 0
+            {
                 return Err(bad(
                     "probe: gate ratio ≥ 1, gate windows and continuation ≥ 1".into(),
                 ));
