@@ -669,3 +669,55 @@ fn decode_worker_over_loopback_matches_in_process_and_survives_bad_frames() -> R
     }
     Ok(())
 }
+
+#[test]
+fn bad_specs_fail_with_one_line_before_anything_runs() {
+    let dir = common::scratch("spectrum", "specs");
+    let base = "name = \"x\"\nmodel = \"tests/fixtures/hf/qwen2\"\ndtype = \"fp32\"\n";
+    let ppl = "[ppl]\ncontext = 128\ncontinuation = 8\nwindows = 1\nquantizers = [\"kivi\"]\n";
+    let cases = [
+        (
+            format!("{base}{ppl}budgets = [0.5]\npolicies = [\"spectrum\"]\nextra = 1\n"),
+            "unknown field",
+        ),
+        (
+            format!("{base}{ppl}budgets = [0.0]\npolicies = [\"spectrum\"]\n"),
+            "budget 0",
+        ),
+        (
+            format!("{base}{ppl}budgets = [0.5]\npolicies = [\"snapkv\"]\n"),
+            "unknown policy",
+        ),
+        (
+            format!(
+                "{base}[importance]\nkernel = 4\n{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\n"
+            ),
+            "odd",
+        ),
+        (
+            format!(
+                "{base}[protect]\nrecent = 200\n{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\n"
+            ),
+            "pinned",
+        ),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let spec = dir.join(format!("spec{i}.toml"));
+        std::fs::write(&spec, text).unwrap();
+        let out = dir.join(format!("out{i}"));
+        let (code, _, err) = common::kvcredit(&[
+            "spectrum",
+            "ppl",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 1, "case {i}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "case {i}: {err}");
+        assert!(
+            err.starts_with("error: spec: spectrum spec") && err.contains(want),
+            "case {i}: {err}"
+        );
+        assert!(!out.exists(), "case {i}: output written");
+    }
+}

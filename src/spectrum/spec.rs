@@ -147,7 +147,10 @@ fn policies(what: &str, names: &[String]) -> Result<Vec<Policy>> {
     if names.is_empty() {
         return Err(bad(format!("{what}: no policies")));
     }
-    names.iter().map(|n| Policy::parse(n)).collect()
+    names
+        .iter()
+        .map(|n| Policy::parse(n).map_err(|e| bad(format!("{what}: {e}"))))
+        .collect()
 }
 
 impl SpectrumSpec {
