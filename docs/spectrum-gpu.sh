@@ -16,7 +16,8 @@ $B spectrum niah $O/spec.toml --out $O --quiet > $O/niah.log 2>&1
 # TTFT: decode worker and prefill worker are two processes over loopback; 3 sends × 3
 # repeats × (tiered, fp16) = 18 requests, after which the worker exits.
 $B spectrum serve --model $M --dtype bf16 --device cuda --bind 127.0.0.1:7070 --max-requests 18 > $O/serve.log 2>&1 &
-until (echo > /dev/tcp/127.0.0.1/7070) 2>/dev/null; do sleep 1; done
+# (an empty connection: the worker does not count it as a request)
+until (: > /dev/tcp/127.0.0.1/7070) 2>/dev/null; do sleep 1; done
 for link in "" "--bandwidth-mbps 1000"; do
   tag=${link:+-1gbit}
   $B spectrum send --model $M --dtype bf16 --device cuda --context 4096 --b 0.5 --repeats 3 $link \
