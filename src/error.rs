@@ -61,6 +61,9 @@ pub enum Error {
     /// An error reported by libtorch.
     #[error("torch: {}", one_line(.0))]
     Torch(String),
+    /// A tiered KV transfer (SpectrumKV) failed: bad plan, frame or budget.
+    #[error("spectrum: {0}")]
+    Spectrum(String),
 }
 
 impl From<tch::TchError> for Error {

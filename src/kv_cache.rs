@@ -63,6 +63,9 @@ pub struct KvCache {
     capacity: i64,
     kind: Kind,
     device: Device,
+    /// Positions that attention skips, `[B, capacity]` bool (true = masked), e.g. tokens a
+    /// compressed transfer dropped; they keep their original positions. `None`: none masked.
+    masked: Option<Tensor>,
 }
 
 /// How a forward pass writes its new K/V rows.
@@ -110,6 +113,7 @@ impl KvCache {
             capacity,
             kind,
             device,
+            masked: None,
         })
     }
 
@@ -180,6 +184,11 @@ impl KvCache {
                 *buf = grown;
             }
         }
+        if let Some(m) = &mut self.masked {
+            let grown = Tensor::f_zeros([m.size()[0], cap], (Kind::Bool, self.device))?;
+            grown.narrow(1, 0, self.capacity).f_copy_(m)?;
+            *m = grown;
+        }
         self.capacity = cap;
         Ok(())
     }
@@ -230,6 +239,7 @@ impl KvCache {
             capacity: self.capacity,
             kind: self.kind,
             device: self.device,
+            masked: self.masked.as_ref().map(|m| m.narrow(0, 0, n as i64)),
         }
     }
 
@@ -247,6 +257,10 @@ impl KvCache {
                 let moved = buf.narrow(0, 0, b).f_index_select(0, &idx)?;
                 buf.narrow(0, 0, n).f_copy_(&moved)?;
             }
+        }
+        if let Some(m) = &self.masked {
+            let moved = m.narrow(0, 0, b).f_index_select(0, &idx)?;
+            m.narrow(0, 0, n).f_copy_(&moved)?;
         }
         self.lens = rows.iter().map(|&r| self.lens[r]).collect();
         Ok(())
@@ -386,8 +400,97 @@ impl KvCache {
                 }
             }
         }
+        self.load_masks(parts)?;
         self.lens = parts.iter().map(|(_, s)| s.len).collect();
         Ok(())
+    }
+
+    /// Rows `0..parts.len()` of the attention mask from the snapshots' sources (an existing
+    /// mask is overwritten in place; none is made when no source masks anything).
+    fn load_masks(&mut self, parts: &[(&KvCache, Snapshot)]) -> Result<()> {
+        if self.masked.is_none() && parts.iter().all(|(src, _)| src.masked.is_none()) {
+            return Ok(());
+        }
+        let rows = self.rows() as i64;
+        let mut m = match &self.masked {
+            Some(m) => m.shallow_clone(),
+            None => Tensor::f_zeros([rows, self.capacity], (Kind::Bool, self.device))?,
+        };
+        let _ = m.f_zero_()?;
+        for (i, (src, s)) in parts.iter().enumerate() {
+            if let (Some(from), true) = (&src.masked, s.len > 0) {
+                m.narrow(0, i as i64, 1)
+                    .narrow(1, 0, s.len)
+                    .f_copy_(&from.narrow(0, s.row as i64, 1).narrow(1, 0, s.len))?;
+            }
+        }
+        self.masked = Some(m);
+        Ok(())
+    }
+
+    /// Mask `positions` of `row` out of attention from now on (the K/V there stay, so the
+    /// other positions keep their RoPE angles). Positions must lie below the row's length.
+    pub fn mask_positions(&mut self, row: usize, positions: &[i64]) -> Result<()> {
+        if row >= self.batch() {
+            return Err(Error::KvCache(format!("row {row} out of range")));
+        }
+        if let Some(&p) = positions.iter().find(|&&p| p < 0 || p >= self.lens[row]) {
+            return Err(Error::KvCache(format!(
+                "cannot mask position {p} of a row of length {}",
+                self.lens[row]
+            )));
+        }
+        if positions.is_empty() {
+            return Ok(());
+        }
+        if self.masked.is_none() {
+            let rows = self.rows() as i64;
+            self.masked = Some(Tensor::f_zeros(
+                [rows, self.capacity],
+                (Kind::Bool, self.device),
+            )?);
+        }
+        let m = self.masked.as_ref().expect("made above");
+        let idx = Tensor::from_slice(positions).to_device(self.device);
+        let _ = m.narrow(0, row as i64, 1).f_index_fill_(1, &idx, 1)?;
+        Ok(())
+    }
+
+    /// Masked positions of `row`, ascending.
+    pub fn masked_positions(&self, row: usize) -> Result<Vec<i64>> {
+        match &self.masked {
+            None => Ok(Vec::new()),
+            Some(m) => {
+                let r = m.narrow(0, row as i64, 1).view([-1]).f_nonzero()?;
+                Ok(Vec::<i64>::try_from(r.view([-1]).to_device(Device::Cpu))?)
+            }
+        }
+    }
+
+    /// Views of the keys and values of `layer`, positions `0..len`: `[B, Hkv, len, D]` each.
+    pub fn layer_kv(&self, layer: usize, len: i64) -> Result<(Tensor, Tensor)> {
+        let Some(l) = self.layers.get(layer) else {
+            return Err(Error::KvCache(format!("layer {layer} out of range")));
+        };
+        if len < 0 || len > self.capacity {
+            return Err(Error::KvCache(format!(
+                "{len} positions do not fit a capacity of {}",
+                self.capacity
+            )));
+        }
+        Ok((l.k.narrow(2, 0, len), l.v.narrow(2, 0, len)))
+    }
+
+    /// Which keys `0..key_len` attention may see, `[B, 1, key_len]` bool, or `None` when no
+    /// position is masked.
+    pub(crate) fn attended(&self, key_len: i64) -> Option<Tensor> {
+        let b = self.batch() as i64;
+        self.masked.as_ref().map(|m| {
+            m.narrow(0, 0, b)
+                .narrow(1, 0, key_len)
+                .logical_not()
+                .unsqueeze(1)
+        })
     }
 
     /// Rows the buffers hold (at least [`Self::batch`]).
@@ -444,6 +547,9 @@ impl KvCache {
         for layer in &mut self.layers {
             layer.k = layer.k.f_index_select(0, &idx)?;
             layer.v = layer.v.f_index_select(0, &idx)?;
+        }
+        if let Some(m) = &mut self.masked {
+            *m = m.f_index_select(0, &idx)?;
         }
         self.lens = rows.iter().map(|&r| self.lens[r]).collect();
         Ok(())

@@ -23,6 +23,7 @@ pub mod model;
 pub mod registry;
 pub mod runtime;
 pub mod sampling;
+pub mod spectrum;
 pub mod stats;
 pub mod tasks;
 pub mod tokenizer;

@@ -9,6 +9,7 @@ mod generate;
 mod invariance;
 mod model_args;
 mod models;
+mod spectrum;
 
 use clap::{Parser, Subcommand};
 
@@ -43,6 +44,9 @@ enum Command {
     Analyze(analyze::Args),
     /// Check a campaign run dir's invariants (CI gate): exit 1 naming the offending rows.
     Check(check::Args),
+    /// SpectrumKV: tiered KV transfer, its evaluations and workers.
+    #[command(subcommand)]
+    Spectrum(spectrum::Cmd),
 }
 
 /// `kvcredit check` found invariant violations (exit code 1, unlike other errors).
@@ -82,6 +86,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Analyze(args) => analyze::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Check(args) => check::run(args),
+        Command::Spectrum(cmd) => spectrum::run(cmd),
     }
 }
 

@@ -129,4 +129,18 @@ impl Attention {
         let out = out.transpose(1, 2).reshape([b, t, hq * d]);
         Ok(policy.linear(&out, &self.o, None))
     }
+
+    /// The post-RoPE queries `[B, Hq, T, D]` this layer computes from `x` (`[B, T, hidden]`),
+    /// as [`Self::forward`] does before attending; nothing is written to a cache.
+    pub fn queries(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, policy: &ExecPolicy) -> Tensor {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let (hq, d) = (self.heads, self.head_dim);
+        let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref());
+        let q = qkv.narrow(-1, 0, hq * d).view([b, t, hq, d]);
+        let q = match &self.q_norm {
+            Some(qn) => qn.forward(&q, policy),
+            None => q,
+        };
+        rope::apply(&q.transpose(1, 2), cos, sin)
+    }
 }

@@ -405,7 +405,10 @@ impl Decoder {
         let (positions, key_len) = (inputs.positions, inputs.key_len);
         let keys = Tensor::arange(key_len, (Kind::Int64, self.device)).view([1, 1, key_len]);
         let qpos = positions.view([b, t, 1]);
-        let causal = keys.le_tensor(&qpos);
+        let mut causal = keys.le_tensor(&qpos);
+        if let Some(attended) = cache.attended(key_len) {
+            causal = causal.logical_and(&attended);
+        }
         let min = match self.kind {
             Kind::Half => f64::from(half::f16::MIN),
             Kind::BFloat16 => f64::from(half::bf16::MIN),
@@ -505,6 +508,53 @@ impl Decoder {
             logits = (logits / cap).tanh() * cap;
         }
         Ok(logits)
+    }
+
+    /// Post-RoPE queries of every layer for the last `w` tokens of a forward pass that fed
+    /// `tokens` (`[B, T]`) at positions `start..start + T` and recorded `trace`: each layer's
+    /// input (the embedding, or the previous layer's residual) through its input norm and
+    /// query projection. `[B, Hq, w, D]` per layer, in layer order.
+    pub fn trace_queries(
+        &self,
+        tokens: &Tensor,
+        start: i64,
+        trace: &Trace,
+        w: i64,
+        policy: &ExecPolicy,
+    ) -> Result<Vec<Tensor>> {
+        let _guard = tch::no_grad_guard();
+        let (b, t) = (tokens.size()[0], tokens.size()[1]);
+        if trace.residual.len() != self.layers.len() || w < 1 || w > t {
+            return Err(Error::Spec(format!(
+                "queries of the last {w} of {t} tokens need a trace of all {} layers (got {})",
+                self.layers.len(),
+                trace.residual.len()
+            )));
+        }
+        let last = tokens.f_to_device(self.device)?.narrow(1, t - w, w);
+        let mut h = Tensor::f_embedding(&self.embed, &last, -1, false, false)?;
+        if let Some(s) = &self.embed_scale {
+            h *= s;
+        }
+        let positions = (Tensor::arange(w, (Kind::Int64, self.device)) + (start + t - w))
+            .view([1, w])
+            .expand([b, w], false);
+        let (cos, sin) = self.rope_full.cos_sin(&positions, self.kind);
+        let local = self
+            .rope_local
+            .as_ref()
+            .map(|r| r.cos_sin(&positions, self.kind));
+        let mut out = Vec::with_capacity(self.layers.len());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (c, s) = match (layer.kind, &local) {
+                (LayerKind::Sliding { .. }, Some((c, s))) => (c, s),
+                _ => (&cos, &sin),
+            };
+            let x = layer.input_norm.forward(&h, policy);
+            out.push(layer.attn.queries(&x, c, s, policy));
+            h = trace.residual[i].narrow(1, t - w, w);
+        }
+        Ok(out)
     }
 
     /// Logits of every position of `tokens` (`[B, T]`) computed from scratch (cache-OFF).

@@ -1,0 +1,587 @@
+//! `kvcredit spectrum …`: SpectrumKV evaluations (perplexity, NIAH, probe) from a spec, and
+//! the two workers of a real tiered transfer (`serve`, `send`).
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use kvcredit::ExecPolicy;
+use kvcredit::io::parquet::{Column, Table};
+use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
+use kvcredit::spectrum::allocate::{Policy, Protect};
+use kvcredit::spectrum::eval::{self, PplOptions, Variant};
+use kvcredit::spectrum::importance::ImportanceSpec;
+use kvcredit::spectrum::spec::SpectrumSpec;
+use kvcredit::spectrum::transport::{self, ServeOptions};
+use kvcredit::spectrum::{Quantizer, wire};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Subcommand)]
+pub enum Cmd {
+    /// WikiText-2 perplexity with the context KV compressed (the spec's [ppl] section).
+    Ppl(SpecArgs),
+    /// Single-needle NIAH grid (the spec's [niah] section).
+    Niah(SpecArgs),
+    /// The INT4 probe (3 NIAH trials at b = 0.3) and the continuous gate ([probe] section).
+    Probe(SpecArgs),
+    /// Decode worker: receive tiered KV frames over TCP and decode from them.
+    Serve(ServeArgs),
+    /// Prefill worker: prefill a WikiText context, compress, send; TTFT by stage vs FP16.
+    Send(SendArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SpecArgs {
+    /// Spec file (see experiments/spectrum-*.toml).
+    spec: PathBuf,
+    /// Output folder (default: runs/<name>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Override the spec's device.
+    #[arg(long)]
+    device: Option<String>,
+    /// Hide progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+pub struct WorkerModel {
+    /// Model: registry name, GGUF file or Hugging Face folder.
+    #[arg(long)]
+    model: String,
+    /// Weights/activations dtype.
+    #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
+    dtype: Dtype,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Execution policy.
+    #[arg(long, value_enum, default_value_t = ExecPolicy::Stock)]
+    policy: ExecPolicy,
+}
+
+impl WorkerModel {
+    fn load(&self) -> anyhow::Result<LoadedModel> {
+        let device = runtime::parse_device(&self.device)?;
+        Ok(runtime::load(
+            &ModelSource::resolve(&self.model)?,
+            self.dtype,
+            device,
+        )?)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: WorkerModel,
+    /// Address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    bind: String,
+    /// Largest accepted frame, MiB.
+    #[arg(long, default_value_t = 1024)]
+    max_frame_mib: u64,
+    /// Exit after this many requests.
+    #[arg(long)]
+    max_requests: Option<usize>,
+}
+
+#[derive(clap::Args)]
+pub struct SendArgs {
+    #[command(flatten)]
+    model: WorkerModel,
+    /// Decode worker address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    connect: String,
+    /// Prompt tokens (the first n of WikiText-2 test).
+    #[arg(long, default_value_t = 1024)]
+    context: usize,
+    /// Tier policy.
+    #[arg(long, default_value = "spectrum")]
+    tier_policy: String,
+    /// Budget b.
+    #[arg(long, default_value_t = 0.5)]
+    b: f64,
+    /// Quantizer of the INT tiers.
+    #[arg(long, value_enum, default_value_t = Quantizer::Kivi)]
+    quantizer: Quantizer,
+    /// Link limit in megabits per second (paced writes); unlimited if absent.
+    #[arg(long)]
+    bandwidth_mbps: Option<f64>,
+    /// Measurements of each of the two transfers (the first is also a warm-up row).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// TTFT rows (Parquet).
+    #[arg(long, default_value = "runs/spectrum-ttft.parquet")]
+    out: PathBuf,
+}
+
+pub fn run(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Ppl(a) => ppl(a),
+        Cmd::Niah(a) => niah(a),
+        Cmd::Probe(a) => probe(a),
+        Cmd::Serve(a) => serve(a),
+        Cmd::Send(a) => send(a),
+    }
+}
+
+/// Spec, loaded model and output folder.
+fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf)> {
+    let mut spec = SpectrumSpec::load(&a.spec)?;
+    if let Some(d) = &a.device {
+        spec.device = d.clone();
+    }
+    let device = runtime::parse_device(&spec.device)?;
+    let model = runtime::load(&ModelSource::resolve(&spec.model)?, spec.dtype, device)?;
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
+    Ok((spec, model, out))
+}
+
+fn bar(len: usize, what: &str, quiet: bool) -> anyhow::Result<ProgressBar> {
+    let b = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(len as u64)
+    };
+    b.set_style(ProgressStyle::with_template(&format!(
+        "{what} {{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}]"
+    ))?);
+    Ok(b)
+}
+
+fn ppl(a: SpecArgs) -> anyhow::Result<()> {
+    let (spec, model, out) = setup(&a)?;
+    let p = spec.ppl.clone().context("the spec has no [ppl] section")?;
+    let o = PplOptions {
+        context: p.context,
+        continuation: p.continuation,
+        windows: p.windows,
+        variants: spec.ppl_variants()?,
+        importance: spec.importance,
+        protect: spec.protect,
+        policy: spec.policy,
+    };
+    let ids = eval::wikitext_ids(&model, p.windows * (p.context + p.continuation))?;
+    let pb = bar(o.windows * o.variants.len(), "ppl", a.quiet)?;
+    let rows = eval::perplexity(&model.decoder, &ids, &o, &mut || pb.inc(1))?;
+    pb.finish_and_clear();
+    let path = out.join("ppl.parquet");
+    eval::ppl_table(&rows, &model.name, &o).write(&path)?;
+    println!(
+        "{} n={} m={} windows={} importance {} (sinks {}, recent {})",
+        model.name,
+        o.context,
+        o.continuation,
+        o.windows,
+        o.importance.describe(),
+        o.protect.sinks,
+        o.protect.recent
+    );
+    println!(
+        "{:<15} {:<10} {:>5} {:>7} {:>9} {:>9} {:>8} {:>9}",
+        "policy", "quantizer", "b", "b_real", "ppl", "ppl_base", "Δ%", "KL"
+    );
+    for v in &o.variants {
+        let mine: Vec<&eval::PplRow> = rows
+            .iter()
+            .filter(|r| {
+                r.policy == v.policy.name() && r.quantizer == v.quantizer_name() && r.b == v.b
+            })
+            .collect();
+        let (ppl, base, delta, kl, b_real) = eval::ppl_summary(&mine);
+        println!(
+            "{:<15} {:<10} {:>5} {:>7.4} {:>9.3} {:>9.3} {:>+8.2} {:>9.5}",
+            v.policy.name(),
+            v.quantizer_name(),
+            v.b.map_or("-".into(), |b| format!("{b}")),
+            b_real,
+            ppl,
+            base,
+            delta,
+            kl
+        );
+    }
+    println!("rows: {}", path.display());
+    Ok(())
+}
+
+fn depths(n: usize) -> Vec<f64> {
+    if n == 1 {
+        return vec![0.5];
+    }
+    (0..n).map(|i| i as f64 / (n - 1) as f64).collect()
+}
+
+fn niah(a: SpecArgs) -> anyhow::Result<()> {
+    let (spec, model, out) = setup(&a)?;
+    let n = spec
+        .niah
+        .clone()
+        .context("the spec has no [niah] section")?;
+    let variants = spec.niah_variants()?;
+    let cases: Vec<(f64, u64)> = depths(n.depths)
+        .into_iter()
+        .flat_map(|d| (0..n.seeds as u64).map(move |s| (d, s)))
+        .collect();
+    let pb = bar(cases.len(), "niah", a.quiet)?;
+    let mut rows = Vec::new();
+    for (depth, seed) in cases {
+        let case = eval::niah_case(&model, n.context, depth, seed)?;
+        rows.extend(eval::niah(
+            &model,
+            &case,
+            &variants,
+            &spec.importance,
+            spec.protect,
+            &spec.policy,
+            n.max_new_tokens,
+        )?);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let path = out.join("niah.parquet");
+    eval::niah_table(&rows, &model.name, &spec.importance).write(&path)?;
+    println!(
+        "{} NIAH ~{} tokens, {} depths × {} seeds",
+        model.name, n.context, n.depths, n.seeds
+    );
+    let mut keys: Vec<(String, String, Option<f64>)> = Vec::new();
+    for r in &rows {
+        let k = (r.policy.clone(), r.quantizer.clone(), r.b);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    for (p, q, b) in keys {
+        let mine: Vec<_> = rows
+            .iter()
+            .filter(|r| r.policy == p && r.quantizer == q && r.b == b)
+            .collect();
+        let ok = mine.iter().filter(|r| r.correct).count();
+        println!(
+            "{p:<15} {q:<10} b={:<5} {ok}/{} = {:.1}%",
+            b.map_or("-".into(), |b| format!("{b}")),
+            mine.len(),
+            100.0 * ok as f64 / mine.len() as f64
+        );
+    }
+    println!("rows: {}", path.display());
+    Ok(())
+}
+
+fn probe(a: SpecArgs) -> anyhow::Result<()> {
+    let (spec, model, out) = setup(&a)?;
+    let p = spec
+        .probe
+        .clone()
+        .context("the spec has no [probe] section")?;
+    let mut trials = Vec::new();
+    let mut verdicts = Vec::new();
+    let pb = bar(p.quantizers.len() + 1, "probe", a.quiet)?;
+    for &q in &p.quantizers {
+        let (v, rows) = eval::probe(
+            &model,
+            p.context,
+            p.b,
+            q,
+            &spec.importance,
+            spec.protect,
+            &spec.policy,
+            p.max_new_tokens,
+        )?;
+        trials.extend(rows);
+        verdicts.push(v);
+        pb.inc(1);
+    }
+    let o = PplOptions {
+        context: p.gate_context,
+        continuation: p.gate_continuation,
+        windows: p.gate_windows,
+        variants: Vec::new(),
+        importance: spec.importance,
+        protect: spec.protect,
+        policy: spec.policy,
+    };
+    let ids = eval::wikitext_ids(
+        &model,
+        p.gate_windows * (p.gate_context + p.gate_continuation),
+    )?;
+    let gates = eval::gate(
+        &model.decoder,
+        &ids,
+        &o,
+        &p.quantizers,
+        p.gate_max_ppl_ratio,
+    )?;
+    pb.finish_and_clear();
+    eval::niah_table(&trials, &model.name, &spec.importance)
+        .write(&out.join("probe-trials.parquet"))?;
+    let n = verdicts.len();
+    let table = Table::new()
+        .with("model", Column::Str(vec![model.name.clone(); n]))
+        .with(
+            "quantizer",
+            Column::Str(
+                verdicts
+                    .iter()
+                    .map(|v| v.quantizer.name().to_string())
+                    .collect(),
+            ),
+        )
+        .with("b", Column::F64(vec![p.b; n]))
+        .with("context", Column::U32(vec![p.context as u32; n]))
+        .with(
+            "trials_passed",
+            Column::U32(verdicts.iter().map(|v| v.passed as u32).collect()),
+        )
+        .with(
+            "probe_int4",
+            Column::Bool(verdicts.iter().map(|v| v.int4).collect()),
+        )
+        .with(
+            "selected_policy",
+            Column::Str(verdicts.iter().map(|v| v.selected.to_string()).collect()),
+        )
+        .with(
+            "gate_ppl_ratio",
+            Column::F64(gates.iter().map(|g| g.ppl_ratio).collect()),
+        )
+        .with("gate_kl", Column::F64(gates.iter().map(|g| g.kl).collect()))
+        .with(
+            "gate_max_ppl_ratio",
+            Column::F64(vec![p.gate_max_ppl_ratio; n]),
+        )
+        .with(
+            "gate_int4",
+            Column::Bool(gates.iter().map(|g| g.int4).collect()),
+        );
+    let path = out.join("probe.parquet");
+    table.write(&path)?;
+    for (v, g) in verdicts.iter().zip(&gates) {
+        println!(
+            "{} {:<10} probe {}/3 → {} (INT4 {}); gate PPL ratio {:.4}, KL {:.5} → INT4 {}",
+            model.name,
+            v.quantizer.name(),
+            v.passed,
+            v.selected,
+            if v.int4 { "on" } else { "off" },
+            g.ppl_ratio,
+            g.kl,
+            if g.int4 { "on" } else { "off" }
+        );
+    }
+    println!("rows: {}", path.display());
+    Ok(())
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let model = a.model.load()?;
+    let listener = TcpListener::bind(&a.bind).with_context(|| format!("bind {}", a.bind))?;
+    eprintln!(
+        "spectrum decode worker: {} on {}",
+        model.name,
+        listener.local_addr()?
+    );
+    let opts = ServeOptions {
+        max_frame: a.max_frame_mib << 20,
+        max_requests: a.max_requests,
+        policy: a.model.policy,
+    };
+    transport::serve(&model.decoder, &listener, &opts, &mut |line: &str| {
+        eprintln!("{line}")
+    })?;
+    Ok(())
+}
+
+/// One transfer's TTFT stages.
+struct Ttft {
+    what: String,
+    repeat: usize,
+    b_real: f64,
+    bytes: usize,
+    prefill: Duration,
+    scoring: Duration,
+    pack: Duration,
+    reply: transport::Reply,
+    total: Duration,
+}
+
+fn send(a: SendArgs) -> anyhow::Result<()> {
+    let model = a.model.load()?;
+    let policy = Policy::parse(&a.tier_policy)?;
+    let ids = eval::wikitext_ids(&model, a.context)?;
+    let (ctx, last) = ids.split_at(ids.len() - 1);
+    let tiered = Variant {
+        policy,
+        quantizer: a.quantizer,
+        b: policy.uses_budget().then_some(a.b),
+    };
+    let fp16 = Variant {
+        policy: Policy::Uniform(kvcredit::spectrum::Tier::Fp16),
+        quantizer: a.quantizer,
+        b: None,
+    };
+    // The FP16 transfer sends every token at 16 bits: nothing to protect or score.
+    let none = Protect {
+        sinks: 0,
+        recent: 0,
+    };
+    let spec = ImportanceSpec::default();
+    let d = &model.decoder;
+    let mut stream =
+        TcpStream::connect(&a.connect).with_context(|| format!("connect {}", a.connect))?;
+    stream.set_nodelay(true)?;
+    let mut rows = Vec::new();
+    for repeat in 0..a.repeats.max(1) {
+        for (what, v, protect) in [
+            ("tiered", &tiered, Protect::default()),
+            ("fp16", &fp16, none),
+        ] {
+            let t0 = Instant::now();
+            let pre = eval::prefill_and_score(d, ctx, &a.model.policy, &spec)?;
+            let scoring = if what == "fp16" {
+                Duration::ZERO
+            } else {
+                pre.scoring
+            };
+            let c = eval::compress(&pre, v, protect)?;
+            let sent_at = Instant::now();
+            let reply = transport::request(&mut stream, &c.frame, last[0], 1, a.bandwidth_mbps)?;
+            // The FP16 transfer needs no scores: its TTFT leaves the scoring out.
+            let skipped = if what == "fp16" {
+                pre.scoring
+            } else {
+                Duration::ZERO
+            };
+            let total = (sent_at - t0) - skipped + reply.round_trip;
+            // The worker's first token is the one the same tiered cache gives in-process.
+            let local = wire::decode(&c.frame)?;
+            let (tokens, _, _, fp) =
+                transport::decode_greedy(d, &local, last[0], 1, &a.model.policy)?;
+            if tokens != reply.tokens || fp != reply.fingerprint {
+                bail!(
+                    "{what}: decode worker answered {:?}, in-process {:?} (KV fingerprints {})",
+                    reply.tokens,
+                    tokens,
+                    if fp == reply.fingerprint {
+                        "equal"
+                    } else {
+                        "differ"
+                    }
+                );
+            }
+            rows.push(Ttft {
+                what: what.to_string(),
+                repeat,
+                b_real: c.real_b(),
+                bytes: c.frame.len(),
+                prefill: pre.prefill,
+                scoring,
+                pack: c.pack,
+                reply,
+                total,
+            });
+        }
+    }
+    write_ttft(&rows, &a, &model.name, &a.out)?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{} context {} tokens, {} {} b={} link {}",
+        model.name,
+        a.context,
+        policy.name(),
+        a.quantizer,
+        a.b,
+        a.bandwidth_mbps
+            .map_or("unlimited".into(), |m| format!("{m} Mbit/s"))
+    );
+    println!(
+        "{:<7} {:>3} {:>7} {:>11} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "what",
+        "rep",
+        "b_real",
+        "bytes",
+        "prefill",
+        "score",
+        "pack",
+        "send",
+        "receive",
+        "unpack",
+        "step",
+        "TTFT ms"
+    );
+    for r in &rows {
+        println!(
+            "{:<7} {:>3} {:>7.4} {:>11} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
+            r.what,
+            r.repeat,
+            r.b_real,
+            r.bytes,
+            ms(r.prefill),
+            ms(r.scoring),
+            ms(r.pack),
+            ms(r.reply.send),
+            ms(r.reply.receive),
+            ms(r.reply.unpack),
+            ms(r.reply.first_step),
+            ms(r.total)
+        );
+    }
+    println!(
+        "first tokens match the in-process tiered cache; rows: {}",
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn write_ttft(rows: &[Ttft], a: &SendArgs, model: &str, path: &Path) -> anyhow::Result<()> {
+    let n = rows.len();
+    let ms = |f: &dyn Fn(&Ttft) -> Duration| {
+        Column::F64(rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
+    };
+    Table::new()
+        .with("model", Column::Str(vec![model.to_string(); n]))
+        .with(
+            "transfer",
+            Column::Str(rows.iter().map(|r| r.what.clone()).collect()),
+        )
+        .with("tier_policy", Column::Str(vec![a.tier_policy.clone(); n]))
+        .with(
+            "quantizer",
+            Column::Str(vec![a.quantizer.name().to_string(); n]),
+        )
+        .with("b", Column::F64(vec![a.b; n]))
+        .with(
+            "b_real",
+            Column::F64(rows.iter().map(|r| r.b_real).collect()),
+        )
+        .with(
+            "bytes",
+            Column::I64(rows.iter().map(|r| r.bytes as i64).collect()),
+        )
+        .with("context", Column::U32(vec![a.context as u32; n]))
+        .with("bandwidth_mbps", Column::OptF64(vec![a.bandwidth_mbps; n]))
+        .with(
+            "repeat",
+            Column::U32(rows.iter().map(|r| r.repeat as u32).collect()),
+        )
+        .with(
+            "first_token",
+            Column::I64(rows.iter().map(|r| r.reply.tokens[0]).collect()),
+        )
+        .with("prefill_ms", ms(&|r| r.prefill))
+        .with("scoring_ms", ms(&|r| r.scoring))
+        .with("pack_ms", ms(&|r| r.pack))
+        .with("send_ms", ms(&|r| r.reply.send))
+        .with("receive_ms", ms(&|r| r.reply.receive))
+        .with("unpack_ms", ms(&|r| r.reply.unpack))
+        .with("first_step_ms", ms(&|r| r.reply.first_step))
+        .with("round_trip_ms", ms(&|r| r.reply.round_trip))
+        .with("ttft_ms", ms(&|r| r.total))
+        .write(path)?;
+    Ok(())
+}

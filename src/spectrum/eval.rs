@@ -1,0 +1,718 @@
+//! Evaluations of tier policies on a real model: WikiText-2 perplexity with the context KV
+//! compressed, single-needle NIAH, and the deployment-time INT4 probe.
+//!
+//! Every variant goes through the real path: tier plan → quantize and pack → wire frame →
+//! decode and verify → restore into an ordinary cache → the unchanged decoder.
+use super::allocate::{self, Budget, Policy, Protect};
+use super::importance::{self, ImportanceSpec};
+use super::tiers::{TierPlan, TieredKv};
+use super::transport::{self, sync};
+use super::{Quantizer, Tier, wire};
+use crate::exec::ExecPolicy;
+use crate::io::parquet::{Column, Table};
+use crate::kv_cache::KvCache;
+use crate::model::{Decoder, LogitsAt};
+use crate::runtime::LoadedModel;
+use crate::tasks::{Message, Prompt};
+use crate::{Error, Result};
+use std::time::{Duration, Instant};
+use tch::{Kind, Tensor};
+
+/// WikiText-2 raw, test split, byte for byte (CRLF kept): `data/wikitext-2-raw/wiki.test.raw`.
+pub const WIKITEXT2_TEST: &str = include_str!("../../data/wikitext-2-raw/wiki.test.raw");
+
+/// The first `need` token ids of the WikiText-2 test text under `model`'s tokenizer (no
+/// special tokens), tokenizing only as much text as needed.
+pub fn wikitext_ids(model: &LoadedModel, need: usize) -> Result<Vec<i64>> {
+    let tok = model
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| Error::Tokenizer(format!("model `{}` has no tokenizer", model.name)))?;
+    let mut chars = (need * 8).max(4096);
+    loop {
+        let end = WIKITEXT2_TEST
+            .char_indices()
+            .nth(chars)
+            .map_or(WIKITEXT2_TEST.len(), |(i, _)| i);
+        let enc = tok
+            .encode(&WIKITEXT2_TEST[..end], false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        // Drop the last few tokens: the cut may have split a word.
+        let ids: Vec<i64> = enc.get_ids().iter().map(|&x| x as i64).collect();
+        if ids.len() > need + 8 || end == WIKITEXT2_TEST.len() {
+            if ids.len() < need {
+                return Err(Error::Spectrum(format!(
+                    "WikiText-2 test has {} tokens, {need} needed",
+                    ids.len()
+                )));
+            }
+            return Ok(ids[..need].to_vec());
+        }
+        chars *= 2;
+    }
+}
+
+/// A prefilled context ready to be compressed.
+pub struct Prefilled {
+    /// One-row cache of the context.
+    pub cache: KvCache,
+    /// Importance per context token.
+    pub scores: Vec<f64>,
+    /// Time of the (traced) prefill forward.
+    pub prefill: Duration,
+    /// Time of the scoring.
+    pub scoring: Duration,
+}
+
+/// Prefill `ids` and score its tokens.
+pub fn prefill_and_score(
+    model: &Decoder,
+    ids: &[i64],
+    policy: &ExecPolicy,
+    spec: &ImportanceSpec,
+) -> Result<Prefilled> {
+    let t0 = Instant::now();
+    let mut cache = model.new_cache(1, ids.len() as i64)?;
+    let (_, trace) = importance::prefill_traced(model, ids, &mut cache, policy)?;
+    sync(model.device());
+    let prefill = t0.elapsed();
+    let t1 = Instant::now();
+    let scores = importance::score(model, ids, &cache, &trace, spec, policy)?;
+    Ok(Prefilled {
+        cache,
+        scores,
+        prefill,
+        scoring: t1.elapsed(),
+    })
+}
+
+/// One compression setting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Variant {
+    /// Tier policy.
+    pub policy: Policy,
+    /// Quantizer of the INT tiers.
+    pub quantizer: Quantizer,
+    /// Nominal budget (`None` for policies that ignore it).
+    pub b: Option<f64>,
+}
+
+impl Variant {
+    /// The quantizer's name, or `none` when the plan holds no INT tier by construction.
+    pub fn quantizer_name(&self) -> &'static str {
+        match self.policy {
+            Policy::PdTrim | Policy::PdTrimFirst { .. } | Policy::Uniform(Tier::Fp16) => "none",
+            _ => self.quantizer.name(),
+        }
+    }
+
+    /// Every variant of the given policies, budgets and quantizers (budget-free policies once
+    /// per quantizer, quantizer-free ones once per budget).
+    pub fn grid(policies: &[Policy], budgets: &[f64], quantizers: &[Quantizer]) -> Vec<Variant> {
+        let mut out = Vec::new();
+        for &policy in policies {
+            let qs: &[Quantizer] = match policy {
+                Policy::PdTrim | Policy::PdTrimFirst { .. } | Policy::Uniform(Tier::Fp16) => {
+                    &quantizers[..quantizers.len().min(1)]
+                }
+                _ => quantizers,
+            };
+            for &quantizer in qs {
+                if policy.uses_budget() {
+                    out.extend(budgets.iter().map(|&b| Variant {
+                        policy,
+                        quantizer,
+                        b: Some(b),
+                    }));
+                } else {
+                    out.push(Variant {
+                        policy,
+                        quantizer,
+                        b: None,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A compressed context: plan, frame and how long it took.
+pub struct Compressed {
+    /// Tier per token.
+    pub plan: TierPlan,
+    /// The wire frame.
+    pub frame: Vec<u8>,
+    /// Full-FP16 bytes of the context (the budget's denominator).
+    pub fp16_bytes: usize,
+    /// Allocation, quantization and packing time.
+    pub pack: Duration,
+}
+
+impl Compressed {
+    /// Real budget: frame bytes ÷ full-FP16 bytes.
+    pub fn real_b(&self) -> f64 {
+        self.frame.len() as f64 / self.fp16_bytes as f64
+    }
+}
+
+/// Allocate, quantize and pack `pre` under `v`.
+pub fn compress(pre: &Prefilled, v: &Variant, protect: Protect) -> Result<Compressed> {
+    let t0 = Instant::now();
+    let budget = Budget {
+        b: v.b.unwrap_or(1.0),
+        shape: pre.cache.shape(),
+        quantizer: v.quantizer,
+        protect,
+    };
+    let plan = allocate::allocate(v.policy, &pre.scores, &budget)?;
+    let tiered = TieredKv::build(&pre.cache, 0, &plan, v.quantizer)?;
+    let frame = wire::encode(&tiered)?;
+    Ok(Compressed {
+        fp16_bytes: wire::fp16_bytes(pre.cache.shape(), plan.len() as i64),
+        plan,
+        frame,
+        pack: t0.elapsed(),
+    })
+}
+
+/// The decode side of a frame: verify, dequantize, restore (room for `extra` positions).
+pub fn receive(model: &Decoder, frame: &[u8], extra: i64) -> Result<KvCache> {
+    wire::decode(frame)?.restore(model.kind(), model.device(), extra)
+}
+
+/// Log-probabilities (fp64, `[m, V]`) of teacher-forcing `tokens` after `cache`.
+fn teacher_forced(
+    model: &Decoder,
+    cache: &mut KvCache,
+    tokens: &[i64],
+    policy: &ExecPolicy,
+) -> Result<Tensor> {
+    let ids = Tensor::from_slice(tokens).view([1, -1]);
+    let logits = model.forward(&ids, cache, policy, &LogitsAt::All)?;
+    Ok(logits
+        .select(0, 0)
+        .f_to_kind(Kind::Double)?
+        .f_log_softmax(-1, Kind::Double)?
+        .f_to_device(tch::Device::Cpu)?)
+}
+
+/// One perplexity measurement of one variant on one text window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PplRow {
+    /// Variant.
+    pub policy: String,
+    /// Quantizer name (`none` for PDTrim).
+    pub quantizer: String,
+    /// Nominal budget.
+    pub b: Option<f64>,
+    /// Frame bytes ÷ full-FP16 bytes.
+    pub b_real: f64,
+    /// Frame bytes.
+    pub bytes: u64,
+    /// Text window index.
+    pub window: u32,
+    /// Tokens per tier: fp16, int8, int4, dropped.
+    pub tiers: [u32; 4],
+    /// Σ NLL of the continuation under the compressed cache.
+    pub nll: f64,
+    /// Σ NLL under the uncompressed cache.
+    pub nll_base: f64,
+    /// Continuation tokens scored.
+    pub tokens: u32,
+    /// Mean KL(uncompressed ‖ compressed) per continuation token.
+    pub kl: f64,
+    /// Argmax agreement with the uncompressed cache over the continuation.
+    pub top1_agree: f64,
+}
+
+/// Settings of the perplexity evaluation.
+#[derive(Debug, Clone)]
+pub struct PplOptions {
+    /// Context tokens `n` (its first `n − 1` are prefilled and compressed; the decode side
+    /// feeds the last one and the continuation).
+    pub context: usize,
+    /// Continuation tokens `m` scored.
+    pub continuation: usize,
+    /// Non-overlapping windows of `n + m` tokens from the start of the text.
+    pub windows: usize,
+    /// Variants.
+    pub variants: Vec<Variant>,
+    /// Importance settings.
+    pub importance: ImportanceSpec,
+    /// Pinned tokens.
+    pub protect: Protect,
+    /// Execution policy.
+    pub policy: ExecPolicy,
+}
+
+/// Perplexity rows over the token stream `text_ids`; `on_done` after each (window, variant).
+pub fn perplexity(
+    model: &Decoder,
+    text_ids: &[i64],
+    o: &PplOptions,
+    on_done: &mut dyn FnMut(),
+) -> Result<Vec<PplRow>> {
+    let span = o.context + o.continuation;
+    if o.context < 2 || o.continuation < 1 || o.windows * span > text_ids.len() {
+        return Err(Error::Spectrum(format!(
+            "{} windows of {} + {} tokens need {} tokens; the text has {}",
+            o.windows,
+            o.context,
+            o.continuation,
+            o.windows * span,
+            text_ids.len()
+        )));
+    }
+    let mut rows = Vec::new();
+    for w in 0..o.windows {
+        let ids = &text_ids[w * span..(w + 1) * span];
+        let (ctx, fed, target) = (
+            &ids[..o.context - 1],
+            &ids[o.context - 1..span - 1],
+            &ids[o.context..],
+        );
+        let pre = prefill_and_score(model, ctx, &o.policy, &o.importance)?;
+        let mut base_cache =
+            KvCache::gather(&[(&pre.cache, pre.cache.snapshot(0))], fed.len() as i64)?;
+        let base = teacher_forced(model, &mut base_cache, fed, &o.policy)?;
+        let idx = Tensor::from_slice(target).view([-1, 1]);
+        let nll_of = |lp: &Tensor| -> f64 {
+            -lp.gather(1, &idx, false)
+                .sum(Kind::Double)
+                .double_value(&[])
+        };
+        let nll_base = nll_of(&base);
+        let base_top = base.argmax(-1, false);
+        for v in &o.variants {
+            let c = compress(&pre, v, o.protect)?;
+            let mut cache = receive(model, &c.frame, fed.len() as i64)?;
+            let lp = teacher_forced(model, &mut cache, fed, &o.policy)?;
+            let kl = (base.exp() * (&base - &lp))
+                .sum_dim_intlist([1i64].as_slice(), false, Kind::Double)
+                .mean(Kind::Double)
+                .double_value(&[]);
+            let agree = lp
+                .argmax(-1, false)
+                .eq_tensor(&base_top)
+                .to_kind(Kind::Double)
+                .mean(Kind::Double)
+                .double_value(&[]);
+            let counts = c.plan.counts();
+            rows.push(PplRow {
+                policy: v.policy.name().to_string(),
+                quantizer: v.quantizer_name().to_string(),
+                b: v.b,
+                b_real: c.real_b(),
+                bytes: c.frame.len() as u64,
+                window: w as u32,
+                tiers: [
+                    counts[0] as u32,
+                    counts[1] as u32,
+                    counts[2] as u32,
+                    c.plan.dropped() as u32,
+                ],
+                nll: nll_of(&lp),
+                nll_base,
+                tokens: target.len() as u32,
+                kl,
+                top1_agree: agree,
+            });
+            on_done();
+        }
+    }
+    Ok(rows)
+}
+
+/// One variant's perplexity over all windows: `(ppl, ppl_base, Δ%, mean KL, mean real b)`.
+pub fn ppl_summary(rows: &[&PplRow]) -> (f64, f64, f64, f64, f64) {
+    let tokens: f64 = rows.iter().map(|r| r.tokens as f64).sum();
+    let ppl = (rows.iter().map(|r| r.nll).sum::<f64>() / tokens).exp();
+    let base = (rows.iter().map(|r| r.nll_base).sum::<f64>() / tokens).exp();
+    let kl = rows.iter().map(|r| r.kl * r.tokens as f64).sum::<f64>() / tokens;
+    let b = rows.iter().map(|r| r.b_real).sum::<f64>() / rows.len() as f64;
+    (ppl, base, 100.0 * (ppl / base - 1.0), kl, b)
+}
+
+/// Perplexity rows as a table (schema in the README).
+pub fn ppl_table(rows: &[PplRow], model: &str, o: &PplOptions) -> Table {
+    let n = rows.len();
+    let col = |f: &dyn Fn(&PplRow) -> f64| Column::F64(rows.iter().map(f).collect());
+    Table::new()
+        .with("model", Column::Str(vec![model.to_string(); n]))
+        .with(
+            "policy",
+            Column::Str(rows.iter().map(|r| r.policy.clone()).collect()),
+        )
+        .with(
+            "quantizer",
+            Column::Str(rows.iter().map(|r| r.quantizer.clone()).collect()),
+        )
+        .with("b", Column::OptF64(rows.iter().map(|r| r.b).collect()))
+        .with("b_real", col(&|r| r.b_real))
+        .with(
+            "bytes",
+            Column::I64(rows.iter().map(|r| r.bytes as i64).collect()),
+        )
+        .with(
+            "window",
+            Column::U32(rows.iter().map(|r| r.window).collect()),
+        )
+        .with("context", Column::U32(vec![o.context as u32; n]))
+        .with(
+            "n_fp16",
+            Column::U32(rows.iter().map(|r| r.tiers[0]).collect()),
+        )
+        .with(
+            "n_int8",
+            Column::U32(rows.iter().map(|r| r.tiers[1]).collect()),
+        )
+        .with(
+            "n_int4",
+            Column::U32(rows.iter().map(|r| r.tiers[2]).collect()),
+        )
+        .with(
+            "n_drop",
+            Column::U32(rows.iter().map(|r| r.tiers[3]).collect()),
+        )
+        .with(
+            "tokens",
+            Column::U32(rows.iter().map(|r| r.tokens).collect()),
+        )
+        .with("nll", col(&|r| r.nll))
+        .with("nll_base", col(&|r| r.nll_base))
+        .with("ppl", col(&|r| (r.nll / r.tokens as f64).exp()))
+        .with("ppl_base", col(&|r| (r.nll_base / r.tokens as f64).exp()))
+        .with("kl", col(&|r| r.kl))
+        .with("top1_agree", col(&|r| r.top1_agree))
+        .with("importance", Column::Str(vec![o.importance.describe(); n]))
+        .with("sinks", Column::U32(vec![o.protect.sinks as u32; n]))
+        .with("recent", Column::U32(vec![o.protect.recent as u32; n]))
+}
+
+/// RULER's noise haystack sentences.
+const FILLER: &str =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+/// Needle keys, picked by seed.
+const KEYS: [&str; 10] = [
+    "apple", "harbor", "violet", "summit", "lantern", "meadow", "copper", "falcon", "orchid",
+    "glacier",
+];
+
+/// One NIAH case: the prompt ids and the expected 7-digit value.
+#[derive(Debug, Clone)]
+pub struct NiahCase {
+    /// Needle depth in `[0, 1]` (fraction of the haystack before the needle).
+    pub depth: f64,
+    /// Seed of key and value.
+    pub seed: u64,
+    /// The value to retrieve.
+    pub value: String,
+    /// Prompt token ids (chat template, then the answer prefix).
+    pub ids: Vec<i64>,
+}
+
+/// Build a single-needle case of about `context` tokens.
+pub fn niah_case(model: &LoadedModel, context: usize, depth: f64, seed: u64) -> Result<NiahCase> {
+    let mut rng = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(0x2545_F491_4F6C_DD1D);
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let key = KEYS[(next() % KEYS.len() as u64) as usize];
+    let value = format!("{}", 1_000_000 + next() % 9_000_000);
+    let needle = format!(" One of the special magic numbers for {key} is: {value}. ");
+    let build = |reps: usize| -> Result<Vec<i64>> {
+        let before = ((reps as f64) * depth).round() as usize;
+        let hay = format!(
+            "{}{needle}{}",
+            FILLER.repeat(before),
+            FILLER.repeat(reps - before)
+        );
+        let msg = format!(
+            "Some special magic numbers are hidden within the following text. Make sure to \
+             memorize it. I will quiz you about the numbers afterwards.\n{hay}\nWhat is the \
+             special magic number for {key} mentioned in the provided text?"
+        );
+        let mut ids = model.encode_prompt(&Prompt::Chat {
+            messages: vec![Message::user(msg)],
+        })?;
+        let tok = model
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer("niah needs a tokenizer".into()))?;
+        let prefix = tok
+            .encode(
+                format!("The special magic number for {key} mentioned in the provided text is")
+                    .as_str(),
+                false,
+            )
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        ids.extend(prefix.get_ids().iter().map(|&x| x as i64));
+        Ok(ids)
+    };
+    let one = build(1)?.len();
+    let per = build(11)?.len().saturating_sub(one) as f64 / 10.0;
+    let reps = (((context as f64 - one as f64) / per.max(1.0)).floor() as usize + 1).max(1);
+    Ok(NiahCase {
+        depth,
+        seed,
+        value,
+        ids: build(reps)?,
+    })
+}
+
+/// Whether the first run of digits in `text` is `value`.
+pub fn niah_correct(text: &str, value: &str) -> bool {
+    let digits: String = text
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits == value
+}
+
+/// One NIAH answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NiahRow {
+    /// Policy name.
+    pub policy: String,
+    /// Quantizer name.
+    pub quantizer: String,
+    /// Nominal budget.
+    pub b: Option<f64>,
+    /// Real budget.
+    pub b_real: f64,
+    /// Needle depth.
+    pub depth: f64,
+    /// Case seed.
+    pub seed: u64,
+    /// Prompt tokens.
+    pub prompt_len: u32,
+    /// Expected value.
+    pub value: String,
+    /// Greedy answer.
+    pub answer: String,
+    /// Exact match.
+    pub correct: bool,
+}
+
+/// Greedy answers of `case` under every variant (and the uncompressed cache, policy `full`).
+pub fn niah(
+    model: &LoadedModel,
+    case: &NiahCase,
+    variants: &[Variant],
+    importance: &ImportanceSpec,
+    protect: Protect,
+    policy: &ExecPolicy,
+    max_new_tokens: usize,
+) -> Result<Vec<NiahRow>> {
+    let d = &model.decoder;
+    let (ctx, last) = case.ids.split_at(case.ids.len() - 1);
+    let pre = prefill_and_score(d, ctx, policy, importance)?;
+    let answer = |tiered: &TieredKv| -> Result<String> {
+        let (tokens, ..) = transport::decode_greedy(d, tiered, last[0], max_new_tokens, policy)?;
+        let end = tokens
+            .iter()
+            .position(|t| model.stop_tokens.contains(t))
+            .unwrap_or(tokens.len());
+        model.decode(&tokens[..end])
+    };
+    let row = |v: Option<&Variant>, b_real: f64, text: String| NiahRow {
+        policy: v.map_or("full".into(), |v| v.policy.name().to_string()),
+        quantizer: v.map_or("none".into(), |v| v.quantizer_name().to_string()),
+        b: v.and_then(|v| v.b),
+        b_real,
+        depth: case.depth,
+        seed: case.seed,
+        prompt_len: case.ids.len() as u32,
+        value: case.value.clone(),
+        correct: niah_correct(&text, &case.value),
+        answer: text,
+    };
+    let mut rows = Vec::with_capacity(variants.len() + 1);
+    // The uncompressed reference: the dense cache itself, not a tier.
+    let mut dense = KvCache::gather(
+        &[(&pre.cache, pre.cache.snapshot(0))],
+        max_new_tokens as i64,
+    )?;
+    let mut tokens = Vec::new();
+    let mut next = last[0];
+    for _ in 0..max_new_tokens {
+        let logits = d.forward(
+            &Tensor::from_slice(&[next]).view([1, 1]),
+            &mut dense,
+            policy,
+            &LogitsAt::Last,
+        )?;
+        next = logits.view([-1]).argmax(0, false).int64_value(&[]);
+        if model.stop_tokens.contains(&next) {
+            break;
+        }
+        tokens.push(next);
+    }
+    rows.push(row(None, f64::NAN, model.decode(&tokens)?));
+    for v in variants {
+        let c = compress(&pre, v, protect)?;
+        let text = answer(&wire::decode(&c.frame)?)?;
+        rows.push(row(Some(v), c.real_b(), text));
+    }
+    Ok(rows)
+}
+
+/// NIAH rows as a table.
+pub fn niah_table(rows: &[NiahRow], model: &str, importance: &ImportanceSpec) -> Table {
+    let n = rows.len();
+    Table::new()
+        .with("model", Column::Str(vec![model.to_string(); n]))
+        .with(
+            "policy",
+            Column::Str(rows.iter().map(|r| r.policy.clone()).collect()),
+        )
+        .with(
+            "quantizer",
+            Column::Str(rows.iter().map(|r| r.quantizer.clone()).collect()),
+        )
+        .with("b", Column::OptF64(rows.iter().map(|r| r.b).collect()))
+        .with(
+            "b_real",
+            Column::OptF64(
+                rows.iter()
+                    .map(|r| (!r.b_real.is_nan()).then_some(r.b_real))
+                    .collect(),
+            ),
+        )
+        .with("depth", Column::F64(rows.iter().map(|r| r.depth).collect()))
+        .with(
+            "seed",
+            Column::I64(rows.iter().map(|r| r.seed as i64).collect()),
+        )
+        .with(
+            "prompt_len",
+            Column::U32(rows.iter().map(|r| r.prompt_len).collect()),
+        )
+        .with(
+            "value",
+            Column::Str(rows.iter().map(|r| r.value.clone()).collect()),
+        )
+        .with(
+            "answer",
+            Column::Str(rows.iter().map(|r| r.answer.clone()).collect()),
+        )
+        .with(
+            "correct",
+            Column::Bool(rows.iter().map(|r| r.correct).collect()),
+        )
+        .with("importance", Column::Str(vec![importance.describe(); n]))
+}
+
+/// The probe's verdict for one quantizer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeVerdict {
+    /// Quantizer probed.
+    pub quantizer: Quantizer,
+    /// Trials passed (of three).
+    pub passed: usize,
+    /// INT4 allowed (≥ 2 of 3).
+    pub int4: bool,
+    /// Policy selected: `spectrum` (3-tier) or `spectrum-2tier`.
+    pub selected: &'static str,
+}
+
+/// The deployment-time probe: three NIAH trials (depths 0.25, 0.5, 0.75) under the 3-tier
+/// policy at budget `b`. Returns the verdict and the trial rows.
+#[allow(clippy::too_many_arguments)]
+pub fn probe(
+    model: &LoadedModel,
+    context: usize,
+    b: f64,
+    quantizer: Quantizer,
+    importance: &ImportanceSpec,
+    protect: Protect,
+    policy: &ExecPolicy,
+    max_new_tokens: usize,
+) -> Result<(ProbeVerdict, Vec<NiahRow>)> {
+    let v = Variant {
+        policy: Policy::Spectrum { int4: true },
+        quantizer,
+        b: Some(b),
+    };
+    let mut rows = Vec::new();
+    for depth in [0.25, 0.5, 0.75] {
+        let case = niah_case(model, context, depth, 0)?;
+        let r = niah(
+            model,
+            &case,
+            &[v],
+            importance,
+            protect,
+            policy,
+            max_new_tokens,
+        )?;
+        rows.extend(r.into_iter().filter(|r| r.policy != "full"));
+    }
+    let passed = rows.iter().filter(|r| r.correct).count();
+    let int4 = passed >= 2;
+    Ok((
+        ProbeVerdict {
+            quantizer,
+            passed,
+            int4,
+            selected: if int4 { "spectrum" } else { "spectrum-2tier" },
+        },
+        rows,
+    ))
+}
+
+/// The continuous INT4 gate for one quantizer: perplexity ratio and mean KL under uniform
+/// INT4 (protected tokens at FP16) against the uncompressed cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    /// Quantizer.
+    pub quantizer: Quantizer,
+    /// PPL(uniform INT4) / PPL(uncompressed).
+    pub ppl_ratio: f64,
+    /// Mean KL per token.
+    pub kl: f64,
+    /// `ppl_ratio ≤` the threshold.
+    pub int4: bool,
+}
+
+/// The gate of each quantizer over perplexity windows of `o` (its variants are replaced).
+pub fn gate(
+    model: &Decoder,
+    text_ids: &[i64],
+    o: &PplOptions,
+    quantizers: &[Quantizer],
+    max_ratio: f64,
+) -> Result<Vec<Gate>> {
+    let o = PplOptions {
+        variants: quantizers
+            .iter()
+            .map(|&quantizer| Variant {
+                policy: Policy::Uniform(Tier::Int4),
+                quantizer,
+                b: None,
+            })
+            .collect(),
+        ..o.clone()
+    };
+    let rows = perplexity(model, text_ids, &o, &mut || {})?;
+    Ok(quantizers
+        .iter()
+        .map(|&q| {
+            let mine: Vec<&PplRow> = rows.iter().filter(|r| r.quantizer == q.name()).collect();
+            let (ppl, base, _, kl, _) = ppl_summary(&mine);
+            Gate {
+                quantizer: q,
+                ppl_ratio: ppl / base,
+                kl,
+                int4: ppl / base <= max_ratio,
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,249 @@
+//! The TOML specification of a SpectrumKV evaluation (see `experiments/spectrum-*.toml`),
+//! validated completely before anything runs.
+use super::Quantizer;
+use super::allocate::{Policy, Protect};
+use super::eval::Variant;
+use super::importance::ImportanceSpec;
+use crate::exec::ExecPolicy;
+use crate::runtime::Dtype;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A whole evaluation: the model, the scoring settings and the sections to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpectrumSpec {
+    /// Label (default output folder `runs/<name>`).
+    pub name: String,
+    /// Model: a registry name, GGUF file or Hugging Face folder.
+    pub model: String,
+    /// Weights/activations dtype.
+    pub dtype: Dtype,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Execution policy of the decoder.
+    #[serde(default)]
+    pub policy: ExecPolicy,
+    /// Importance settings.
+    #[serde(default)]
+    pub importance: ImportanceSpec,
+    /// Tokens pinned to FP16.
+    #[serde(default)]
+    pub protect: Protect,
+    /// WikiText-2 perplexity.
+    pub ppl: Option<PplSpec>,
+    /// Single-needle NIAH grid.
+    pub niah: Option<NiahSpec>,
+    /// The INT4 probe and the continuous gate.
+    pub probe: Option<ProbeSpec>,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+/// Perplexity section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PplSpec {
+    /// Context tokens `n`.
+    pub context: usize,
+    /// Continuation tokens `m`.
+    pub continuation: usize,
+    /// Non-overlapping text windows.
+    pub windows: usize,
+    /// Budgets `b`.
+    pub budgets: Vec<f64>,
+    /// Policy names ([`Policy::parse`]).
+    pub policies: Vec<String>,
+    /// Quantizers of the INT tiers.
+    pub quantizers: Vec<Quantizer>,
+}
+
+/// NIAH section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NiahSpec {
+    /// Prompt tokens (about).
+    pub context: usize,
+    /// Depths, evenly spaced over `[0, 1]`.
+    pub depths: usize,
+    /// Seeds per depth.
+    pub seeds: usize,
+    /// Budgets `b`.
+    pub budgets: Vec<f64>,
+    /// Policy names.
+    pub policies: Vec<String>,
+    /// Quantizers.
+    pub quantizers: Vec<Quantizer>,
+    /// Answer token cap.
+    #[serde(default = "default_answer")]
+    pub max_new_tokens: usize,
+}
+
+fn default_answer() -> usize {
+    12
+}
+
+/// Probe section: three NIAH trials at `b` per quantizer, and the continuous gate (PPL ratio
+/// under uniform INT4 on `gate_windows` WikiText windows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeSpec {
+    /// Prompt tokens of the trials (about).
+    pub context: usize,
+    /// Budget of the 3-tier trials.
+    #[serde(default = "default_probe_b")]
+    pub b: f64,
+    /// Quantizers probed.
+    pub quantizers: Vec<Quantizer>,
+    /// Answer token cap.
+    #[serde(default = "default_answer")]
+    pub max_new_tokens: usize,
+    /// Gate: context tokens of the perplexity windows.
+    #[serde(default = "default_gate_context")]
+    pub gate_context: usize,
+    /// Gate: continuation tokens.
+    #[serde(default = "default_gate_continuation")]
+    pub gate_continuation: usize,
+    /// Gate: windows.
+    #[serde(default = "default_gate_windows")]
+    pub gate_windows: usize,
+    /// Gate: INT4 allowed iff PPL(uniform INT4) / PPL(uncompressed) ≤ this.
+    #[serde(default = "default_gate_ratio")]
+    pub gate_max_ppl_ratio: f64,
+}
+
+fn default_probe_b() -> f64 {
+    0.3
+}
+fn default_gate_context() -> usize {
+    512
+}
+fn default_gate_continuation() -> usize {
+    128
+}
+fn default_gate_windows() -> usize {
+    2
+}
+fn default_gate_ratio() -> f64 {
+    1.05
+}
+
+fn bad(m: String) -> Error {
+    Error::Spec(format!("spectrum spec: {m}"))
+}
+
+fn check_budgets(what: &str, b: &[f64]) -> Result<()> {
+    if let Some(x) = b.iter().find(|x| !(**x > 0.0 && **x <= 2.0)) {
+        return Err(bad(format!("{what}: budget {x} outside (0, 2]")));
+    }
+    Ok(())
+}
+
+fn policies(what: &str, names: &[String]) -> Result<Vec<Policy>> {
+    if names.is_empty() {
+        return Err(bad(format!("{what}: no policies")));
+    }
+    names
+        .iter()
+        .map(|n| Policy::parse(n).map_err(|e| bad(format!("{what}: {e}"))))
+        .collect()
+}
+
+impl SpectrumSpec {
+    /// Read and validate a spec file.
+    pub fn load(path: &Path) -> Result<SpectrumSpec> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let spec: SpectrumSpec = toml::from_str(&text).map_err(|e| {
+            bad(format!(
+                "{}: {}",
+                path.display(),
+                e.to_string().lines().collect::<Vec<_>>().join(" ")
+            ))
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Check every section; nothing runs before this passes.
+    pub fn validate(&self) -> Result<()> {
+        let i = &self.importance;
+        if i.window < 1 || i.kernel < 1 || i.kernel % 2 == 0 {
+            return Err(bad(format!(
+                "importance window {} must be ≥ 1 and kernel {} odd",
+                i.window, i.kernel
+            )));
+        }
+        let pinned = self.protect.sinks + self.protect.recent;
+        if let Some(p) = &self.ppl {
+            check_budgets("ppl", &p.budgets)?;
+            policies("ppl", &p.policies)?;
+            if p.context <= pinned + 1 || p.continuation == 0 || p.windows == 0 {
+                return Err(bad(format!(
+                    "ppl: context {} must exceed the {pinned} pinned tokens + 1, continuation and windows ≥ 1",
+                    p.context
+                )));
+            }
+            if p.quantizers.is_empty() {
+                return Err(bad("ppl: no quantizers".into()));
+            }
+        }
+        if let Some(n) = &self.niah {
+            check_budgets("niah", &n.budgets)?;
+            policies("niah", &n.policies)?;
+            if n.context <= pinned + 1 || n.depths == 0 || n.seeds == 0 || n.max_new_tokens == 0 {
+                return Err(bad("niah: context must exceed the pinned tokens; depths, seeds, max_new_tokens ≥ 1".into()));
+            }
+            if n.quantizers.is_empty() {
+                return Err(bad("niah: no quantizers".into()));
+            }
+        }
+        if let Some(p) = &self.probe {
+            check_budgets("probe", &[p.b])?;
+            if p.quantizers.is_empty() || p.context <= pinned + 1 || p.gate_context <= 2 {
+                return Err(bad(
+                    "probe: needs quantizers and a context beyond the pinned tokens".into(),
+                ));
+            }
+            if p.gate_max_ppl_ratio.is_nan()
+                || p.gate_max_ppl_ratio < 1.0
+                || p.gate_windows == 0
+                || p.gate_continuation == 0
+            {
+                return Err(bad(
+                    "probe: gate ratio ≥ 1, gate windows and continuation ≥ 1".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The perplexity variants.
+    pub fn ppl_variants(&self) -> Result<Vec<Variant>> {
+        let p = self
+            .ppl
+            .as_ref()
+            .ok_or_else(|| bad("no [ppl] section".into()))?;
+        Ok(Variant::grid(
+            &policies("ppl", &p.policies)?,
+            &p.budgets,
+            &p.quantizers,
+        ))
+    }
+
+    /// The NIAH variants.
+    pub fn niah_variants(&self) -> Result<Vec<Variant>> {
+        let n = self
+            .niah
+            .as_ref()
+            .ok_or_else(|| bad("no [niah] section".into()))?;
+        Ok(Variant::grid(
+            &policies("niah", &n.policies)?,
+            &n.budgets,
+            &n.quantizers,
+        ))
+    }
+}

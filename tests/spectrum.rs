@@ -1,0 +1,723 @@
+//! SpectrumKV: tiers restore the dense cache (bitwise at FP16), quantized tiers match an
+//! independent f64 dequantizer within their error bounds, the frame's bytes equal the
+//! accounting, the wire round-trips bitwise and rejects damaged frames, dropped tokens are
+//! masked at their original positions, importance and allocation behave as specified.
+mod common;
+
+use kvcredit::exec::ExecPolicy;
+use kvcredit::kv_cache::KvShape;
+use kvcredit::model::LogitsAt;
+use kvcredit::spectrum::allocate::{self, Budget, Policy, Protect};
+use kvcredit::spectrum::importance::{self, Aggregate, ImportanceSpec, Pooling};
+use kvcredit::spectrum::quant::{self, Block, BlockShape, GROUP, Side};
+use kvcredit::spectrum::tiers::{TierPlan, TieredKv};
+use kvcredit::spectrum::{Quantizer, Tier, wire};
+use kvcredit::{Decoder, KvCache, Result};
+use tch::{Device, Kind, Tensor};
+
+const POLICY: ExecPolicy = ExecPolicy::Stock;
+
+fn model(name: &str, kind: Kind) -> Decoder {
+    common::load(&common::hf_fixtures().join(name), kind).unwrap()
+}
+
+fn prompt(n: usize, seed: u64) -> Vec<i64> {
+    (0..n as u64)
+        .map(|i| ((i * 2654435761 + seed * 97) % 127) as i64)
+        .collect()
+}
+
+fn prefilled(m: &Decoder, ids: &[i64]) -> KvCache {
+    let mut cache = m.new_cache(1, ids.len() as i64 + 4).unwrap();
+    let t = Tensor::from_slice(ids).view([1, -1]);
+    let _ = m.forward(&t, &mut cache, &POLICY, &LogitsAt::Last).unwrap();
+    cache
+}
+
+/// Logits of feeding `token` after the cache's positions.
+fn step(m: &Decoder, cache: &mut KvCache, token: i64) -> Tensor {
+    let t = Tensor::from_slice(&[token]).view([1, 1]);
+    m.forward(&t, cache, &POLICY, &LogitsAt::Last).unwrap()
+}
+
+fn plan_of(n: usize, f: impl Fn(usize) -> Tier) -> TierPlan {
+    TierPlan::new((0..n).map(f).collect())
+}
+
+#[test]
+fn all_fp16_tier_restores_the_dense_cache_bitwise() -> Result<()> {
+    for kind in [Kind::Half, Kind::BFloat16] {
+        let m = model("qwen2", kind);
+        let ids = prompt(40, 1);
+        let cache = prefilled(&m, &ids);
+        let snap = cache.snapshot(0);
+        for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+            let t = TieredKv::build(&cache, 0, &TierPlan::uniform(40, Tier::Fp16), q)?;
+            let back = wire::decode(&wire::encode(&t)?)?;
+            let r = back.restore(kind, Device::Cpu, 4)?;
+            assert_eq!(r.fingerprint(r.snapshot(0))?, cache.fingerprint(snap)?);
+            assert!(r.masked_positions(0)?.is_empty());
+        }
+        // Negative control: one INT8 token changes the restored bits.
+        let t = TieredKv::build(
+            &cache,
+            0,
+            &plan_of(40, |i| if i == 7 { Tier::Int8 } else { Tier::Fp16 }),
+            Quantizer::Kivi,
+        )?;
+        let r = t.restore(kind, Device::Cpu, 0)?;
+        assert_ne!(r.fingerprint(r.snapshot(0))?, cache.fingerprint(snap)?);
+    }
+    // An fp32 cache's FP16 tier is the cache rounded to fp16, bitwise.
+    let m = model("qwen2", Kind::Float);
+    let cache = prefilled(&m, &prompt(40, 2));
+    let t = TieredKv::build(
+        &cache,
+        0,
+        &TierPlan::uniform(40, Tier::Fp16),
+        Quantizer::Kivi,
+    )?;
+    for layer in 0..m.kv_shape().layers {
+        let (k, v) = t.layer_dense(layer, Kind::Float, Device::Cpu)?;
+        let (dk, dv) = cache.layer_kv(layer, 40)?;
+        for (got, dense) in [(k, dk), (v, dv)] {
+            let want = dense.select(0, 0).to_kind(Kind::Half).to_kind(Kind::Float);
+            assert!(got.equal(&want));
+            assert!(
+                !got.equal(&dense.select(0, 0)),
+                "fp32 values are not all fp16-exact"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Independent dequantizer: plain f64 loops over the bytes, written from the format's
+/// description (not from `quant::decode`).
+fn reference_dequant(b: &Block, tier: Tier, q: Quantizer, side: Side, s: BlockShape) -> Vec<f64> {
+    let (h, m, d) = (s.heads as usize, s.tokens as usize, s.head_dim as usize);
+    let g = GROUP as usize;
+    let f16 = |bytes: &[u8], i: usize| {
+        f64::from(half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]))
+    };
+    let code = |i: usize| -> f64 {
+        match tier {
+            Tier::Int8 => b.payload[i] as f64,
+            _ => {
+                let byte = b.payload[i / 2];
+                (if i.is_multiple_of(2) {
+                    byte & 0x0f
+                } else {
+                    byte >> 4
+                }) as f64
+            }
+        }
+    };
+    let mut out = vec![0.0; h * m * d];
+    for hh in 0..h {
+        for t in 0..m {
+            for c in 0..d {
+                let i = (hh * m + t) * d + c;
+                out[i] = match (q, side) {
+                    (Quantizer::Kivi, Side::Key) => {
+                        // Scales [h, ceil(m/g), d].
+                        let gi = (hh * m.div_ceil(g) + t / g) * d + c;
+                        code(i) * f16(&b.scales, gi) + f16(&b.zeros, gi)
+                    }
+                    (Quantizer::Kivi, Side::Value) => {
+                        // Scales [h·m, ceil(d/g)].
+                        let gi = (hh * m + t) * d.div_ceil(g) + c / g;
+                        code(i) * f16(&b.scales, gi) + f16(&b.zeros, gi)
+                    }
+                    (Quantizer::LabCompat, _) => {
+                        let offset = if tier == Tier::Int8 { 128.0 } else { 8.0 };
+                        (code(i) - offset) * f16(&b.scales, t)
+                    }
+                };
+            }
+        }
+    }
+    out
+}
+
+/// The error bound of element `i`: half a step of its group (with fp16 rounding of the scale
+/// and zero point), from the group's min/max (asymmetric) or |max| (symmetric) in `x`.
+fn bound(x: &[f64], tier: Tier, q: Quantizer, side: Side, s: BlockShape, i: usize) -> f64 {
+    let (m, d) = (s.tokens as usize, s.head_dim as usize);
+    let g = GROUP as usize;
+    let (hh, t, c) = (i / (m * d), i / d % m, i % d);
+    let members: Vec<usize> = match (q, side) {
+        (Quantizer::Kivi, Side::Key) => (t / g * g..((t / g + 1) * g).min(m))
+            .map(|tt| (hh * m + tt) * d + c)
+            .collect(),
+        (Quantizer::Kivi, Side::Value) => (c / g * g..((c / g + 1) * g).min(d))
+            .map(|cc| (hh * m + t) * d + cc)
+            .collect(),
+        (Quantizer::LabCompat, _) => (0..s.heads as usize)
+            .flat_map(|h2| (0..d).map(move |cc| (h2 * m + t) * d + cc))
+            .collect(),
+    };
+    let lo = members.iter().map(|&j| x[j]).fold(f64::INFINITY, f64::min);
+    let hi = members
+        .iter()
+        .map(|&j| x[j])
+        .fold(f64::NEG_INFINITY, f64::max);
+    let amax = lo.abs().max(hi.abs());
+    let levels = match q {
+        Quantizer::Kivi => ((1u32 << tier.bits()) - 1) as f64,
+        Quantizer::LabCompat => ((1u32 << (tier.bits() - 1)) - 1) as f64,
+    };
+    let step = match q {
+        Quantizer::Kivi => (hi - lo) / levels,
+        Quantizer::LabCompat => amax / levels,
+    };
+    // fp16 rounding (relative 2^-11) of the scale, times the largest code, and of the zero.
+    let fp16 = 2f64.powi(-11);
+    step * (0.5 + levels * fp16) + amax * fp16 + 1e-12
+}
+
+fn random_block(h: i64, m: i64, d: i64, seed: i64) -> Tensor {
+    tch::manual_seed(seed);
+    let x = Tensor::randn([h, m, d], (Kind::Float, Device::Cpu));
+    // One channel with a large offset (like Qwen's key biases) and a spread of magnitudes.
+    let offset = Tensor::zeros([1, 1, d], (Kind::Float, Device::Cpu));
+    let _ = offset.narrow(2, 3, 1).fill_(40.0);
+    x * Tensor::linspace(0.1, 3.0, m, (Kind::Float, Device::Cpu)).view([1, m, 1]) + offset
+}
+
+#[test]
+fn quantized_tiers_match_an_independent_reference_within_their_bounds() -> Result<()> {
+    let s = BlockShape {
+        heads: 2,
+        tokens: 70,
+        head_dim: 64,
+    };
+    let x = random_block(s.heads, s.tokens, s.head_dim, 3);
+    let xs: Vec<f64> = Vec::<f64>::try_from(x.to_kind(Kind::Double).view([-1])).unwrap();
+    for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+        for side in [Side::Key, Side::Value] {
+            for tier in [Tier::Int8, Tier::Int4] {
+                let b = quant::encode(&x, tier, q, side)?;
+                let sizes = quant::block_sizes(tier, q, side, s);
+                assert_eq!((b.payload.len(), b.scales.len(), b.zeros.len()), sizes);
+                let reference = reference_dequant(&b, tier, q, side, s);
+                let ours =
+                    quant::decode(&b, tier, q, side, s, Kind::Float, Kind::Double, Device::Cpu)?;
+                let ours: Vec<f64> = Vec::<f64>::try_from(ours.view([-1])).unwrap();
+                let mut worst = 0.0f64;
+                for i in 0..xs.len() {
+                    // The library's dequantizer agrees with the reference to fp32 rounding.
+                    assert!(
+                        (ours[i] - reference[i]).abs() <= 1e-6 * (1.0 + reference[i].abs()),
+                        "{q} {side:?} {tier:?} element {i}: {} vs reference {}",
+                        ours[i],
+                        reference[i]
+                    );
+                    let e = (reference[i] - xs[i]).abs();
+                    let bd = bound(&xs, tier, q, side, s, i);
+                    assert!(
+                        e <= bd,
+                        "{q} {side:?} {tier:?} element {i}: error {e} > bound {bd}"
+                    );
+                    worst = worst.max(e / bd);
+                }
+                assert!(worst > 0.2, "bound is loose: worst error/bound {worst}");
+                // Negative control: INT4's errors break the INT8 bound somewhere.
+                if tier == Tier::Int4 {
+                    let over = (0..xs.len())
+                        .filter(|&i| {
+                            (reference[i] - xs[i]).abs() > bound(&xs, Tier::Int8, q, side, s, i)
+                        })
+                        .count();
+                    assert!(
+                        over > 0,
+                        "{q} {side:?}: INT4 within the INT8 bound everywhere"
+                    );
+                }
+            }
+        }
+    }
+    // Keys with an outlier channel: per-channel grouping beats per-token symmetric scaling.
+    let err = |q: Quantizer| -> Result<f64> {
+        let b = quant::encode(&x, Tier::Int4, q, Side::Key)?;
+        let r = quant::decode(
+            &b,
+            Tier::Int4,
+            q,
+            Side::Key,
+            s,
+            Kind::Float,
+            Kind::Float,
+            Device::Cpu,
+        )?;
+        Ok((r - &x).abs().mean(Kind::Float).double_value(&[]))
+    };
+    let (kivi, lab) = (err(Quantizer::Kivi)?, err(Quantizer::LabCompat)?);
+    assert!(
+        kivi * 4.0 < lab,
+        "INT4 key error: kivi {kivi}, lab-compat {lab}"
+    );
+    // Mis-sized blocks are rejected, not read.
+    let mut b = quant::encode(&x, Tier::Int4, Quantizer::Kivi, Side::Key)?;
+    b.payload.pop();
+    let e = quant::decode(
+        &b,
+        Tier::Int4,
+        Quantizer::Kivi,
+        Side::Key,
+        s,
+        Kind::Float,
+        Kind::Float,
+        Device::Cpu,
+    );
+    assert!(e.is_err());
+    Ok(())
+}
+
+fn mixed_plan(n: usize) -> TierPlan {
+    plan_of(n, |i| match i % 7 {
+        0 | 1 => Tier::Fp16,
+        2 | 3 => Tier::Int8,
+        4 | 5 => Tier::Int4,
+        _ => Tier::Drop,
+    })
+}
+
+#[test]
+fn frame_bytes_equal_the_accounting() -> Result<()> {
+    let m = model("qwen2", Kind::Float);
+    let shape = m.kv_shape();
+    for n in [9usize, 40, 75] {
+        let cache = prefilled(&m, &prompt(n, 4));
+        for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+            let plan = mixed_plan(n);
+            let t = TieredKv::build(&cache, 0, &plan, q)?;
+            let bytes = wire::encode(&t)?;
+            let budget = Budget {
+                b: 1.0,
+                shape,
+                quantizer: q,
+                protect: Protect::default(),
+            };
+            assert_eq!(
+                bytes.len(),
+                wire::frame_len(shape, n as i64, plan.counts(), q)
+            );
+            assert_eq!(bytes.len(), budget.bytes(&plan));
+            let counted = n - plan.dropped();
+            assert_eq!(
+                bytes.len(),
+                wire::HEADER + 2 * counted + t.block_bytes() + wire::TRAILER
+            );
+            // Each block's bytes by hand: payload bits, fp16 scales (and zeros).
+            let (h, d) = (shape.kv_heads as usize, shape.head_dim as usize);
+            let c = plan.counts();
+            let groups = |x: usize| x.div_ceil(GROUP as usize);
+            let scales = |mt: usize| match q {
+                Quantizer::Kivi => 2 * 2 * (h * d * groups(mt) + h * mt * groups(d)),
+                Quantizer::LabCompat => 2 * 2 * mt,
+            };
+            let per_layer =
+                2 * h * d * (2 * c[0] + c[1]) + h * d * c[2] + scales(c[1]) + scales(c[2]);
+            assert_eq!(t.block_bytes(), shape.layers * per_layer);
+            assert_eq!(
+                wire::fp16_bytes(shape, n as i64),
+                2 * shape.layers * h * d * n * 2
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn wire_round_trips_bitwise() -> Result<()> {
+    let m = model("qwen2", Kind::Float);
+    let cache = prefilled(&m, &prompt(75, 5));
+    for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+        let t = TieredKv::build(&cache, 0, &mixed_plan(75), q)?;
+        let bytes = wire::encode(&t)?;
+        let back = wire::decode(&bytes)?;
+        assert_eq!(back, t);
+        assert_eq!(wire::encode(&back)?, bytes);
+        let (a, b) = (
+            t.restore(Kind::Float, Device::Cpu, 0)?,
+            back.restore(Kind::Float, Device::Cpu, 0)?,
+        );
+        assert_eq!(a.fingerprint(a.snapshot(0))?, b.fingerprint(b.snapshot(0))?);
+        assert_eq!(a.masked_positions(0)?, t.dropped());
+    }
+    Ok(())
+}
+
+#[test]
+fn damaged_frames_are_rejected_with_one_line() -> Result<()> {
+    let m = model("qwen2", Kind::Float);
+    let cache = prefilled(&m, &prompt(40, 6));
+    let bytes = wire::encode(&TieredKv::build(
+        &cache,
+        0,
+        &mixed_plan(40),
+        Quantizer::Kivi,
+    )?)?;
+    let one_line = |r: Result<TieredKv>, what: &str| {
+        let e = r.expect_err(what).to_string();
+        assert!(
+            !e.contains('\n') && e.starts_with("spectrum: bad frame"),
+            "{what}: {e}"
+        );
+        e
+    };
+    let mut flipped = bytes.clone();
+    flipped[wire::HEADER + 100] ^= 0x10;
+    assert!(one_line(wire::decode(&flipped), "flipped").contains("fingerprint"));
+    one_line(wire::decode(&bytes[..bytes.len() - 1]), "truncated");
+    one_line(wire::decode(&bytes[..10]), "short");
+    let mut huge = bytes.clone();
+    huge[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+    one_line(wire::decode(&huge), "huge len");
+    let mut version = bytes.clone();
+    version[4] = 9;
+    one_line(wire::decode(&version), "version");
+    // The intact frame still decodes.
+    assert!(wire::decode(&bytes).is_ok());
+    Ok(())
+}
+
+#[test]
+fn dropped_tokens_are_masked_at_their_original_positions() -> Result<()> {
+    for name in ["qwen2", "mistral_sw"] {
+        let m = model(name, Kind::Float);
+        let ids = prompt(30, 7);
+        let cache = prefilled(&m, &ids);
+        let dropped = [3i64, 4, 11, 20, 26, 28];
+        let plan = plan_of(30, |i| {
+            if dropped.contains(&(i as i64)) {
+                Tier::Drop
+            } else {
+                Tier::Fp16
+            }
+        });
+        let t = TieredKv::build(&cache, 0, &plan, Quantizer::Kivi)?;
+        let mut restored = t.restore(Kind::Float, Device::Cpu, 2)?;
+        assert_eq!(restored.lens(), &[30]);
+        assert_eq!(restored.masked_positions(0)?, dropped.to_vec());
+        // Same cache without dropping, those positions masked instead: the stored values at
+        // masked positions never reach the output (the restored cache has zeros there).
+        let full = TieredKv::build(
+            &cache,
+            0,
+            &TierPlan::uniform(30, Tier::Fp16),
+            Quantizer::Kivi,
+        )?;
+        let mut masked = full.restore(Kind::Float, Device::Cpu, 2)?;
+        masked.mask_positions(0, &dropped)?;
+        let mut unmasked = full.restore(Kind::Float, Device::Cpu, 2)?;
+        let (a, b, c) = (
+            step(&m, &mut restored, 5),
+            step(&m, &mut masked, 5),
+            step(&m, &mut unmasked, 5),
+        );
+        assert!(a.equal(&b), "{name}: masked values leak");
+        assert!(
+            !a.equal(&c),
+            "{name}: dropping changed nothing (negative control)"
+        );
+        // The next token sits at position 30, and the mask survives growth of the cache.
+        assert_eq!(restored.lens(), &[31]);
+        restored.reserve(100)?;
+        assert_eq!(restored.masked_positions(0)?, dropped.to_vec());
+        // ... and copies of it (gather, load_rows), but not into rows of unmasked sources.
+        let g = KvCache::gather(
+            &[
+                (&cache, cache.snapshot(0)),
+                (&restored, restored.snapshot(0)),
+            ],
+            1,
+        )?;
+        assert!(g.masked_positions(0)?.is_empty());
+        assert_eq!(g.masked_positions(1)?, dropped.to_vec());
+        let mut reused = KvCache::gather(&[(&restored, restored.snapshot(0))], 1)?;
+        reused.load_rows(&[(&cache, cache.snapshot(0))])?;
+        assert!(reused.masked_positions(0)?.is_empty());
+    }
+    Ok(())
+}
+
+#[test]
+fn importance_sums_the_window_attention() -> Result<()> {
+    let m = model("qwen2", Kind::Float);
+    let ids = prompt(50, 8);
+    let mut cache = m.new_cache(1, 50)?;
+    let (logits, trace) = importance::prefill_traced(&m, &ids, &mut cache, &POLICY)?;
+    // The traced prefill is the ordinary one.
+    let plain = prefilled(&m, &ids);
+    assert_eq!(
+        cache.fingerprint(cache.snapshot(0))?,
+        plain.fingerprint(plain.snapshot(0))?
+    );
+    assert_eq!(logits.size(), [1, 1, 128]);
+    let spec = ImportanceSpec {
+        window: 8,
+        kernel: 1,
+        pooling: Pooling::Avg,
+        aggregate: Aggregate::Mean,
+    };
+    let s = importance::score(&m, &ids, &cache, &trace, &spec, &POLICY)?;
+    assert_eq!(s.len(), 50);
+    // Each of the 8 queries' probabilities sum to 1: so do the mean scores, times 8.
+    let total: f64 = s.iter().sum();
+    assert!((total - 8.0).abs() < 1e-4, "sum {total}");
+    assert!(s.iter().all(|&x| x >= 0.0));
+    // Max pooling (kernel 5) then max aggregation is the max over the window of the
+    // unpooled max: the two maxima commute.
+    let max_of = |kernel, pooling| ImportanceSpec {
+        kernel,
+        pooling,
+        aggregate: Aggregate::Max,
+        ..spec
+    };
+    let plain = importance::score(&m, &ids, &cache, &trace, &max_of(1, Pooling::Max), &POLICY)?;
+    let pooled = importance::score(&m, &ids, &cache, &trace, &max_of(5, Pooling::Max), &POLICY)?;
+    assert_ne!(pooled, plain);
+    for i in 0..50usize {
+        let window = plain[i.saturating_sub(2)..(i + 3).min(50)]
+            .iter()
+            .cloned()
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(pooled[i], window, "token {i}");
+    }
+    Ok(())
+}
+
+#[test]
+fn allocation_meets_the_budget_and_promotes_by_importance() -> Result<()> {
+    let shape = KvShape {
+        layers: 4,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let n = 600;
+    let scores: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64).collect();
+    let budget = |b: f64| Budget {
+        b,
+        shape,
+        quantizer: Quantizer::Kivi,
+        protect: Protect::default(),
+    };
+    let mut last_fp16 = 0;
+    for b in [0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0] {
+        for policy in [
+            Policy::Spectrum { int4: true },
+            Policy::Spectrum { int4: false },
+            Policy::PdTrim,
+        ] {
+            let plan = allocate::allocate(policy, &scores, &budget(b))?;
+            let real = budget(b).real_b(&plan);
+            assert!(real <= b, "{} at b={b}: real {real}", policy.name());
+            // Within one FP16 token of the budget (greedy fills it).
+            let slack =
+                wire::fp16_bytes(shape, 1) as f64 / wire::fp16_bytes(shape, n as i64) as f64;
+            assert!(
+                real > b - 2.0 * slack || plan.counts()[0] == n,
+                "{} at b={b}: real {real}",
+                policy.name()
+            );
+            // Protected tokens are FP16.
+            let t = plan.tiers();
+            assert!(t[..4].iter().chain(&t[n - 32..]).all(|&x| x == Tier::Fp16));
+            if let Policy::Spectrum { int4 } = policy {
+                if !int4 {
+                    assert!(!t.contains(&Tier::Int4));
+                }
+                // Every token at a higher tier is at least as important as any at a lower one.
+                let rank = |x: Tier| match x {
+                    Tier::Fp16 => 3,
+                    Tier::Int8 => 2,
+                    Tier::Int4 => 1,
+                    Tier::Drop => 0,
+                };
+                for i in 4..n - 32 {
+                    for j in 4..n - 32 {
+                        if rank(t[i]) > rank(t[j]) {
+                            assert!(scores[i] >= scores[j], "b={b}: {i} above {j}");
+                        }
+                    }
+                }
+                if int4 {
+                    assert!(plan.counts()[0] >= last_fp16);
+                    last_fp16 = plan.counts()[0];
+                }
+            } else {
+                // PDTrim: a prefix of sinks and a suffix of recent tokens, nothing quantized.
+                let kept: Vec<usize> = (0..n).filter(|&i| t[i] == Tier::Fp16).collect();
+                assert_eq!(plan.counts()[1] + plan.counts()[2], 0);
+                let k = kept.len();
+                assert!(
+                    kept[4..]
+                        .iter()
+                        .enumerate()
+                        .all(|(j, &i)| i == n - (k - 4) + j)
+                );
+            }
+        }
+    }
+    // b = 0.5 under KIVI with scales counted is not all INT8 (the scales do not fit).
+    let half = allocate::allocate(Policy::Spectrum { int4: true }, &scores, &budget(0.5))?;
+    assert!(half.counts()[2] > 0 && half.counts()[1] > 0);
+    // Below the protected tokens' cost: an error.
+    assert!(allocate::allocate(Policy::PdTrim, &scores, &budget(0.01)).is_err());
+    Ok(())
+}
+
+#[test]
+fn decode_worker_over_loopback_matches_in_process_and_survives_bad_frames() -> Result<()> {
+    use kvcredit::spectrum::transport::{self, ServeOptions};
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (log_tx, log_rx) = std::sync::mpsc::channel::<String>();
+    let worker = std::thread::spawn(move || {
+        let m = model("qwen2", Kind::Float);
+        let opts = ServeOptions {
+            max_frame: 1 << 20,
+            max_requests: Some(6),
+            policy: POLICY,
+        };
+        transport::serve(&m, &listener, &opts, &mut |l: &str| {
+            log_tx.send(l.to_string()).unwrap()
+        })
+    });
+    let m = model("qwen2", Kind::Float);
+    let ids = prompt(60, 9);
+    let (ctx, last) = ids.split_at(59);
+    let cache = prefilled(&m, ctx);
+    let tiered = TieredKv::build(&cache, 0, &mixed_plan(59), Quantizer::Kivi)?;
+    let frame = wire::encode(&tiered)?;
+    let (want, _, _, fp) = transport::decode_greedy(&m, &tiered, last[0], 3, &POLICY)?;
+    let connect = || {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        s
+    };
+    // 1. A good frame, paced at 50 Mbit/s: the worker's tokens and KV are the in-process ones.
+    let mut s = connect();
+    let r = transport::request(&mut s, &frame, last[0], 3, Some(50.0))?;
+    assert_eq!(r.tokens, want);
+    assert_eq!(r.fingerprint, fp);
+    // The pacing shows: the frame takes at least its size at 50 Mbit/s to send.
+    assert!(r.send.as_secs_f64() >= frame.len() as f64 * 8.0 / 50e6 * 0.9);
+    // 2. Same connection, a corrupted frame: rejected with one line.
+    let mut bad = frame.clone();
+    bad[frame.len() / 2] ^= 1;
+    let e = transport::request(&mut s, &bad, last[0], 1, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fingerprint") && !e.contains('\n'), "{e}");
+    // 3. An oversized frame is refused from its envelope alone.
+    let mut s = connect();
+    let mut env = Vec::new();
+    env.extend_from_slice(b"SPRQ");
+    env.extend_from_slice(&1u16.to_le_bytes());
+    env.extend_from_slice(&[0, 0]);
+    env.extend_from_slice(&(last[0] as u32).to_le_bytes());
+    env.extend_from_slice(&1u32.to_le_bytes());
+    env.extend_from_slice(&(1u64 << 40).to_le_bytes());
+    s.write_all(&env).unwrap();
+    let mut reply = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut reply).unwrap();
+    let text = String::from_utf8_lossy(&reply[9..]).to_string();
+    assert!(
+        reply[4] == 1 && text.contains("exceeds the limit"),
+        "{text}"
+    );
+    // 4. A truncated frame: the peer hangs up half way.
+    let mut s = connect();
+    let mut half = env.clone();
+    half[16..24].copy_from_slice(&(frame.len() as u64).to_le_bytes());
+    half.extend_from_slice(&frame[..frame.len() / 2]);
+    s.write_all(&half).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut reply = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut s, &mut reply);
+    // 5. Not a request at all.
+    let mut s = connect();
+    s.write_all(&[b'x'; 40]).unwrap();
+    let mut reply = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut s, &mut reply);
+    // 6. The worker still serves: the same answer as before.
+    let mut s = connect();
+    let r = transport::request(&mut s, &frame, last[0], 3, None)?;
+    assert_eq!(r.tokens, want);
+    worker.join().unwrap()?;
+    let log: Vec<String> = log_rx.try_iter().collect();
+    assert_eq!(log.len(), 6, "{log:?}");
+    assert!(
+        log[0].starts_with("served") && log[5].starts_with("served"),
+        "{log:?}"
+    );
+    for (line, what) in log[1..5]
+        .iter()
+        .zip(["fingerprint", "exceeds", "truncated", "not a"])
+    {
+        assert!(
+            line.starts_with("rejected: ") && line.contains(what),
+            "{line}"
+        );
+        assert!(!line.contains('\n'));
+    }
+    Ok(())
+}
+
+#[test]
+fn bad_specs_fail_with_one_line_before_anything_runs() {
+    let dir = common::scratch("spectrum", "specs");
+    let base = "name = \"x\"\nmodel = \"tests/fixtures/hf/qwen2\"\ndtype = \"fp32\"\n";
+    let ppl = "[ppl]\ncontext = 128\ncontinuation = 8\nwindows = 1\nquantizers = [\"kivi\"]\n";
+    let cases = [
+        (
+            format!("{base}{ppl}budgets = [0.5]\npolicies = [\"spectrum\"]\nextra = 1\n"),
+            "unknown field",
+        ),
+        (
+            format!("{base}{ppl}budgets = [0.0]\npolicies = [\"spectrum\"]\n"),
+            "budget 0",
+        ),
+        (
+            format!("{base}{ppl}budgets = [0.5]\npolicies = [\"snapkv\"]\n"),
+            "unknown policy",
+        ),
+        (
+            format!(
+                "{base}[importance]\nkernel = 4\n{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\n"
+            ),
+            "odd",
+        ),
+        (
+            format!(
+                "{base}[protect]\nrecent = 200\n{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\n"
+            ),
+            "pinned",
+        ),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let spec = dir.join(format!("spec{i}.toml"));
+        std::fs::write(&spec, text).unwrap();
+        let out = dir.join(format!("out{i}"));
+        let (code, _, err) = common::kvcredit(&[
+            "spectrum",
+            "ppl",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 1, "case {i}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "case {i}: {err}");
+        assert!(
+            err.starts_with("error: spec: spectrum spec") && err.contains(want),
+            "case {i}: {err}"
+        );
+        assert!(!out.exists(), "case {i}: output written");
+    }
+}
