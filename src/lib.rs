@@ -12,6 +12,7 @@ pub mod check;
 pub mod config;
 pub mod credit;
 pub mod cuda_graph;
+pub mod divergence;
 pub mod error;
 pub mod eval;
 pub mod exec;
@@ -24,6 +25,7 @@ pub mod registry;
 pub mod runtime;
 pub mod sampling;
 pub mod stats;
+pub mod study;
 pub mod tasks;
 pub mod tokenizer;
 
