@@ -369,3 +369,68 @@ fn fp32_cache_on_and_off_agree_within_1e_4_without_flips() -> Result<()> {
     }
     Ok(())
 }
+
+const SPEC_HEAD: &str = r#"name = "bad"
+model = "MODEL"
+dtypes = ["fp32"]
+seed = 1
+batch_size = 2
+max_new_tokens = 4
+[problems]
+count = 1
+format = "zero-shot-chat"
+"#;
+
+/// Write a spec (SPEC_HEAD with the fixture model + `rest`), run it, and require a one-line
+/// error containing `needle` and no output folder.
+fn assert_bad_spec(name: &str, rest: &str, needle: &str) {
+    let dir = scratch("divergence", name);
+    let spec = dir.join("spec.toml");
+    let model = hf_fixtures().join("llama");
+    let text = SPEC_HEAD.replace("MODEL", &model.display().to_string()) + rest;
+    std::fs::write(&spec, text).unwrap();
+    let out = dir.join("out");
+    let (code, _, err) = kvcredit(&[
+        "divergence",
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_ne!(code, 0, "{name}: expected failure");
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "{name}: one line expected: {err}"
+    );
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{name}: `{needle}` not in: {err}"
+    );
+    assert!(!out.exists(), "{name}: wrote {}", out.display());
+}
+
+#[test]
+fn bad_divergence_specs_are_one_line_errors_and_write_nothing() {
+    assert_bad_spec(
+        "unknown-strategy",
+        "[[strategies]]\nkind = \"beam\"\n",
+        "unknown variant `beam`",
+    );
+    assert_bad_spec(
+        "layer-range",
+        "[[strategies]]\nkind = \"greedy\"\n[steps.patch]\nlayers = [\"0..5\"]\ntrajectory_tokens = 2\n",
+        "range 0..5 out of bounds for a model of 2 layers",
+    );
+    assert_bad_spec(
+        "layer-syntax",
+        "[[strategies]]\nkind = \"greedy\"\n[steps.patch]\nlayers = [\"3..1\"]\ntrajectory_tokens = 2\n",
+        "`3..1` is not",
+    );
+    assert_bad_spec(
+        "top-p",
+        "[[strategies]]\nkind = \"top_p\"\ntop_p = 1.5\ntemperature = 1.0\n",
+        "top_p in (0, 1]",
+    );
+}

@@ -88,42 +88,61 @@ pub struct LayerSet {
     pub layers: Range<usize>,
 }
 
+/// One entry of [`PatchSpec::layers`], parsed.
+enum Entry {
+    Each,
+    All,
+    Range(Range<usize>),
+}
+
+fn parse_entry(s: &str) -> Result<Entry> {
+    match s {
+        "each" => Ok(Entry::Each),
+        "all" => Ok(Entry::All),
+        _ => s
+            .split_once("..")
+            .and_then(|(a, b)| Some(a.trim().parse().ok()?..b.trim().parse().ok()?))
+            .filter(|r: &Range<usize>| r.start < r.end)
+            .map(Entry::Range)
+            .ok_or_else(|| {
+                Error::Spec(format!(
+                    "steps.patch.layers: `{s}` is not `each`, `all` or a non-empty range `a..b`"
+                ))
+            }),
+    }
+}
+
 impl PatchSpec {
+    /// Check the entries' syntax (bounds need the model: [`Self::layer_sets`]).
+    pub fn check_syntax(&self) -> Result<()> {
+        self.layers
+            .iter()
+            .try_for_each(|e| parse_entry(e).map(|_| ()))
+    }
+
     /// The layer sets for a model of `n` layers, in spec order; an out-of-range or malformed
     /// entry is an error.
     pub fn layer_sets(&self, n: usize) -> Result<Vec<LayerSet>> {
         let mut out = Vec::new();
         for entry in &self.layers {
-            match entry.as_str() {
-                "each" => out.extend((0..n).map(|l| LayerSet {
+            match parse_entry(entry)? {
+                Entry::Each => out.extend((0..n).map(|l| LayerSet {
                     label: l.to_string(),
                     layers: l..l + 1,
                 })),
-                "all" => out.push(LayerSet {
+                Entry::All => out.push(LayerSet {
                     label: "all".into(),
                     layers: 0..n,
                 }),
-                s => {
-                    let range = s.split_once("..").and_then(|(a, b)| {
-                        Some(a.trim().parse::<usize>().ok()?..b.trim().parse::<usize>().ok()?)
-                    });
-                    match range {
-                        Some(r) if r.start < r.end && r.end <= n => out.push(LayerSet {
-                            label: s.to_string(),
-                            layers: r,
-                        }),
-                        Some(r) => {
-                            return Err(Error::Spec(format!(
-                                "steps.patch.layers: range {}..{} out of bounds for a model of {n} layers",
-                                r.start, r.end
-                            )));
-                        }
-                        None => {
-                            return Err(Error::Spec(format!(
-                                "steps.patch.layers: `{s}` is not `each`, `all` or `a..b`"
-                            )));
-                        }
-                    }
+                Entry::Range(r) if r.end <= n => out.push(LayerSet {
+                    label: entry.clone(),
+                    layers: r,
+                }),
+                Entry::Range(r) => {
+                    return Err(Error::Spec(format!(
+                        "steps.patch.layers: range {}..{} out of bounds for a model of {n} layers",
+                        r.start, r.end
+                    )));
                 }
             }
         }
@@ -187,7 +206,7 @@ impl DivergenceSpec {
                 return bad("steps.patch needs layer sets and trajectory_tokens > 0");
             }
             // Syntax now; bounds once the model's layer count is known.
-            p.layer_sets(usize::MAX)?;
+            p.check_syntax()?;
             if !self.strategies.contains(&Sampling::Greedy) {
                 return bad("steps.patch patches the greedy pairs: add the greedy strategy");
             }
