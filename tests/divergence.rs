@@ -434,3 +434,92 @@ fn bad_divergence_specs_are_one_line_errors_and_write_nothing() {
         "top_p in (0, 1]",
     );
 }
+
+#[test]
+fn merging_shards_that_are_all_empty_keeps_the_schema() -> Result<()> {
+    use kvcredit::io::parquet::{Column, Table, concat_files, read_batches};
+    let dir = scratch("divergence", "empty-merge");
+    let empty = Table::new()
+        .with("x", Column::I64(vec![]))
+        .with("y", Column::Str(vec![]));
+    let files: Vec<_> = (0..2).map(|i| dir.join(format!("{i}.parquet"))).collect();
+    for f in &files {
+        empty.write(f)?;
+    }
+    concat_files(&files, &dir.join("all.parquet"))?;
+    let batches = read_batches(&dir.join("all.parquet"))?;
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 0);
+    let schema = arrow_array::RecordBatchReader::schema(
+        &parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(dir.join("all.parquet")).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap(),
+    );
+    assert_eq!(schema.fields().len(), 2);
+    Ok(())
+}
+
+#[test]
+fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consistent() -> Result<()>
+{
+    use kvcredit::divergence::spec::LayerSet;
+    use kvcredit::divergence::{patch, replay};
+    let m = model("qwen2", Kind::Float)?;
+    let layers = m.config().num_layers();
+    let prompt = random_ids(6, 21, m.config().vocab_size as i64);
+    let on: Vec<i64> = random_ids(10, 22, m.config().vocab_size as i64);
+    let mut off = on.clone();
+    off[5] = (on[5] + 1) % m.config().vocab_size as i64;
+    let sets = vec![
+        LayerSet {
+            label: "0".into(),
+            layers: 0..1,
+        },
+        LayerSet {
+            label: "all".into(),
+            layers: 0..layers,
+        },
+    ];
+    let r = patch::run(&m, &ExecPolicy::Stock, &prompt, &on, &off, 5, &sets, 3)?;
+    assert_eq!(r.rows.len(), 3);
+    assert_eq!(r.rows[0].label, "control");
+    assert!(r.rows.iter().all(|x| x.continuation.len() == 3));
+    // With every layer patched, the current position's final residual is cache-OFF's.
+    assert!(
+        (r.rows[2].m - r.m_off).abs() < 1e-4,
+        "{} vs {}",
+        r.rows[2].m,
+        r.m_off
+    );
+    let err = patch::run(&m, &ExecPolicy::Stock, &prompt, &on, &off, 0, &sets, 3)
+        .err()
+        .expect("tau 0");
+    assert!(!err.to_string().contains('\n'));
+
+    // Live vs replay under batch_invariant: every construction and transplant is bitwise live.
+    let rows = replay::run(
+        &m,
+        &ExecPolicy::BatchInvariant,
+        &prompt,
+        &on,
+        6,
+        &[1, 4, 0],
+        4,
+    )?;
+    assert!(
+        rows.iter()
+            .all(|x| x.replica_equal && x.follows_live && x.follows_replay)
+    );
+    assert!(
+        rows.iter()
+            .all(|x| x.k_max_abs.iter().chain(&x.v_max_abs).all(|&d| d == 0.0))
+    );
+    assert_eq!(
+        rows.iter().filter(|x| x.kind == "transplant").count(),
+        2 * (replay::transplant_ranges(layers).len() + 2)
+    );
+    Ok(())
+}

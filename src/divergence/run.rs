@@ -7,6 +7,7 @@
 //! run decodes every problem in the same batch as an uninterrupted one.
 use super::lockstep::{self, Mode, PairOutcome, Settings};
 use super::patch::{self, PatchOutcome};
+use super::replay;
 use super::spec::{DivergenceSpec, LayerSet, strategy_label};
 use crate::credit::engine::Stop;
 use crate::io::parquet::{Column, Table};
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Table names, in write order (`patches` only when the spec patches).
-pub const TABLES: [&str; 4] = ["pairs", "forced", "drift", "patches"];
+pub const TABLES: [&str; 5] = ["pairs", "forced", "drift", "patches", "replay"];
 
 /// What a run records about itself: the numerical path of every comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -193,6 +194,7 @@ fn tables_of(spec: &DivergenceSpec) -> Vec<&'static str> {
         .filter(|&t| match t {
             "forced" | "drift" => spec.steps.teacher_forced,
             "patches" => spec.steps.patch.is_some(),
+            "replay" => spec.steps.replay.is_some(),
             _ => true,
         })
         .collect()
@@ -345,6 +347,35 @@ fn run_batch(
         timed("patch".into(), t);
     }
 
+    let mut replays: Vec<Vec<(usize, replay::StateResult)>> = vec![vec![]; batch.len()];
+    if let Some(r) = &spec.steps.replay {
+        let t = Instant::now();
+        let greedy = spec
+            .strategies
+            .iter()
+            .position(|s| *s == Sampling::Greedy)
+            .expect("validated: replay needs the greedy strategy");
+        let mut chunks = r.chunks.clone();
+        if !chunks.contains(&0) {
+            chunks.push(0);
+        }
+        for (i, o) in free[greedy].1.iter().enumerate() {
+            for &b in r.boundaries.iter().filter(|&&b| b <= o.on.len()) {
+                let rows = replay::run(
+                    dec,
+                    &spec.policy,
+                    &prompts[i],
+                    &o.on,
+                    b,
+                    &chunks,
+                    r.continuation_tokens,
+                )?;
+                replays[i].extend(rows.into_iter().map(|x| (b, x)));
+            }
+        }
+        timed("replay".into(), t);
+    }
+
     let ctx = |i: usize| Ctx {
         config: &spec.name,
         model: &model.name,
@@ -365,6 +396,9 @@ fn run_batch(
         }
         if spec.steps.patch.is_some() {
             tables.push(("patches", patches_table(&c, &patches[i])));
+        }
+        if spec.steps.replay.is_some() {
+            tables.push(("replay", replay_table(&c, &replays[i])));
         }
         shards.push((
             tables,
@@ -566,5 +600,61 @@ fn patches_table(c: &Ctx, p: &Option<(usize, PatchOutcome)>) -> Table {
         .with(
             "continuation",
             Column::ListI64(r.iter().map(|x| x.continuation.clone()).collect()),
+        )
+}
+
+fn replay_table(c: &Ctx, rows: &[(usize, replay::StateResult)]) -> Table {
+    let col = |f: fn(&replay::StateResult) -> String| {
+        Column::Str(rows.iter().map(|(_, r)| f(r)).collect())
+    };
+    let lists = |f: fn(&replay::StateResult) -> Vec<f64>| {
+        Column::ListF64(rows.iter().map(|(_, r)| f(r)).collect())
+    };
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    c.table(rows.len())
+        .with(
+            "boundary",
+            Column::I64(rows.iter().map(|(b, _)| *b as i64).collect()),
+        )
+        .with("kind", col(|r| r.kind.clone()))
+        .with(
+            "chunk",
+            Column::I64(rows.iter().map(|(_, r)| r.chunk).collect()),
+        )
+        .with("direction", col(|r| r.direction.clone()))
+        .with("parts", col(|r| r.parts.clone()))
+        .with(
+            "layer_start",
+            Column::I64(rows.iter().map(|(_, r)| r.layers.0 as i64).collect()),
+        )
+        .with(
+            "layer_end",
+            Column::I64(rows.iter().map(|(_, r)| r.layers.1 as i64).collect()),
+        )
+        .with(
+            "replica_equal",
+            Column::Bool(rows.iter().map(|(_, r)| r.replica_equal).collect()),
+        )
+        .with(
+            "k_max_abs",
+            Column::F64(rows.iter().map(|(_, r)| max(&r.k_max_abs)).collect()),
+        )
+        .with(
+            "v_max_abs",
+            Column::F64(rows.iter().map(|(_, r)| max(&r.v_max_abs)).collect()),
+        )
+        .with("k_max_abs_per_layer", lists(|r| r.k_max_abs.clone()))
+        .with("v_max_abs_per_layer", lists(|r| r.v_max_abs.clone()))
+        .with(
+            "follows_live",
+            Column::Bool(rows.iter().map(|(_, r)| r.follows_live).collect()),
+        )
+        .with(
+            "follows_replay",
+            Column::Bool(rows.iter().map(|(_, r)| r.follows_replay).collect()),
+        )
+        .with(
+            "continuation",
+            Column::ListI64(rows.iter().map(|(_, r)| r.continuation.clone()).collect()),
         )
 }

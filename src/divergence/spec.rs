@@ -54,6 +54,22 @@ pub struct Steps {
     /// Residual patching at the first divergence step of the greedy pairs.
     #[serde(default)]
     pub patch: Option<PatchSpec>,
+    /// Live vs replay, the prefill-chunk sweep and KV transplants on cache-ON's greedy
+    /// sequences.
+    #[serde(default)]
+    pub replay: Option<ReplaySpec>,
+}
+
+/// Live vs replay at stage boundaries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaySpec {
+    /// Boundaries *b* (generated tokens before the state, ≥ 1); longer than a sequence: skipped.
+    pub boundaries: Vec<usize>,
+    /// Prefill chunk sizes of REPLAY (0 = the whole sequence in one shot, always included).
+    pub chunks: Vec<usize>,
+    /// Greedy tokens generated from each state.
+    pub continuation_tokens: usize,
 }
 
 impl Default for Steps {
@@ -61,6 +77,7 @@ impl Default for Steps {
         Steps {
             teacher_forced: true,
             patch: None,
+            replay: None,
         }
     }
 }
@@ -209,6 +226,14 @@ impl DivergenceSpec {
             p.check_syntax()?;
             if !self.strategies.contains(&Sampling::Greedy) {
                 return bad("steps.patch patches the greedy pairs: add the greedy strategy");
+            }
+        }
+        if let Some(r) = &self.steps.replay {
+            if r.boundaries.is_empty() || r.boundaries.contains(&0) || r.continuation_tokens == 0 {
+                return bad("steps.replay needs boundaries ≥ 1 and continuation_tokens > 0");
+            }
+            if !self.strategies.contains(&Sampling::Greedy) {
+                return bad("steps.replay replays the greedy pairs: add the greedy strategy");
             }
         }
         Ok(())
