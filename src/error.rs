@@ -125,6 +125,7 @@ impl Error {
             Error::Invariant(m) => Error::Invariant(at(m)),
             Error::OutOfMemory(m) => Error::OutOfMemory(at(m)),
             Error::Torch(m) => Error::Torch(at(m)),
+            Error::Spectrum(m) => Error::Spectrum(at(m)),
             other @ (Error::Io { .. } | Error::UnknownArch(_)) => other,
         }
     }

@@ -87,6 +87,59 @@ pub struct Snapshot {
     pub len: i64,
 }
 
+/// Which of a layer's buffers a transplant copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvParts {
+    /// Keys only.
+    K,
+    /// Values only.
+    V,
+    /// Keys and values.
+    Kv,
+}
+
+impl KvParts {
+    fn keys(self) -> bool {
+        matches!(self, KvParts::K | KvParts::Kv)
+    }
+
+    fn values(self) -> bool {
+        matches!(self, KvParts::V | KvParts::Kv)
+    }
+
+    /// The name in records (`k`, `v`, `kv`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvParts::K => "k",
+            KvParts::V => "v",
+            KvParts::Kv => "kv",
+        }
+    }
+}
+
+/// The layers × positions × buffers a transplant copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvSelect {
+    /// Layers copied.
+    pub layers: std::ops::Range<usize>,
+    /// Positions copied.
+    pub positions: std::ops::Range<i64>,
+    /// K, V or both.
+    pub parts: KvParts,
+}
+
+/// One row of [`KvCache::transplant`]: a base state, a donor state of the same length, and
+/// what to take from the donor.
+pub struct Transplant<'a> {
+    /// The state the new row starts from.
+    pub base: (&'a KvCache, Snapshot),
+    /// Where the selected K/V come from.
+    pub donor: (&'a KvCache, Snapshot),
+    /// What is taken from the donor.
+    pub select: KvSelect,
+}
+
 impl KvCache {
     /// An empty cache for `batch` rows with room for `capacity` positions (it grows on demand).
     pub fn new(
@@ -591,6 +644,97 @@ impl KvCache {
             len: snap.len,
             bytes: Some(bytes),
         })
+    }
+
+    /// A new cache whose row *i* is `parts[i].base` with the K and/or V of `parts[i].donor`
+    /// over the selected layers and positions, with room for `extra` further positions.
+    /// Sources are untouched (no cache is ever rewritten below its length): a transplant is a
+    /// new state, and transplanting the original values back restores the base's fingerprint.
+    /// Base and donor must come from caches of the same shape, dtype and device (the same
+    /// model) and have the same length.
+    pub fn transplant(parts: &[Transplant], extra: i64) -> Result<KvCache> {
+        let bases: Vec<(&KvCache, Snapshot)> = parts.iter().map(|p| p.base).collect();
+        for (i, p) in parts.iter().enumerate() {
+            let ((base, bs), (donor, ds)) = (p.base, p.donor);
+            if donor.shape != base.shape || donor.kind != base.kind || donor.device != base.device {
+                return Err(Error::KvCache(format!(
+                    "transplant {i}: donor cache ({:?}, {:?}) is not of the base's model ({:?}, {:?})",
+                    donor.shape, donor.kind, base.shape, base.kind
+                )));
+            }
+            if ds.len != bs.len || ds.row >= donor.batch() || ds.len > donor.lens[ds.row] {
+                return Err(Error::KvCache(format!(
+                    "transplant {i}: donor snapshot (row {}, len {}) does not match a base of length {}",
+                    ds.row, ds.len, bs.len
+                )));
+            }
+            let s = &p.select;
+            if s.layers.start > s.layers.end || s.layers.end > base.shape.layers {
+                return Err(Error::KvCache(format!(
+                    "transplant {i}: layers {}..{} out of bounds for {} layers",
+                    s.layers.start, s.layers.end, base.shape.layers
+                )));
+            }
+            if s.positions.start < 0
+                || s.positions.start > s.positions.end
+                || s.positions.end > bs.len
+            {
+                return Err(Error::KvCache(format!(
+                    "transplant {i}: positions {}..{} out of bounds for a snapshot of length {}",
+                    s.positions.start, s.positions.end, bs.len
+                )));
+            }
+        }
+        let out = KvCache::gather(&bases, extra)?;
+        for (i, p) in parts.iter().enumerate() {
+            let (donor, ds) = p.donor;
+            let s = &p.select;
+            let (start, n) = (s.positions.start, s.positions.end - s.positions.start);
+            if n == 0 {
+                continue;
+            }
+            for l in s.layers.clone() {
+                let (dst, src) = (&out.layers[l], &donor.layers[l]);
+                let mut pairs = Vec::with_capacity(2);
+                if s.parts.keys() {
+                    pairs.push((&dst.k, &src.k));
+                }
+                if s.parts.values() {
+                    pairs.push((&dst.v, &src.v));
+                }
+                for (d, f) in pairs {
+                    d.narrow(0, i as i64, 1)
+                        .narrow(2, start, n)
+                        .f_copy_(&f.narrow(0, ds.row as i64, 1).narrow(2, start, n))?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Copies of the K and V stored at `at[j] = (row, position)` for every layer:
+    /// `[layers, 2, at.len(), Hkv, D]` (K then V), e.g. to compare two caches entry by entry.
+    pub fn entries(&self, at: &[(usize, i64)]) -> Result<Tensor> {
+        if let Some(&(r, p)) = at
+            .iter()
+            .find(|&&(r, p)| r >= self.batch() || p < 0 || p >= self.lens[r])
+        {
+            return Err(Error::KvCache(format!(
+                "entry (row {r}, position {p}) is not within this cache"
+            )));
+        }
+        let to_t = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
+        let rows = to_t(at.iter().map(|&(r, _)| r as i64).collect());
+        let pos = to_t(at.iter().map(|&(_, p)| p).collect());
+        let mut per_layer = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            // Advanced indexing on dims 0 and 2 of [B, H, cap, D]: [n, H, D].
+            let pick = |buf: &Tensor| {
+                buf.f_index(&[Some(rows.shallow_clone()), None, Some(pos.shallow_clone())])
+            };
+            per_layer.push(Tensor::f_stack(&[pick(&l.k)?, pick(&l.v)?], 0)?);
+        }
+        Ok(Tensor::f_stack(&per_layer, 0)?)
     }
 
     /// Flip one bit of the stored keys of `row` at `pos` in `layer` (for tests of the

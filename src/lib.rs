@@ -12,6 +12,7 @@ pub mod check;
 pub mod config;
 pub mod credit;
 pub mod cuda_graph;
+pub mod divergence;
 pub mod error;
 pub mod eval;
 pub mod exec;
@@ -25,6 +26,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod spectrum;
 pub mod stats;
+pub mod study;
 pub mod tasks;
 pub mod tokenizer;
 

@@ -18,6 +18,14 @@ pub enum Sampling {
         /// Softmax temperature (> 0).
         temperature: f64,
     },
+    /// Nucleus sampling: sample from `softmax(logits / temperature)` restricted to the
+    /// smallest set of most probable tokens whose probability reaches `top_p`.
+    TopP {
+        /// Cumulative probability kept, in (0, 1].
+        top_p: f64,
+        /// Softmax temperature (> 0).
+        temperature: f64,
+    },
 }
 
 impl Sampling {
@@ -57,6 +65,22 @@ impl NoiseKey {
             problem,
             pivot: 0,
             branch: u64::MAX,
+            sample: 0,
+            step: 0,
+        }
+    }
+}
+
+impl NoiseKey {
+    /// The key of step 0 of a divergence-study generation of `problem` under `seed` with the
+    /// spec's strategy number `strategy` (pivot `u64::MAX − 1` keeps it apart from system A's
+    /// keys). Cache-ON and cache-OFF draw with the same key: identical logits, identical token.
+    pub fn divergence(seed: u64, problem: u64, strategy: u64) -> NoiseKey {
+        NoiseKey {
+            seed,
+            problem,
+            pivot: u64::MAX - 1,
+            branch: strategy,
             sample: 0,
             step: 0,
         }
@@ -133,7 +157,7 @@ pub fn gumbel_noise_from(words: &Tensor, vocab: i64) -> Tensor {
 pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<Vec<i64>> {
     let chosen = match sampling {
         Sampling::Greedy => logits.f_to_kind(Kind::Float)?.f_argmax(-1, false)?,
-        Sampling::Temperature { .. } => {
+        Sampling::Temperature { .. } | Sampling::TopP { .. } => {
             let b = keys.len() as i64;
             let words = Tensor::from_slice(&noise_words(keys))
                 .to_device(logits.device())
@@ -159,6 +183,18 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
                 logits / temperature
             };
             (scaled + noise).f_argmax(-1, false)?
+        }
+        Sampling::TopP { top_p, temperature } => {
+            let noise = gumbel_noise_from(words, logits.size()[1]);
+            let scaled = logits / temperature;
+            // Keep a token if the probability of the tokens sorted before it is below top_p
+            // (the most probable token is always kept); the rest get -inf before Gumbel-max.
+            let (sorted, order) = scaled.f_sort(-1, true)?;
+            let p = sorted.f_softmax(-1, Kind::Double)?;
+            let before = p.f_cumsum(-1, Kind::Double)? - &p;
+            let drop_sorted = before.f_ge(top_p)?;
+            let drop = drop_sorted.f_scatter(-1, &order, &drop_sorted)?;
+            (scaled.f_masked_fill(&drop, f64::NEG_INFINITY)? + noise).f_argmax(-1, false)?
         }
     })
 }
@@ -285,6 +321,34 @@ mod tests {
         let p2 = counts[2] as f64 / 3000.0;
         // softmax([0,1,2])[2] = 0.665; 3000 draws give sd 0.009.
         assert!((p2 - 0.665).abs() < 0.04, "{counts:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn top_p_samples_only_inside_the_nucleus() -> Result<()> {
+        // softmax([0, 1, 2]) = [0.090, 0.245, 0.665].
+        let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0]).view([1, 3]);
+        let mut counts = [[0usize; 3]; 2];
+        for s in 0..500 {
+            let k = [NoiseKey {
+                sample: s,
+                ..key(0)
+            }];
+            for (i, top_p) in [0.5, 0.8].into_iter().enumerate() {
+                let t = select(
+                    &logits,
+                    Sampling::TopP {
+                        top_p,
+                        temperature: 1.0,
+                    },
+                    &k,
+                )?[0];
+                counts[i][t as usize] += 1;
+            }
+        }
+        assert_eq!(counts[0], [0, 0, 500], "top_p 0.5 keeps only the top token");
+        assert_eq!(counts[1][0], 0, "{counts:?}");
+        assert!(counts[1][1] > 100 && counts[1][2] > 250, "{counts:?}");
         Ok(())
     }
 

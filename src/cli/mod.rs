@@ -4,6 +4,7 @@ mod bench;
 mod campaign;
 mod check;
 mod crosscheck;
+mod divergence;
 mod eval;
 mod generate;
 mod invariance;
@@ -36,6 +37,9 @@ enum Command {
     /// Counterfactual credit campaigns.
     #[command(subcommand)]
     Campaign(campaign::Cmd),
+    /// Cache-ON vs cache-OFF divergence studies.
+    #[command(subcommand)]
+    Divergence(divergence::Cmd),
     /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
     Invariance(invariance::Args),
     /// Throughput of prefill, decode steps and the continuation engine; snapshot memory.
@@ -82,6 +86,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Crosscheck(args) => crosscheck::run(args),
         Command::Eval(cmd) => eval::run(cmd),
         Command::Campaign(cmd) => campaign::run(cmd),
+        Command::Divergence(cmd) => divergence::run(cmd),
         Command::Invariance(args) => invariance::run(args),
         Command::Analyze(args) => analyze::run(args),
         Command::Bench(args) => bench::run(args),

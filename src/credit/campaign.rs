@@ -10,12 +10,12 @@ use super::rollout::{self, Pivot, Rollout, RolloutParams};
 use super::schedule;
 use super::spec::{CampaignSpec, Pass, ReplicaSchedule};
 use crate::exec::ExecPolicy;
-use crate::io::parquet::concat_files;
-use crate::io::write_atomic;
+use crate::io::parquet::Table;
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
-use crate::runtime::{LoadedModel, sync};
+use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
+use crate::study::{commit_shard, merge_table, prepare_shards, read_json, sync, write_json};
 use crate::tasks::gsm8k::{Gsm8k, PromptFormat};
 use crate::tasks::{Grade, Problem, Task};
 use crate::{Error, Result};
@@ -128,23 +128,10 @@ pub struct RunOptions {
     pub quiet: bool,
 }
 
-/// UTC now as RFC 3339 (seconds).
-pub fn now_rfc3339() -> String {
-    crate::io::UtcTime::now().rfc3339()
-}
+pub use crate::study::now_rfc3339;
 
 fn shard_dir(out: &Path, problem: usize) -> PathBuf {
     out.join("shards").join(format!("problem-{problem:05}"))
-}
-
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))?;
-    write_atomic(path, text.as_bytes())
-}
-
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::Output(format!("{}: {e}", path.display())))
 }
 
 /// Run (or resume) a campaign; returns the final manifest.
@@ -171,7 +158,6 @@ pub fn run_campaign(
     }
     check_positions(spec, model, &task)?;
     let out = &opts.out_dir;
-    std::fs::create_dir_all(out.join("shards")).map_err(|e| Error::io(out, e))?;
     let manifest_path = out.join("manifest.json");
     let engine = EngineMode::Auto.resolve(model.decoder.device()).to_string();
     let mut manifest = if manifest_path.exists() {
@@ -226,15 +212,7 @@ pub fn run_campaign(
         }
     };
     write_json(&manifest_path, &manifest)?;
-    // Leftovers of an interrupted shard write are incomplete by construction.
-    for entry in std::fs::read_dir(out.join("shards"))
-        .map_err(|e| Error::io(out, e))?
-        .flatten()
-    {
-        if entry.file_name().to_string_lossy().starts_with(".tmp-") {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
+    prepare_shards(out)?;
 
     let bars = MultiProgress::with_draw_target(if opts.quiet {
         ProgressDrawTarget::hidden()
@@ -258,26 +236,10 @@ pub fn run_campaign(
         let dir = shard_dir(out, problem.index);
         if !dir.exists() {
             pb_problems.set_message(format!("problem {}", problem.index));
-            let tmp = out.join("shards").join(format!(
-                ".tmp-problem-{:05}-{}",
-                problem.index,
-                std::process::id()
-            ));
-            std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-            let written = run_problem(spec, model, &task, problem, &pb_work)
-                .map_err(|e| e.context(&format!("problem {}", problem.index)))
-                .and_then(|shard| {
-                    for (name, table) in TABLES.iter().zip(&shard.tables) {
-                        table.write(&tmp.join(format!("{name}.parquet")))?;
-                    }
-                    write_json(&tmp.join("shard.json"), &shard.info)?;
-                    std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))
-                });
-            if let Err(e) = written {
-                // The shard being written is abandoned; finished shards and the manifest stay.
-                let _ = std::fs::remove_dir_all(&tmp);
-                return Err(e);
-            }
+            let shard = run_problem(spec, model, &task, problem, &pb_work)
+                .map_err(|e| e.context(&format!("problem {}", problem.index)))?;
+            let named: Vec<(&str, &Table)> = TABLES.iter().copied().zip(&shard.tables).collect();
+            commit_shard(&dir, &named, &shard.info)?;
         }
         pb_problems.inc(1);
         refresh_manifest(&mut manifest, out, &problems)?;
@@ -286,12 +248,9 @@ pub fn run_campaign(
     pb_work.finish_and_clear();
     pb_problems.finish();
 
+    let dirs: Vec<PathBuf> = problems.iter().map(|p| shard_dir(out, p.index)).collect();
     for name in TABLES {
-        let shards: Vec<PathBuf> = problems
-            .iter()
-            .map(|p| shard_dir(out, p.index).join(format!("{name}.parquet")))
-            .collect();
-        concat_files(&shards, &out.join(format!("{name}.parquet")))?;
+        merge_table(&dirs, name, out)?;
     }
     manifest.finished_at = Some(now_rfc3339());
     write_json(&manifest_path, &manifest)?;
@@ -361,7 +320,7 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
 
 /// One problem's tables and bookkeeping.
 struct Shard {
-    tables: [crate::io::parquet::Table; 4],
+    tables: [Table; 4],
     info: ShardInfo,
 }
 

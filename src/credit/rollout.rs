@@ -109,7 +109,8 @@ fn margin_at(logits: &Tensor, sampling: Sampling, token: i64, margin: f64) -> Re
     Ok(match sampling {
         Sampling::Greedy => None,
         Sampling::Temperature { temperature: 1.0 } => Some(margin),
-        Sampling::Temperature { temperature } => {
+        // Under top-p, the margin of the tempered softmax before the nucleus cut.
+        Sampling::Temperature { temperature } | Sampling::TopP { temperature, .. } => {
             let scaled = logits.f_to_kind(Kind::Float)? / temperature;
             Some(sampling::step_info(&scaled, &[token])?[0].margin)
         }

@@ -212,11 +212,22 @@ pub fn corrupt(path: &Path, panic: &str) -> Error {
     ))
 }
 
-/// Concatenate Parquet files (same schema) into one, in the given order.
+/// Concatenate Parquet files (same schema) into one, in the given order. When every input
+/// is empty, the output is an empty table with the first input's schema.
 pub fn concat_files(inputs: &[std::path::PathBuf], out: &Path) -> Result<()> {
     let mut all = Vec::new();
     for p in inputs {
         all.extend(read_batches(p)?);
+    }
+    if all.is_empty()
+        && let Some(first) = inputs.first()
+    {
+        let file = std::fs::File::open(first).map_err(|e| Error::io(first, e))?;
+        let schema = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| Error::Output(format!("{}: {e}", first.display())))?
+            .schema()
+            .clone();
+        all.push(RecordBatch::new_empty(schema));
     }
     write_batches(out, &all)
 }

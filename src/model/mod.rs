@@ -9,6 +9,7 @@
 //! Prefill (many tokens per row) and decode (one token per row) are the same call,
 //! [`Decoder::forward`]; a full recompute without cache is a forward over a fresh cache.
 mod attention;
+pub mod hooks;
 mod mlp;
 mod norm;
 mod rope;
@@ -20,6 +21,8 @@ use crate::exec::{AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
 use crate::{Error, Result};
 use attention::{Attention, LayerInputs};
+use hooks::{ForwardHook, NoHook, Site};
+pub use hooks::Trace;
 use mlp::Mlp;
 use norm::RmsNorm;
 use rope::RopeTable;
@@ -48,13 +51,6 @@ struct StepInputs<'a> {
     key_len: i64,
     /// Where the new K/V rows go.
     write: KvWrite,
-}
-
-/// Residual-stream states captured during a forward pass.
-#[derive(Default)]
-pub struct Trace {
-    /// Residual stream after each layer, `[B, T, hidden]` each, in layer order.
-    pub residual: Vec<Tensor>,
 }
 
 struct Layer {
@@ -283,17 +279,18 @@ impl Decoder {
         policy: &ExecPolicy,
         at: &LogitsAt,
     ) -> Result<Tensor> {
-        self.forward_traced(tokens, cache, policy, at, None)
+        self.forward_with(tokens, cache, policy, at, &mut NoHook)
     }
 
-    /// [`Self::forward`], optionally recording the residual stream after every layer.
-    pub fn forward_traced(
+    /// [`Self::forward`] with `hook` called at every layer's sites (see [`hooks`]); it may
+    /// record or replace the residual stream and the sublayer outputs.
+    pub fn forward_with(
         &self,
         tokens: &Tensor,
         cache: &mut KvCache,
         policy: &ExecPolicy,
         at: &LogitsAt,
-        trace: Option<&mut Trace>,
+        hook: &mut dyn ForwardHook,
     ) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
         let dims = tokens.size();
@@ -335,7 +332,7 @@ impl Decoder {
             key_len,
             write,
         };
-        let logits = self.forward_inputs(&inputs, cache, policy, at, trace)?;
+        let logits = self.forward_inputs(&inputs, cache, policy, at, hook)?;
         cache.advance(t);
         Ok(logits)
     }
@@ -385,7 +382,7 @@ impl Decoder {
             key_len: cache.capacity(),
             write: KvWrite::Scatter,
         };
-        let logits = self.forward_inputs(&inputs, cache, policy, &LogitsAt::Last, None)?;
+        let logits = self.forward_inputs(&inputs, cache, policy, &LogitsAt::Last, &mut NoHook)?;
         cache.advance(1);
         Ok(logits.view([b, -1]))
     }
@@ -399,7 +396,7 @@ impl Decoder {
         cache: &mut KvCache,
         policy: &ExecPolicy,
         at: &LogitsAt,
-        mut trace: Option<&mut Trace>,
+        hook: &mut dyn ForwardHook,
     ) -> Result<Tensor> {
         let (b, t) = (inputs.tokens.size()[0], inputs.tokens.size()[1]);
         let (positions, key_len) = (inputs.positions, inputs.key_len);
@@ -465,22 +462,26 @@ impl Decoder {
             };
             let x = layer.input_norm.forward(&h, policy);
             let a = layer.attn.forward(&x, i, cache, &layer_inputs, policy)?;
+            let mut site = |x: Tensor, site: Site| -> Result<Tensor> {
+                Ok(hook.on_sublayer(i, site, &x)?.unwrap_or(x))
+            };
             h = match &layer.ffn_norms {
                 Some((pre, post)) => {
-                    let h = h + layer.post_attn_norm.forward(&a, policy);
+                    let a = site(layer.post_attn_norm.forward(&a, policy), Site::AttnOut)?;
+                    let h = h + a;
                     let m = layer.mlp.forward(&pre.forward(&h, policy), policy);
-                    &h + post.forward(&m, policy)
+                    &h + site(post.forward(&m, policy), Site::MlpOut)?
                 }
                 None => {
-                    let h = h + a;
+                    let h = h + site(a, Site::AttnOut)?;
                     let m = layer
                         .mlp
                         .forward(&layer.post_attn_norm.forward(&h, policy), policy);
-                    h + m
+                    &h + site(m, Site::MlpOut)?
                 }
             };
-            if let Some(tr) = trace.as_deref_mut() {
-                tr.residual.push(h.shallow_clone());
+            if let Some(patched) = hook.on_residual(i, &h)? {
+                h = patched;
             }
         }
         let h = match at {

@@ -84,12 +84,12 @@ pub fn prefill_traced(
     }
     let ids = Tensor::from_slice(tokens).view([1, -1]);
     let mut trace = Trace::default();
-    let logits = model.forward_traced(
+    let logits = model.forward_with(
         &ids,
         cache,
         policy,
         &crate::model::LogitsAt::Last,
-        Some(&mut trace),
+        &mut trace,
     )?;
     Ok((logits, trace))
 }

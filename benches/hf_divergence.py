@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Cache-ON vs cache-OFF divergence with Hugging Face transformers, on kvcredit's own prompts.
+
+The reference beside `kvcredit divergence run`: the same GGUF loaded by transformers
+(``from_pretrained(dir, gguf_file=...)``, dequantized), the same prompt token ids (read from a
+divergence run's ``pairs.parquet``, column ``prompt_ids``), the same token cap and strategies.
+Per problem, dtype and strategy, two hand-written loops at batch 1:
+
+* cache-ON: one prefill with ``use_cache=True``, then one forward per token on the cache;
+* cache-OFF: one full forward over prompt + generated-so-far per step (``use_cache=False``);
+
+both with the same per-step Gumbel noise (a ``torch.Generator`` seeded from
+``(seed, problem, strategy, step)``), so identical logits give identical tokens. Top-p keeps the
+smallest prefix of the sorted distribution whose mass reaches p (the top token always). Records
+diverged, first divergence step tau, and while the prefixes agree the max |dlogit| and argmax
+flips in fp64. Stops at the model's EOS tokens or the cap (kvcredit also stops at text stops,
+so compare rates, not lengths). Writes JSON (``--out``) and prints a table of divergence rates.
+
+    python benches/hf_divergence.py --gguf ~/.cache/kvcredit/models/smollm2-135m-instruct/smollm2-135m-instruct.gguf \\
+        --pairs runs/divergence-gpu-smollm2/pairs.parquet --dtypes fp16,bf16,fp32 --out $OUT/hf-div.json
+
+Exits 0 with a message when transformers, gguf or pyarrow is missing, or CUDA is requested but
+absent, so it can run inside a larger batch of commands.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gguf", required=True, help="GGUF file (the one kvcredit ran)")
+    p.add_argument("--pairs", required=True, help="pairs.parquet of a kvcredit divergence run")
+    p.add_argument("--dtypes", default="fp16,bf16,fp32")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's cap")
+    p.add_argument("--problems", type=int, default=None, help="first N problems only")
+    p.add_argument("--strategies", default="greedy,temperature=0.7,top_p=0.9:0.7",
+                   help="greedy | temperature=T | top_p=P:T, comma-separated")
+    p.add_argument("--attn", default="eager", help="attn_implementation (eager, sdpa)")
+    p.add_argument("--seed", type=int, default=13)
+    p.add_argument("--out", default=None)
+    return p.parse_args()
+
+
+def parse_strategy(s):
+    if s == "greedy":
+        return ("greedy", None, None)
+    if s.startswith("temperature="):
+        return ("temperature", float(s.split("=")[1]), None)
+    if s.startswith("top_p="):
+        p, t = s.split("=")[1].split(":")
+        return ("top_p", float(t), float(p))
+    raise SystemExit(f"hf_divergence: unknown strategy `{s}`")
+
+
+def main():
+    a = parse_args()
+    try:
+        import pyarrow.parquet as pq
+        import torch
+        import transformers
+    except ImportError as e:
+        print(f"hf_divergence: {e.name} is not installed; skipping the Hugging Face reference")
+        return 0
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"hf_divergence: device {a.device} requested but CUDA is not available; skipping")
+        return 0
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device(a.device)
+    table = pq.read_table(a.pairs).to_pydict()
+    prompts = {}
+    for prob, ids in zip(table["problem"], table["prompt_ids"]):
+        prompts.setdefault(int(prob), list(ids))
+    problems = sorted(prompts)[: a.problems] if a.problems else sorted(prompts)
+    cap = a.max_new_tokens or max(len(t) for t in table["tokens_on"])
+    strategies = [parse_strategy(s) for s in a.strategies.split(",")]
+    kinds = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    folder, name = os.path.split(os.path.abspath(a.gguf))
+    results = {"transformers": transformers.__version__, "torch": torch.__version__,
+               "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+               "attn": a.attn, "max_new_tokens": cap, "problems": problems, "runs": []}
+    for dname in a.dtypes.split(","):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, torch_dtype=kinds[dname], attn_implementation=a.attn
+        ).to(dev).eval()
+        eos = model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        vocab = model.config.vocab_size
+        for si, (kind, temp, top_p) in enumerate(strategies):
+            rows, started = [], time.time()
+            for prob in problems:
+                rows.append(pair(torch, model, prompts[prob], cap, eos, vocab, dev,
+                                 (kind, temp, top_p), (a.seed, prob, si)))
+            div = sum(r["diverged"] for r in rows)
+            label = kind if kind == "greedy" else f"{kind}={temp}" if top_p is None else f"top_p={top_p},t={temp}"
+            summary = {"dtype": dname, "strategy": label, "problems": len(rows), "diverged": div,
+                       "rate": div / max(len(rows), 1), "seconds": time.time() - started,
+                       "flips": sum(r["flips"] for r in rows),
+                       "max_abs": max((r["max_abs"] for r in rows), default=0.0), "pairs": rows}
+            results["runs"].append(summary)
+            print(f"{dname:5} {label:22} diverged {div:3}/{len(rows)}  flips {summary['flips']:4}  "
+                  f"max|dlogit| {summary['max_abs']:.3e}  ({summary['seconds']:.1f} s)", flush=True)
+        del model
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f)
+    return 0
+
+
+def choose(torch, logits, strategy, gen):
+    kind, temp, top_p = strategy
+    if kind == "greedy":
+        return int(torch.argmax(logits.float()))
+    z = logits.float() / temp
+    u = torch.rand(z.shape, generator=gen, device=z.device, dtype=torch.float64)
+    g = (-(-(u.clamp_min(1e-300)).log()).log()).float()
+    if kind == "top_p":
+        srt, order = torch.sort(z, descending=True)
+        p = torch.softmax(srt.double(), -1)
+        drop_sorted = (torch.cumsum(p, -1) - p) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        z = z.masked_fill(drop, float("-inf"))
+    return int(torch.argmax(z + g))
+
+
+def pair(torch, model, prompt, cap, eos, vocab, dev, strategy, key):
+    def gen_for(step):
+        g = torch.Generator(device=dev)
+        g.manual_seed(hash((key, step)) & 0x7FFF_FFFF_FFFF_FFFF)
+        return g
+
+    on, off, max_abs, flips = [], [], 0.0, 0
+    with torch.no_grad():
+        ids = torch.tensor([prompt], device=dev)
+        out = model(ids, use_cache=True)
+        past, z_on = out.past_key_values, out.logits[0, -1]
+        done_on = done_off = False
+        for step in range(cap):
+            seq = torch.tensor([prompt + off], device=dev)
+            z_off = model(seq, use_cache=False).logits[0, -1]
+            if on == off and not done_on:
+                d = (z_on.double() - z_off.double()).abs().max().item()
+                max_abs = max(max_abs, d)
+                flips += int(torch.argmax(z_on) != torch.argmax(z_off))
+            if not done_on:
+                on.append(choose(torch, z_on, strategy, gen_for(step)))
+                done_on = on[-1] in eos
+            if not done_off:
+                off.append(choose(torch, z_off, strategy, gen_for(step)))
+                done_off = off[-1] in eos
+            if done_on and done_off:
+                break
+            if not done_on:
+                out = model(torch.tensor([[on[-1]]], device=dev), past_key_values=past, use_cache=True)
+                past, z_on = out.past_key_values, out.logits[0, -1]
+    tau = next((i for i, (x, y) in enumerate(zip(on, off)) if x != y),
+               None if len(on) == len(off) else min(len(on), len(off)))
+    return {"diverged": tau is not None, "tau": tau, "max_abs": max_abs, "flips": flips,
+            "tokens_on": len(on), "tokens_off": len(off)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

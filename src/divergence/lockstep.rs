@@ -1,0 +1,402 @@
+//! Cache-ON and cache-OFF decoding of a batch of problems in lockstep.
+//!
+//! Per step, cache-ON feeds each row's last token against its KV cache, cache-OFF runs one full
+//! forward over prompt ⊕ generated-so-far (right-padded, a fresh cache, each row's last
+//! position); both choose with the same counter-based noise, so identical logits give identical
+//! tokens. The two logit rows of a step are compared on the device in fp64 while the paths
+//! share their prefix. In [`Mode::Forced`] cache-OFF is fed cache-ON's tokens (teacher forcing
+//! on cache-ON's sequence), and the residual stream after every layer and the cached K/V of the
+//! current position are compared too (layer-wise drift). One readback per step.
+use crate::Result;
+use crate::credit::engine::{Stop, TextStop};
+use crate::exec::ExecPolicy;
+use crate::generate::check_finite;
+use crate::kv_cache::KvCache;
+use crate::model::hooks::{ForwardHook, NoHook, Recorder};
+use crate::model::{Decoder, LogitsAt};
+use crate::sampling::{self, NoiseKey, Sampling};
+use tch::{Device, Kind, Tensor};
+
+/// Whether cache-OFF follows its own tokens or cache-ON's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Both paths run free (each feeds its own choices).
+    Free,
+    /// Cache-OFF is fed cache-ON's tokens; `drift` also compares residuals and K/V per layer.
+    Forced {
+        /// Record layer-wise drift.
+        drift: bool,
+    },
+}
+
+/// What the lockstep runs with.
+pub struct Settings<'a> {
+    /// The model.
+    pub model: &'a Decoder,
+    /// Execution policy of both paths.
+    pub policy: ExecPolicy,
+    /// Token selection (both paths, same noise).
+    pub sampling: Sampling,
+    /// Token cap.
+    pub max_new_tokens: usize,
+    /// End-of-sequence tokens.
+    pub stop_tokens: &'a [i64],
+    /// Text stop test, if any.
+    pub text_stop: Option<TextStop<'a>>,
+}
+
+/// The two paths' logits at one step on the same prefix, compared in fp64.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCompare {
+    /// Generation step (0 = the logits after the prompt).
+    pub step: usize,
+    /// `max_v |z_ON − z_OFF|`.
+    pub max_abs: f64,
+    /// `mean_v (z_ON − z_OFF)²`.
+    pub mse: f64,
+    /// `KL(p_OFF ‖ p_ON)` at temperature 1 (nats).
+    pub kl: f64,
+    /// Argmax of cache-ON.
+    pub argmax_on: i64,
+    /// Argmax of cache-OFF.
+    pub argmax_off: i64,
+    /// `p(top1) − p(top2)` of cache-ON.
+    pub margin_on: f64,
+    /// `p(top1) − p(top2)` of cache-OFF.
+    pub margin_off: f64,
+}
+
+/// Layer-wise drift at one step and layer (teacher-forced): relative L2 and max-abs of
+/// `x_ON − x_OFF` at the current position, `‖Δ‖ / ‖x_OFF‖`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Drift {
+    /// Generation step.
+    pub step: usize,
+    /// Layer.
+    pub layer: usize,
+    /// Residual stream after the layer: relative L2.
+    pub resid_rel: f64,
+    /// Residual stream: max-abs.
+    pub resid_max_abs: f64,
+    /// Cached key of the current position: relative L2 (over heads × head dim).
+    pub k_rel: f64,
+    /// Cached key: max-abs.
+    pub k_max_abs: f64,
+    /// Cached value: relative L2.
+    pub v_rel: f64,
+    /// Cached value: max-abs.
+    pub v_max_abs: f64,
+}
+
+/// One problem's pair of generations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairOutcome {
+    /// Cache-ON's tokens.
+    pub on: Vec<i64>,
+    /// Cache-OFF's tokens (in forced mode: its argmax at each step of cache-ON's sequence).
+    pub off: Vec<i64>,
+    /// Why cache-ON stopped.
+    pub stop_on: Stop,
+    /// Why cache-OFF stopped.
+    pub stop_off: Stop,
+    /// Logit comparisons at every step where both paths had the same prefix.
+    pub compare: Vec<StepCompare>,
+    /// Layer-wise drift (forced mode with drift only), step-major.
+    pub drift: Vec<Drift>,
+}
+
+impl PairOutcome {
+    /// First step where the two token sequences differ (a length difference counts), if any.
+    pub fn first_divergence(&self) -> Option<usize> {
+        first_difference(&self.on, &self.off)
+    }
+}
+
+/// First index where `a` and `b` differ, counting a length difference.
+pub fn first_difference(a: &[i64], b: &[i64]) -> Option<usize> {
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => Some(i),
+        None if a.len() != b.len() => Some(a.len().min(b.len())),
+        None => None,
+    }
+}
+
+/// Right-pad `seqs` with token 0 into a `[B, max]` int64 tensor on `device`.
+pub(crate) fn padded(seqs: &[&[i64]], device: Device) -> Tensor {
+    let width = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut flat = Vec::with_capacity(seqs.len() * width);
+    for s in seqs {
+        flat.extend_from_slice(s);
+        flat.extend(std::iter::repeat_n(0, width - s.len()));
+    }
+    Tensor::from_slice(&flat)
+        .view([seqs.len() as i64, width as i64])
+        .to_device(device)
+}
+
+/// fp64 comparison of two `[B, V]` logit rows: `[B, 7]` (max-abs, MSE, KL(OFF‖ON), argmax ON,
+/// argmax OFF, margin ON, margin OFF).
+pub(crate) fn compare_logits(on: &Tensor, off: &Tensor) -> Result<Tensor> {
+    let a = on.f_to_kind(Kind::Double)?;
+    let f = off.f_to_kind(Kind::Double)?;
+    let d = &a - &f;
+    let max_abs = d.f_abs()?.f_amax([-1], false)?;
+    let mse = (&d * &d).f_mean_dim([-1i64].as_slice(), false, Kind::Double)?;
+    let (la, lf) = (
+        a.f_log_softmax(-1, Kind::Double)?,
+        f.f_log_softmax(-1, Kind::Double)?,
+    );
+    let kl =
+        (lf.f_exp()? * (&lf - &la)).f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Double)?;
+    let margin = |lp: &Tensor| -> Result<Tensor> {
+        let (top, _) = lp.f_exp()?.f_topk(2, -1, true, true)?;
+        Ok(top.select(1, 0) - top.select(1, 1))
+    };
+    let cols = [
+        max_abs,
+        mse,
+        kl,
+        a.f_argmax(-1, false)?.f_to_kind(Kind::Double)?,
+        f.f_argmax(-1, false)?.f_to_kind(Kind::Double)?,
+        margin(&la)?,
+        margin(&lf)?,
+    ];
+    Ok(Tensor::f_stack(&cols, 1)?)
+}
+
+/// Relative L2 and max-abs of `x − y` over the last dim, in fp64: two tensors of `x`'s
+/// leading shape.
+fn rel_and_max(x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (x, y) = (x.f_to_kind(Kind::Double)?, y.f_to_kind(Kind::Double)?);
+    let d = &x - &y;
+    let norm = |t: &Tensor| -> Result<Tensor> {
+        Ok((t * t)
+            .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Double)?
+            .f_sqrt()?)
+    };
+    let rel = norm(&d)? / norm(&y)?.f_clamp_min(f64::MIN_POSITIVE)?;
+    Ok((rel, d.f_abs()?.f_amax([-1], false)?))
+}
+
+/// Drift of one step: `[B, L, 6]` (resid rel, resid max, K rel, K max, V rel, V max).
+fn drift_tensor(
+    rec_on: &Recorder,
+    rec_off: &Recorder,
+    on: &KvCache,
+    on_at: &[(usize, i64)],
+    off: &KvCache,
+    off_at: &[(usize, i64)],
+) -> Result<Tensor> {
+    let (r_rel, r_max) = rel_and_max(&rec_on.stacked()?, &rec_off.stacked()?)?; // [L, B]
+    let (eo, ef) = (on.entries(on_at)?, off.entries(off_at)?); // [L, 2, B, H, D]
+    let flat = |t: Tensor| -> Result<Tensor> {
+        let s = t.size();
+        Ok(t.f_reshape([s[0], s[1], s[2], -1])?)
+    };
+    let (kv_rel, kv_max) = rel_and_max(&flat(eo)?, &flat(ef)?)?; // [L, 2, B]
+    let cols = [
+        r_rel,
+        r_max,
+        kv_rel.select(1, 0),
+        kv_max.select(1, 0),
+        kv_rel.select(1, 1),
+        kv_max.select(1, 1),
+    ];
+    Ok(Tensor::f_stack(&cols, 2)?.f_permute([1, 0, 2])?) // [B, L, 6]
+}
+
+/// Run cache-ON and cache-OFF in lockstep over `prompts` (one row each); `keys[i]` is row
+/// *i*'s noise key at step 0 (its `step` is replaced per step).
+pub fn run(
+    s: &Settings,
+    prompts: &[Vec<i64>],
+    keys: &[NoiseKey],
+    mode: Mode,
+) -> Result<Vec<PairOutcome>> {
+    let _guard = tch::no_grad_guard();
+    let (model, dev) = (s.model, s.model.device());
+    let n = prompts.len();
+    let drift = matches!(mode, Mode::Forced { drift: true });
+    let forced = matches!(mode, Mode::Forced { .. });
+    let mut out: Vec<PairOutcome> = (0..n)
+        .map(|_| PairOutcome {
+            on: vec![],
+            off: vec![],
+            stop_on: Stop::Length,
+            stop_off: Stop::Length,
+            compare: vec![],
+            drift: vec![],
+        })
+        .collect();
+    let (mut done_on, mut done_off) = (vec![false; n], vec![false; n]);
+    let plen: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+    let width = plen.iter().copied().max().unwrap_or(0);
+
+    // Cache-ON prefill (right-padded, lengths cut back to each prompt).
+    let mut cache = model.new_cache(n, width + s.max_new_tokens as i64 + 1)?;
+    let ids = padded(
+        &prompts.iter().map(|p| p.as_slice()).collect::<Vec<_>>(),
+        dev,
+    );
+    let last: Vec<i64> = plen.iter().map(|l| l - 1).collect();
+    let mut rec_on = Recorder::new(last.clone(), false);
+    let mut logits_on = {
+        let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
+        model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::PerRow(last), hook)?
+    };
+    cache.truncate(&plen)?;
+    let mut active: Vec<usize> = (0..n).collect();
+
+    for step in 0..s.max_new_tokens {
+        let a = active.len();
+        // Cache-OFF: a full forward over each active row's sequence.
+        let seqs: Vec<Vec<i64>> = active
+            .iter()
+            .map(|&i| {
+                let generated = if forced { &out[i].on } else { &out[i].off };
+                let mut v = prompts[i].clone();
+                v.extend_from_slice(generated);
+                v
+            })
+            .collect();
+        let lens: Vec<i64> = seqs.iter().map(|v| v.len() as i64).collect();
+        let ids = padded(&seqs.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), dev);
+        let mut off_cache = model.new_cache(a, ids.size()[1])?;
+        let last: Vec<i64> = lens.iter().map(|l| l - 1).collect();
+        let mut rec_off = Recorder::new(last.clone(), false);
+        let logits_off = {
+            let hook: &mut dyn ForwardHook = if drift { &mut rec_off } else { &mut NoHook };
+            model.forward_with(
+                &ids,
+                &mut off_cache,
+                &s.policy,
+                &LogitsAt::PerRow(last),
+                hook,
+            )?
+        };
+        let (lo, lf) = (
+            logits_on.view([a as i64, -1]),
+            logits_off.view([a as i64, -1]),
+        );
+        check_finite(&lo, "cache-ON decoding")?;
+        check_finite(&lf, "cache-OFF decoding")?;
+        let step_keys: Vec<NoiseKey> = active
+            .iter()
+            .map(|&i| NoiseKey {
+                step: step as u64,
+                ..keys[i]
+            })
+            .collect();
+        let words = Tensor::from_slice(&sampling::noise_words(&step_keys))
+            .to_device(dev)
+            .view([2, a as i64, 1]);
+        let t_on = sampling::select_on_device(&lo, s.sampling, &words)?;
+        let t_off = sampling::select_on_device(&lf, s.sampling, &words)?;
+        let table = Tensor::f_cat(
+            &[
+                compare_logits(&lo, &lf)?,
+                t_on.f_to_kind(Kind::Double)?.view([-1, 1]),
+                t_off.f_to_kind(Kind::Double)?.view([-1, 1]),
+            ],
+            1,
+        )?;
+        let host: Vec<f64> = Vec::try_from(table.to_device(Device::Cpu).reshape([-1]))?;
+        let drift_host: Option<Vec<f64>> = if drift {
+            let on_at: Vec<(usize, i64)> = (0..a).map(|j| (j, cache.lens()[j] - 1)).collect();
+            let off_at: Vec<(usize, i64)> = (0..a).map(|j| (j, lens[j] - 1)).collect();
+            let t = drift_tensor(&rec_on, &rec_off, &cache, &on_at, &off_cache, &off_at)?;
+            Some(Vec::try_from(t.to_device(Device::Cpu).reshape([-1]))?)
+        } else {
+            None
+        };
+        let layers = model.config().num_layers();
+        for (j, &i) in active.iter().enumerate() {
+            let row = &host[j * 9..(j + 1) * 9];
+            let same_prefix = forced || out[i].on == out[i].off;
+            if same_prefix && !done_on[i] {
+                out[i].compare.push(StepCompare {
+                    step,
+                    max_abs: row[0],
+                    mse: row[1],
+                    kl: row[2],
+                    argmax_on: row[3] as i64,
+                    argmax_off: row[4] as i64,
+                    margin_on: row[5],
+                    margin_off: row[6],
+                });
+            }
+            if let Some(d) = &drift_host
+                && !done_on[i]
+            {
+                for l in 0..layers {
+                    let c = &d[(j * layers + l) * 6..(j * layers + l + 1) * 6];
+                    out[i].drift.push(Drift {
+                        step,
+                        layer: l,
+                        resid_rel: c[0],
+                        resid_max_abs: c[1],
+                        k_rel: c[2],
+                        k_max_abs: c[3],
+                        v_rel: c[4],
+                        v_max_abs: c[5],
+                    });
+                }
+            }
+            let stop = |toks: &[i64]| -> Option<Stop> {
+                let last = *toks.last()?;
+                if s.stop_tokens.contains(&last) {
+                    Some(Stop::Eos)
+                } else if s.text_stop.is_some_and(|f| f(toks)) {
+                    Some(Stop::Text)
+                } else {
+                    None
+                }
+            };
+            if !done_on[i] {
+                out[i].on.push(row[7] as i64);
+                if let Some(r) = stop(&out[i].on) {
+                    out[i].stop_on = r;
+                    done_on[i] = true;
+                }
+            }
+            if forced {
+                if !done_off[i] {
+                    out[i].off.push(row[4] as i64);
+                }
+                out[i].stop_off = out[i].stop_on;
+                done_off[i] = done_on[i];
+            } else if !done_off[i] {
+                out[i].off.push(row[8] as i64);
+                if let Some(r) = stop(&out[i].off) {
+                    out[i].stop_off = r;
+                    done_off[i] = true;
+                }
+            }
+        }
+        if step + 1 == s.max_new_tokens {
+            break;
+        }
+        let keep: Vec<usize> = (0..a)
+            .filter(|&j| !(done_on[active[j]] && done_off[active[j]]))
+            .collect();
+        if keep.is_empty() {
+            break;
+        }
+        if keep.len() < a {
+            cache.select_rows(&keep)?;
+            active = keep.iter().map(|&j| active[j]).collect();
+        }
+        // Cache-ON: one decode step per row (a finished row repeats its last token; ignored).
+        let feed: Vec<i64> = active
+            .iter()
+            .map(|&i| *out[i].on.last().expect("a token per step"))
+            .collect();
+        let ids = Tensor::from_slice(&feed)
+            .view([active.len() as i64, 1])
+            .to_device(dev);
+        rec_on = Recorder::new(vec![0; active.len()], false);
+        let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
+        logits_on = model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::Last, hook)?;
+    }
+    Ok(out)
+}

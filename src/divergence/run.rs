@@ -1,0 +1,660 @@
+//! Running a divergence study: per dtype, per batch of problems, the free-running pairs of
+//! every strategy, the teacher-forced comparison with layer-wise drift, and residual patching
+//! at τ; each problem's rows are written as one atomic shard (`shards/<dtype>/problem-NNNNN`),
+//! a rerun skips batches whose shards all exist, and the merged tables are rebuilt at the end.
+//!
+//! Batches are fixed by the spec (consecutive chunks of `batch_size` problems), so a resumed
+//! run decodes every problem in the same batch as an uninterrupted one.
+use super::lockstep::{self, Mode, PairOutcome, Settings};
+use super::patch::{self, PatchOutcome};
+use super::replay;
+use super::spec::{DivergenceSpec, LayerSet, strategy_label};
+use crate::credit::engine::Stop;
+use crate::io::parquet::{Column, Table};
+use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
+use crate::sampling::{NoiseKey, Sampling};
+use crate::study::{
+    commit_shard, merge_table, now_rfc3339, prepare_shards, read_json, sync, write_json,
+};
+use crate::tasks::gsm8k::{Gsm8k, PromptFormat};
+use crate::tasks::{Problem, Task};
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Table names, in write order (`patches` only when the spec patches).
+pub const TABLES: [&str; 5] = ["pairs", "forced", "drift", "patches", "replay"];
+
+/// What a run records about itself: the numerical path of every comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Study label.
+    pub name: String,
+    /// SHA-256 of the spec file's bytes, recorded before anything ran.
+    pub spec_sha256: String,
+    /// The spec as parsed.
+    pub spec: DivergenceSpec,
+    /// Model name.
+    pub model: String,
+    /// SHA-256 of the model file, when known.
+    pub model_sha256: Option<String>,
+    /// Run device.
+    pub device: String,
+    /// Execution policy.
+    pub policy: String,
+    /// TF32 for fp32 matmuls: libtorch's default (`allow_tf32` for cuBLAS off) is never
+    /// changed by kvcredit.
+    pub tf32: bool,
+    /// Attention path: kvcredit's own attention through the execution policy (eager).
+    pub attention: String,
+    /// Cache-OFF prefill: one chunk of the whole sequence per step.
+    pub off_chunking: String,
+    /// kvcredit version.
+    pub kvcredit_version: String,
+    /// libtorch version the binary was built against.
+    pub libtorch_version: String,
+    /// When the run first started (UTC, RFC 3339).
+    pub started_at: String,
+    /// When each later invocation resumed it.
+    #[serde(default)]
+    pub resumed_at: Vec<String>,
+    /// When it finished, if it has.
+    pub finished_at: Option<String>,
+    /// Problems × dtypes in the spec.
+    pub shards_total: usize,
+    /// Problems × dtypes with a finished shard.
+    pub shards_done: usize,
+    /// Device seconds per step name, summed over shards.
+    pub seconds: BTreeMap<String, f64>,
+}
+
+/// Per-shard bookkeeping.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// Problems decoded in this problem's batch.
+    pub batch: Vec<usize>,
+    /// Device seconds per step of the whole batch, divided by its problems.
+    pub seconds: BTreeMap<String, f64>,
+}
+
+/// Where a study writes and how it reports.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Output folder.
+    pub out_dir: PathBuf,
+    /// Hide the per-batch progress lines.
+    pub quiet: bool,
+}
+
+fn shard_dir(out: &Path, dtype: Dtype, problem: usize) -> PathBuf {
+    out.join("shards")
+        .join(format!("{dtype}-problem-{problem:05}"))
+}
+
+/// Run (or resume) a study; returns the final manifest. Everything that can be checked —
+/// the spec, the model, the layer ranges against its layer count, an existing run folder —
+/// is checked before anything is written.
+pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) -> Result<Manifest> {
+    let out = &opts.out_dir;
+    let device = runtime::parse_device(&spec.device)?;
+    let source = ModelSource::resolve(&spec.model)?;
+    let format: PromptFormat = spec.problems.format.parse()?;
+    let task = Gsm8k::bundled(
+        spec.problems.start..spec.problems.start + spec.problems.count,
+        format,
+    )?;
+    let problems = task.problems().to_vec();
+    if problems.len() < spec.problems.count {
+        return Err(Error::Spec(format!(
+            "only {} GSM8K problems from index {}",
+            problems.len(),
+            spec.problems.start
+        )));
+    }
+    let manifest_path = out.join("manifest.json");
+    let previous: Option<Manifest> = if manifest_path.exists() {
+        let m: Manifest = read_json(&manifest_path)?;
+        if m.spec_sha256 != spec_sha256 {
+            return Err(Error::Spec(format!(
+                "{} holds a run of a different spec (sha256 {}…); use another --out",
+                out.display(),
+                &m.spec_sha256[..12]
+            )));
+        }
+        Some(m)
+    } else {
+        None
+    };
+    let mut manifest: Option<Manifest> = previous.map(|mut m| {
+        m.resumed_at.push(now_rfc3339());
+        m
+    });
+    let batches: Vec<&[Problem]> = problems.chunks(spec.batch_size).collect();
+    for &dtype in &spec.dtypes {
+        let pending: Vec<&[Problem]> = batches
+            .iter()
+            .copied()
+            .filter(|b| b.iter().any(|p| !shard_dir(out, dtype, p.index).exists()))
+            .collect();
+        if pending.is_empty() && manifest.is_some() {
+            continue;
+        }
+        let model = runtime::load(&source, dtype, device)?;
+        let sets = match &spec.steps.patch {
+            Some(p) => p.layer_sets(model.decoder.config().num_layers())?,
+            None => vec![],
+        };
+        let m = manifest.get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems));
+        write_json(&manifest_path, m)?;
+        prepare_shards(out)?;
+        for (b, batch) in pending.iter().enumerate() {
+            let started = Instant::now();
+            let shards = run_batch(spec, dtype, &model, &task, batch, &sets)?;
+            for (problem, (tables, info)) in batch.iter().zip(shards) {
+                let named: Vec<(&str, &Table)> = tables.iter().map(|(n, t)| (*n, t)).collect();
+                commit_shard(&shard_dir(out, dtype, problem.index), &named, &info)?;
+            }
+            if !opts.quiet {
+                eprintln!(
+                    "{dtype}: batch {}/{} (problems {}..={}) in {:.1} s",
+                    b + 1,
+                    pending.len(),
+                    batch[0].index,
+                    batch[batch.len() - 1].index,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            refresh(m, out, spec, &problems)?;
+            write_json(&manifest_path, m)?;
+        }
+    }
+    let Some(mut m) = manifest else {
+        return Err(Error::Spec("nothing to run".into()));
+    };
+    let dirs: Vec<PathBuf> = spec
+        .dtypes
+        .iter()
+        .flat_map(|&d| problems.iter().map(move |p| shard_dir(out, d, p.index)))
+        .collect();
+    for name in tables_of(spec) {
+        merge_table(&dirs, name, out)?;
+    }
+    refresh(&mut m, out, spec, &problems)?;
+    m.finished_at = Some(now_rfc3339());
+    write_json(&manifest_path, &m)?;
+    Ok(m)
+}
+
+fn tables_of(spec: &DivergenceSpec) -> Vec<&'static str> {
+    TABLES
+        .iter()
+        .copied()
+        .filter(|&t| match t {
+            "forced" | "drift" => spec.steps.teacher_forced,
+            "patches" => spec.steps.patch.is_some(),
+            "replay" => spec.steps.replay.is_some(),
+            _ => true,
+        })
+        .collect()
+}
+
+fn new_manifest(
+    spec: &DivergenceSpec,
+    sha: &str,
+    model: &LoadedModel,
+    problems: &[Problem],
+) -> Manifest {
+    Manifest {
+        name: spec.name.clone(),
+        spec_sha256: sha.to_string(),
+        spec: spec.clone(),
+        model: model.name.clone(),
+        model_sha256: model.sha256.clone(),
+        device: spec.device.clone(),
+        policy: spec.policy.to_string(),
+        tf32: false,
+        attention: "kvcredit eager attention via the execution policy".into(),
+        off_chunking: "whole sequence in one forward per step".into(),
+        kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
+        libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
+        started_at: now_rfc3339(),
+        resumed_at: vec![],
+        finished_at: None,
+        shards_total: problems.len() * spec.dtypes.len(),
+        shards_done: 0,
+        seconds: BTreeMap::new(),
+    }
+}
+
+fn refresh(
+    m: &mut Manifest,
+    out: &Path,
+    spec: &DivergenceSpec,
+    problems: &[Problem],
+) -> Result<()> {
+    let (mut done, mut seconds) = (0, BTreeMap::<String, f64>::new());
+    for &d in &spec.dtypes {
+        for p in problems {
+            let path = shard_dir(out, d, p.index).join("shard.json");
+            if path.exists() {
+                let info: ShardInfo = read_json(&path)?;
+                done += 1;
+                for (k, v) in info.seconds {
+                    *seconds.entry(format!("{d}/{k}")).or_default() += v;
+                }
+            }
+        }
+    }
+    m.shards_done = done;
+    m.seconds = seconds;
+    Ok(())
+}
+
+type ShardTables = (Vec<(&'static str, Table)>, ShardInfo);
+
+/// Everything of one batch; one shard's tables per problem.
+fn run_batch(
+    spec: &DivergenceSpec,
+    dtype: Dtype,
+    model: &LoadedModel,
+    task: &Gsm8k,
+    batch: &[Problem],
+    sets: &[LayerSet],
+) -> Result<Vec<ShardTables>> {
+    let dec = &model.decoder;
+    let prompts: Vec<Vec<i64>> = batch
+        .iter()
+        .map(|p| model.encode_prompt(&task.prompt(p)))
+        .collect::<Result<_>>()?;
+    let stops = task.stop_sequences();
+    let text_stop = |ids: &[i64]| -> bool {
+        model
+            .decode(ids)
+            .map(|t| stops.iter().any(|s| t.contains(s)))
+            .unwrap_or(false)
+    };
+    let settings = |sampling: Sampling| Settings {
+        model: dec,
+        policy: spec.policy,
+        sampling,
+        max_new_tokens: spec.max_new_tokens,
+        stop_tokens: &model.stop_tokens,
+        text_stop: Some(&text_stop),
+    };
+    let mut seconds: BTreeMap<String, f64> = BTreeMap::new();
+    let mut timed = |name: String, t: Instant| {
+        sync(dec.device());
+        seconds.insert(name, t.elapsed().as_secs_f64() / batch.len() as f64);
+    };
+    let mut free: Vec<(usize, Vec<PairOutcome>)> = Vec::new();
+    for (si, &sampling) in spec.strategies.iter().enumerate() {
+        let t = Instant::now();
+        let keys: Vec<NoiseKey> = batch
+            .iter()
+            .map(|p| NoiseKey::divergence(spec.seed, p.index as u64, si as u64))
+            .collect();
+        let outs = lockstep::run(&settings(sampling), &prompts, &keys, Mode::Free)?;
+        timed(format!("free/{}", strategy_label(&sampling)), t);
+        free.push((si, outs));
+    }
+    let forced = if spec.steps.teacher_forced {
+        let t = Instant::now();
+        let keys: Vec<NoiseKey> = batch
+            .iter()
+            .map(|p| NoiseKey::divergence(spec.seed, p.index as u64, u64::MAX))
+            .collect();
+        let outs = lockstep::run(
+            &settings(Sampling::Greedy),
+            &prompts,
+            &keys,
+            Mode::Forced { drift: true },
+        )?;
+        timed("teacher_forced".into(), t);
+        Some(outs)
+    } else {
+        None
+    };
+    let mut patches: Vec<Option<(usize, PatchOutcome)>> = vec![None; batch.len()];
+    if let Some(p) = &spec.steps.patch {
+        let t = Instant::now();
+        let greedy = spec
+            .strategies
+            .iter()
+            .position(|s| *s == Sampling::Greedy)
+            .expect("validated: patching needs the greedy strategy");
+        let (_, outs) = &free[greedy];
+        for (i, o) in outs.iter().enumerate() {
+            if let Some(tau) = o.first_divergence()
+                && tau >= 1
+                && tau < o.on.len()
+                && tau < o.off.len()
+            {
+                let r = patch::run(
+                    dec,
+                    &spec.policy,
+                    &prompts[i],
+                    &o.on,
+                    &o.off,
+                    tau,
+                    sets,
+                    p.trajectory_tokens,
+                )?;
+                patches[i] = Some((tau, r));
+            }
+        }
+        timed("patch".into(), t);
+    }
+
+    let mut replays: Vec<Vec<(usize, replay::StateResult)>> = vec![vec![]; batch.len()];
+    if let Some(r) = &spec.steps.replay {
+        let t = Instant::now();
+        let greedy = spec
+            .strategies
+            .iter()
+            .position(|s| *s == Sampling::Greedy)
+            .expect("validated: replay needs the greedy strategy");
+        let mut chunks = r.chunks.clone();
+        if !chunks.contains(&0) {
+            chunks.push(0);
+        }
+        for (i, o) in free[greedy].1.iter().enumerate() {
+            for &b in r.boundaries.iter().filter(|&&b| b <= o.on.len()) {
+                let rows = replay::run(
+                    dec,
+                    &spec.policy,
+                    &prompts[i],
+                    &o.on,
+                    b,
+                    &chunks,
+                    r.continuation_tokens,
+                )?;
+                replays[i].extend(rows.into_iter().map(|x| (b, x)));
+            }
+        }
+        timed("replay".into(), t);
+    }
+
+    let ctx = |i: usize| Ctx {
+        config: &spec.name,
+        model: &model.name,
+        dtype: dtype.to_string(),
+        policy: spec.policy.to_string(),
+        problem: batch[i].index as u32,
+    };
+    let mut shards = Vec::with_capacity(batch.len());
+    for (i, problem) in batch.iter().enumerate() {
+        let c = ctx(i);
+        let mut tables = vec![(
+            "pairs",
+            pairs_table(&c, spec, model, task, problem, &prompts[i], &free, i)?,
+        )];
+        if let Some(f) = &forced {
+            tables.push(("forced", forced_table(&c, &f[i])));
+            tables.push(("drift", drift_table(&c, &f[i])));
+        }
+        if spec.steps.patch.is_some() {
+            tables.push(("patches", patches_table(&c, &patches[i])));
+        }
+        if spec.steps.replay.is_some() {
+            tables.push(("replay", replay_table(&c, &replays[i])));
+        }
+        shards.push((
+            tables,
+            ShardInfo {
+                batch: batch.iter().map(|p| p.index).collect(),
+                seconds: seconds.clone(),
+            },
+        ));
+    }
+    Ok(shards)
+}
+
+/// Columns every table starts with.
+struct Ctx<'a> {
+    config: &'a str,
+    model: &'a str,
+    dtype: String,
+    policy: String,
+    problem: u32,
+}
+
+impl Ctx<'_> {
+    fn table(&self, n: usize) -> Table {
+        Table::new()
+            .with("config", Column::Str(vec![self.config.to_string(); n]))
+            .with("model", Column::Str(vec![self.model.to_string(); n]))
+            .with("dtype", Column::Str(vec![self.dtype.clone(); n]))
+            .with("policy", Column::Str(vec![self.policy.clone(); n]))
+            .with("problem", Column::U32(vec![self.problem; n]))
+    }
+}
+
+fn stop_name(s: Stop) -> String {
+    s.as_str().to_string()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pairs_table(
+    c: &Ctx,
+    spec: &DivergenceSpec,
+    model: &LoadedModel,
+    task: &Gsm8k,
+    problem: &Problem,
+    prompt: &[i64],
+    free: &[(usize, Vec<PairOutcome>)],
+    i: usize,
+) -> Result<Table> {
+    let n = free.len();
+    let (mut strategy, mut on, mut off, mut stop_on, mut stop_off) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut diverged, mut tau, mut ans_on, mut ans_off, mut ok_on, mut ok_off) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut compared, mut flips, mut max_abs) = (vec![], vec![], vec![]);
+    for (si, outs) in free {
+        let o = &outs[i];
+        strategy.push(strategy_label(&spec.strategies[*si]));
+        let g_on = task.grade(problem, &model.decode(&o.on)?);
+        let g_off = task.grade(problem, &model.decode(&o.off)?);
+        let t = o.first_divergence();
+        diverged.push(t.is_some());
+        tau.push(t.map(|t| t as i64));
+        ans_on.push(g_on.predicted);
+        ans_off.push(g_off.predicted);
+        ok_on.push(g_on.correct);
+        ok_off.push(g_off.correct);
+        on.push(o.on.clone());
+        off.push(o.off.clone());
+        stop_on.push(stop_name(o.stop_on));
+        stop_off.push(stop_name(o.stop_off));
+        compared.push(o.compare.len() as i64);
+        flips.push(
+            o.compare
+                .iter()
+                .filter(|s| s.argmax_on != s.argmax_off)
+                .count() as i64,
+        );
+        max_abs.push(o.compare.iter().map(|s| s.max_abs).fold(0.0, f64::max));
+    }
+    Ok(c.table(n)
+        .with("strategy", Column::Str(strategy))
+        .with("prompt_tokens", Column::I64(vec![prompt.len() as i64; n]))
+        .with("prompt_ids", Column::ListI64(vec![prompt.to_vec(); n]))
+        .with("gold", Column::Str(vec![problem.gold.clone(); n]))
+        .with("diverged", Column::Bool(diverged))
+        .with("tau", Column::OptI64(tau))
+        .with("tokens_on", Column::ListI64(on))
+        .with("tokens_off", Column::ListI64(off))
+        .with("stop_on", Column::Str(stop_on))
+        .with("stop_off", Column::Str(stop_off))
+        .with("answer_on", Column::OptStr(ans_on))
+        .with("answer_off", Column::OptStr(ans_off))
+        .with("correct_on", Column::Bool(ok_on))
+        .with("correct_off", Column::Bool(ok_off))
+        .with("compared_steps", Column::I64(compared))
+        .with("compared_flips", Column::I64(flips))
+        .with("compared_max_abs", Column::F64(max_abs)))
+}
+
+fn forced_table(c: &Ctx, o: &PairOutcome) -> Table {
+    let s = &o.compare;
+    let n = s.len();
+    let f = |g: fn(&lockstep::StepCompare) -> f64| Column::F64(s.iter().map(g).collect());
+    c.table(n)
+        .with(
+            "step",
+            Column::I64(s.iter().map(|x| x.step as i64).collect()),
+        )
+        .with(
+            "token",
+            Column::I64(s.iter().map(|x| o.on[x.step]).collect()),
+        )
+        .with("max_abs", f(|x| x.max_abs))
+        .with("mse", f(|x| x.mse))
+        .with("kl_off_on", f(|x| x.kl))
+        .with(
+            "argmax_on",
+            Column::I64(s.iter().map(|x| x.argmax_on).collect()),
+        )
+        .with(
+            "argmax_off",
+            Column::I64(s.iter().map(|x| x.argmax_off).collect()),
+        )
+        .with(
+            "flip",
+            Column::Bool(s.iter().map(|x| x.argmax_on != x.argmax_off).collect()),
+        )
+        .with("margin_on", f(|x| x.margin_on))
+        .with("margin_off", f(|x| x.margin_off))
+}
+
+fn drift_table(c: &Ctx, o: &PairOutcome) -> Table {
+    let d = &o.drift;
+    let f = |g: fn(&lockstep::Drift) -> f64| Column::F64(d.iter().map(g).collect());
+    c.table(d.len())
+        .with(
+            "step",
+            Column::I64(d.iter().map(|x| x.step as i64).collect()),
+        )
+        .with(
+            "layer",
+            Column::I64(d.iter().map(|x| x.layer as i64).collect()),
+        )
+        .with("resid_rel", f(|x| x.resid_rel))
+        .with("resid_max_abs", f(|x| x.resid_max_abs))
+        .with("k_rel", f(|x| x.k_rel))
+        .with("k_max_abs", f(|x| x.k_max_abs))
+        .with("v_rel", f(|x| x.v_rel))
+        .with("v_max_abs", f(|x| x.v_max_abs))
+}
+
+fn patches_table(c: &Ctx, p: &Option<(usize, PatchOutcome)>) -> Table {
+    let empty = PatchOutcome {
+        m_off: 0.0,
+        reproduced: false,
+        rows: vec![],
+    };
+    let (tau, o) = match p {
+        Some((t, o)) => (*t as i64, o),
+        None => (0, &empty),
+    };
+    let r = &o.rows;
+    let n = r.len();
+    let m_on = r.first().map_or(0.0, |x| x.m);
+    c.table(n)
+        .with("tau", Column::I64(vec![tau; n]))
+        .with("reproduced", Column::Bool(vec![o.reproduced; n]))
+        .with(
+            "label",
+            Column::Str(r.iter().map(|x| x.label.clone()).collect()),
+        )
+        .with(
+            "layer_start",
+            Column::I64(r.iter().map(|x| x.layer_start as i64).collect()),
+        )
+        .with(
+            "layer_end",
+            Column::I64(r.iter().map(|x| x.layer_end as i64).collect()),
+        )
+        .with("m_on", Column::F64(vec![m_on; n]))
+        .with("m_off", Column::F64(vec![o.m_off; n]))
+        .with("m", Column::F64(r.iter().map(|x| x.m).collect()))
+        .with(
+            "recovery",
+            Column::F64(r.iter().map(|x| x.recovery).collect()),
+        )
+        .with("token", Column::I64(r.iter().map(|x| x.token).collect()))
+        .with(
+            "follow_off",
+            Column::F64(r.iter().map(|x| x.follow_off).collect()),
+        )
+        .with(
+            "follow_on",
+            Column::F64(r.iter().map(|x| x.follow_on).collect()),
+        )
+        .with(
+            "off_prefix",
+            Column::I64(r.iter().map(|x| x.off_prefix as i64).collect()),
+        )
+        .with(
+            "continuation",
+            Column::ListI64(r.iter().map(|x| x.continuation.clone()).collect()),
+        )
+}
+
+fn replay_table(c: &Ctx, rows: &[(usize, replay::StateResult)]) -> Table {
+    let col = |f: fn(&replay::StateResult) -> String| {
+        Column::Str(rows.iter().map(|(_, r)| f(r)).collect())
+    };
+    let lists = |f: fn(&replay::StateResult) -> Vec<f64>| {
+        Column::ListF64(rows.iter().map(|(_, r)| f(r)).collect())
+    };
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    c.table(rows.len())
+        .with(
+            "boundary",
+            Column::I64(rows.iter().map(|(b, _)| *b as i64).collect()),
+        )
+        .with("kind", col(|r| r.kind.clone()))
+        .with(
+            "chunk",
+            Column::I64(rows.iter().map(|(_, r)| r.chunk).collect()),
+        )
+        .with("direction", col(|r| r.direction.clone()))
+        .with("parts", col(|r| r.parts.clone()))
+        .with(
+            "layer_start",
+            Column::I64(rows.iter().map(|(_, r)| r.layers.0 as i64).collect()),
+        )
+        .with(
+            "layer_end",
+            Column::I64(rows.iter().map(|(_, r)| r.layers.1 as i64).collect()),
+        )
+        .with(
+            "replica_equal",
+            Column::Bool(rows.iter().map(|(_, r)| r.replica_equal).collect()),
+        )
+        .with(
+            "k_max_abs",
+            Column::F64(rows.iter().map(|(_, r)| max(&r.k_max_abs)).collect()),
+        )
+        .with(
+            "v_max_abs",
+            Column::F64(rows.iter().map(|(_, r)| max(&r.v_max_abs)).collect()),
+        )
+        .with("k_max_abs_per_layer", lists(|r| r.k_max_abs.clone()))
+        .with("v_max_abs_per_layer", lists(|r| r.v_max_abs.clone()))
+        .with(
+            "follows_live",
+            Column::Bool(rows.iter().map(|(_, r)| r.follows_live).collect()),
+        )
+        .with(
+            "follows_replay",
+            Column::Bool(rows.iter().map(|(_, r)| r.follows_replay).collect()),
+        )
+        .with(
+            "continuation",
+            Column::ListI64(rows.iter().map(|(_, r)| r.continuation.clone()).collect()),
+        )
+}

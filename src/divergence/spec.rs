@@ -1,0 +1,241 @@
+//! Divergence study specification: a TOML file fixed before anything runs (its SHA-256 goes
+//! into the manifest). One spec drives every step of the study on one model.
+use crate::exec::ExecPolicy;
+use crate::runtime::Dtype;
+use crate::sampling::Sampling;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::path::Path;
+
+/// A whole study.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DivergenceSpec {
+    /// Label (also the default output folder name).
+    pub name: String,
+    /// Model: a registry name, a GGUF file or a Hugging Face folder.
+    pub model: String,
+    /// Dtypes to run, each a full pass over the steps (fp32 is the falsification arm).
+    pub dtypes: Vec<Dtype>,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// Execution policy (`batch_invariant` is the control: no divergence may remain).
+    #[serde(default)]
+    pub policy: ExecPolicy,
+    /// Seed of all sampling noise.
+    pub seed: u64,
+    /// Problems decoded together (rows of one batch) in every step.
+    pub batch_size: usize,
+    /// Which GSM8K problems and how they are prompted.
+    pub problems: super::super::credit::spec::ProblemSpec,
+    /// Token cap of every generation.
+    pub max_new_tokens: usize,
+    /// Sampling strategies of the free-running pairs (`greedy`, `temperature`, `top_p`).
+    pub strategies: Vec<Sampling>,
+    /// Which steps run after the free-running pairs.
+    #[serde(default)]
+    pub steps: Steps,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+/// Optional steps of the protocol.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Steps {
+    /// Teacher-forced comparison on cache-ON's greedy sequence, with layer-wise drift of the
+    /// residual stream and of the cached K/V.
+    #[serde(default = "yes")]
+    pub teacher_forced: bool,
+    /// Residual patching at the first divergence step of the greedy pairs.
+    #[serde(default)]
+    pub patch: Option<PatchSpec>,
+    /// Live vs replay, the prefill-chunk sweep and KV transplants on cache-ON's greedy
+    /// sequences.
+    #[serde(default)]
+    pub replay: Option<ReplaySpec>,
+}
+
+/// Live vs replay at stage boundaries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplaySpec {
+    /// Boundaries *b* (generated tokens before the state, ≥ 1); longer than a sequence: skipped.
+    pub boundaries: Vec<usize>,
+    /// Prefill chunk sizes of REPLAY (0 = the whole sequence in one shot, always included).
+    pub chunks: Vec<usize>,
+    /// Greedy tokens generated from each state.
+    pub continuation_tokens: usize,
+}
+
+impl Default for Steps {
+    fn default() -> Steps {
+        Steps {
+            teacher_forced: true,
+            patch: None,
+            replay: None,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Residual-stream patching.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchSpec {
+    /// Layer sets patched: `each` (every single layer), `all`, or a range `a..b`.
+    pub layers: Vec<String>,
+    /// Tokens followed after the patched step (trajectory recovery).
+    pub trajectory_tokens: usize,
+}
+
+/// One patched layer set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSet {
+    /// Label in records (`3`, `0..4`, `all`).
+    pub label: String,
+    /// Layers patched.
+    pub layers: Range<usize>,
+}
+
+/// One entry of [`PatchSpec::layers`], parsed.
+enum Entry {
+    Each,
+    All,
+    Range(Range<usize>),
+}
+
+fn parse_entry(s: &str) -> Result<Entry> {
+    match s {
+        "each" => Ok(Entry::Each),
+        "all" => Ok(Entry::All),
+        _ => s
+            .split_once("..")
+            .and_then(|(a, b)| Some(a.trim().parse().ok()?..b.trim().parse().ok()?))
+            .filter(|r: &Range<usize>| r.start < r.end)
+            .map(Entry::Range)
+            .ok_or_else(|| {
+                Error::Spec(format!(
+                    "steps.patch.layers: `{s}` is not `each`, `all` or a non-empty range `a..b`"
+                ))
+            }),
+    }
+}
+
+impl PatchSpec {
+    /// Check the entries' syntax (bounds need the model: [`Self::layer_sets`]).
+    pub fn check_syntax(&self) -> Result<()> {
+        self.layers
+            .iter()
+            .try_for_each(|e| parse_entry(e).map(|_| ()))
+    }
+
+    /// The layer sets for a model of `n` layers, in spec order; an out-of-range or malformed
+    /// entry is an error.
+    pub fn layer_sets(&self, n: usize) -> Result<Vec<LayerSet>> {
+        let mut out = Vec::new();
+        for entry in &self.layers {
+            match parse_entry(entry)? {
+                Entry::Each => out.extend((0..n).map(|l| LayerSet {
+                    label: l.to_string(),
+                    layers: l..l + 1,
+                })),
+                Entry::All => out.push(LayerSet {
+                    label: "all".into(),
+                    layers: 0..n,
+                }),
+                Entry::Range(r) if r.end <= n => out.push(LayerSet {
+                    label: entry.clone(),
+                    layers: r,
+                }),
+                Entry::Range(r) => {
+                    return Err(Error::Spec(format!(
+                        "steps.patch.layers: range {}..{} out of bounds for a model of {n} layers",
+                        r.start, r.end
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The label of a strategy in records: `greedy`, `temperature=0.7`, `top_p=0.9,t=0.7`.
+pub fn strategy_label(s: &Sampling) -> String {
+    match *s {
+        Sampling::Greedy => "greedy".into(),
+        Sampling::Temperature { temperature } => format!("temperature={temperature}"),
+        Sampling::TopP { top_p, temperature } => format!("top_p={top_p},t={temperature}"),
+    }
+}
+
+impl DivergenceSpec {
+    /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
+    pub fn load(path: &Path) -> Result<(DivergenceSpec, String)> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let spec: DivergenceSpec = toml::from_str(&text).map_err(|e| {
+            Error::Spec(format!(
+                "{}: {}",
+                path.display(),
+                e.message().replace('\n', " ")
+            ))
+        })?;
+        spec.validate()?;
+        Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+    }
+
+    /// Reject specs that cannot run (what needs the model, such as layer ranges, is checked
+    /// by [`PatchSpec::layer_sets`] once it is loaded, before anything is written).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Spec(format!("divergence `{}`: {m}", self.name)));
+        if self.name.is_empty() || self.name.contains('/') {
+            return bad("name must be non-empty and contain no `/`");
+        }
+        if self.dtypes.is_empty() || self.strategies.is_empty() {
+            return bad("dtypes and strategies must not be empty");
+        }
+        if self.problems.count == 0 || self.batch_size == 0 || self.max_new_tokens == 0 {
+            return bad("problems.count, batch_size and max_new_tokens must be positive");
+        }
+        for (i, s) in self.strategies.iter().enumerate() {
+            for (j, t) in self.strategies.iter().enumerate().take(i) {
+                if s == t {
+                    return bad(&format!("strategies {j} and {i} are the same"));
+                }
+            }
+            match *s {
+                Sampling::Greedy => {}
+                Sampling::Temperature { temperature } if temperature > 0.0 => {}
+                Sampling::TopP { top_p, temperature }
+                    if temperature > 0.0 && top_p > 0.0 && top_p <= 1.0 => {}
+                _ => return bad("temperatures must be positive and top_p in (0, 1]"),
+            }
+        }
+        if let Some(p) = &self.steps.patch {
+            if p.layers.is_empty() || p.trajectory_tokens == 0 {
+                return bad("steps.patch needs layer sets and trajectory_tokens > 0");
+            }
+            // Syntax now; bounds once the model's layer count is known.
+            p.check_syntax()?;
+            if !self.strategies.contains(&Sampling::Greedy) {
+                return bad("steps.patch patches the greedy pairs: add the greedy strategy");
+            }
+        }
+        if let Some(r) = &self.steps.replay {
+            if r.boundaries.is_empty() || r.boundaries.contains(&0) || r.continuation_tokens == 0 {
+                return bad("steps.replay needs boundaries ≥ 1 and continuation_tokens > 0");
+            }
+            if !self.strategies.contains(&Sampling::Greedy) {
+                return bad("steps.replay replays the greedy pairs: add the greedy strategy");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,80 @@
+//! Plumbing shared by the studies (credit campaigns, divergence studies): JSON manifests,
+//! atomic per-unit shards of Parquet tables, resume, and device synchronization.
+//!
+//! A run folder holds `manifest.json` and `shards/<unit>/` folders; a shard is written in a
+//! temporary folder and renamed into place, so a shard that exists is complete, and a rerun
+//! skips it. Leftover temporary folders of an interrupted run are removed on the next start.
+use crate::io::parquet::{Table, concat_files};
+use crate::io::write_atomic;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// UTC now as RFC 3339 (seconds).
+pub fn now_rfc3339() -> String {
+    crate::io::UtcTime::now().rfc3339()
+}
+
+/// Write `value` as pretty JSON, atomically.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))?;
+    write_atomic(path, text.as_bytes())
+}
+
+/// Read a JSON file written by [`write_json`].
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Output(format!("{}: {e}", path.display())))
+}
+
+pub use crate::runtime::sync;
+
+/// The `shards/` folder of a run, created if missing, with leftovers of interrupted shard
+/// writes (`.tmp-*`) removed.
+pub fn prepare_shards(out: &Path) -> Result<PathBuf> {
+    let dir = out.join("shards");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    for entry in std::fs::read_dir(&dir)
+        .map_err(|e| Error::io(&dir, e))?
+        .flatten()
+    {
+        if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(dir)
+}
+
+/// Write `tables` (as `<name>.parquet`) and `info` (as `shard.json`) into `dir` atomically:
+/// into a temporary sibling first, then one rename.
+pub fn commit_shard<T: Serialize>(dir: &Path, tables: &[(&str, &Table)], info: &T) -> Result<()> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = parent.join(format!(".tmp-{name}-{}", std::process::id()));
+    let written = std::fs::create_dir_all(&tmp)
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| {
+            for (table_name, table) in tables {
+                table.write(&tmp.join(format!("{table_name}.parquet")))?;
+            }
+            write_json(&tmp.join("shard.json"), info)?;
+            std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
+        });
+    if written.is_err() {
+        // An abandoned shard leaves nothing behind; finished shards and the manifest stay.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    written
+}
+
+/// Merge table `name` of the given shard folders (in order) into `out/<name>.parquet`.
+pub fn merge_table(shards: &[PathBuf], name: &str, out: &Path) -> Result<()> {
+    let files: Vec<PathBuf> = shards
+        .iter()
+        .map(|d| d.join(format!("{name}.parquet")))
+        .collect();
+    concat_files(&files, &out.join(format!("{name}.parquet")))
+}

@@ -1,0 +1,525 @@
+//! System B on the CPU fixtures: forward hooks (recording and patching the residual stream),
+//! KV transplantation between caches, and cache-ON vs cache-OFF in lockstep — bitwise equal
+//! under the batch-invariant policy (with a stock negative control that must differ), within
+//! 1e-4 and without flips in fp32 under the stock policy.
+mod common;
+
+use common::*;
+use kvcredit::divergence::lockstep::{self, Mode, PairOutcome, Settings};
+use kvcredit::kv_cache::{KvParts, KvSelect, Transplant};
+use kvcredit::model::hooks::{Patch, Recorder};
+use kvcredit::sampling::{NoiseKey, Sampling};
+use kvcredit::{Decoder, ExecPolicy, KvCache, LogitsAt, Result};
+use tch::{Kind, Tensor};
+
+/// Fixture architectures: LLaMA, Qwen2 (biases), Gemma-2 (soft-caps, alternating windows),
+/// Mistral (sliding window), Qwen3 and Gemma-3 (q/k norms, head dim 32, local/global RoPE).
+const FIXTURES: &[&str] = &["llama", "qwen2", "gemma2", "mistral_sw", "qwen3", "gemma3"];
+
+fn model(name: &str, kind: Kind) -> Result<Decoder> {
+    load(&hf_fixtures().join(name), kind)
+}
+
+/// Seeded token ids in `0..vocab`.
+fn random_ids(len: usize, seed: i64, vocab: i64) -> Vec<i64> {
+    tch::manual_seed(seed);
+    ids(&Tensor::randint(
+        vocab,
+        [1, len as i64],
+        (Kind::Int64, tch::Device::Cpu),
+    ))
+}
+
+fn prefill(
+    m: &Decoder,
+    ids_: &[i64],
+    hook: Option<&mut dyn kvcredit::model::hooks::ForwardHook>,
+) -> Result<(Tensor, KvCache)> {
+    let mut cache = m.new_cache(1, ids_.len() as i64 + 4)?;
+    let t = Tensor::from_slice(ids_).view([1, -1]);
+    let logits = match hook {
+        Some(h) => m.forward_with(&t, &mut cache, &ExecPolicy::Stock, &LogitsAt::All, h)?,
+        None => m.forward(&t, &mut cache, &ExecPolicy::Stock, &LogitsAt::All)?,
+    };
+    Ok((logits, cache))
+}
+
+#[test]
+fn patching_a_layer_with_its_own_activations_changes_nothing_bitwise() -> Result<()> {
+    for name in FIXTURES {
+        let m = model(name, Kind::Float)?;
+        let layers = m.config().num_layers();
+        let ids_ = random_ids(10, 5, m.config().vocab_size as i64);
+        let pos = 7;
+        let (plain, plain_cache) = prefill(&m, &ids_, None)?;
+        let mut rec = Recorder::new(vec![pos], true);
+        let (recorded, rec_cache) = prefill(&m, &ids_, Some(&mut rec))?;
+        assert!(
+            recorded.equal(&plain),
+            "{name}: recording changed the logits"
+        );
+        assert_eq!(rec.residual.len(), layers);
+        assert_eq!((rec.attn_out.len(), rec.mlp_out.len()), (layers, layers));
+        let fp = plain_cache.fingerprint(plain_cache.snapshot(0))?;
+        assert_eq!(rec_cache.fingerprint(rec_cache.snapshot(0))?, fp);
+        let own = rec.stacked()?;
+        let mut sets: Vec<std::ops::Range<usize>> = (0..layers).map(|l| l..l + 1).collect();
+        sets.push(0..layers);
+        for set in sets {
+            let mut patch = Patch::new(vec![pos], vec![set.clone()], own.shallow_clone())?;
+            let (patched, cache) = prefill(&m, &ids_, Some(&mut patch))?;
+            assert!(
+                patched.equal(&plain),
+                "{name}: self-patch of layers {set:?} changed logits"
+            );
+            assert_eq!(
+                cache.fingerprint(cache.snapshot(0))?,
+                fp,
+                "{name} {set:?}: KV changed"
+            );
+        }
+        // Negative control: a patch with other values changes the logits from `pos` on only.
+        let mut patch = Patch::new(vec![pos], vec![0..1], &own + 1e-2)?;
+        let (patched, _) = prefill(&m, &ids_, Some(&mut patch))?;
+        assert!(
+            patched.narrow(1, 0, pos).equal(&plain.narrow(1, 0, pos)),
+            "{name}: earlier positions moved"
+        );
+        assert!(
+            !patched.narrow(1, pos, 1).equal(&plain.narrow(1, pos, 1)),
+            "{name}: a real patch had no effect"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn patch_rejects_out_of_range_layers_and_positions() -> Result<()> {
+    let m = model("llama", Kind::Float)?;
+    let values = Tensor::zeros([2, 1, 64], (Kind::Float, tch::Device::Cpu));
+    let err = Patch::new(vec![0], vec![0..3], values.shallow_clone())
+        .err()
+        .expect("range 0..3 of 2 layers");
+    assert!(
+        err.to_string().contains("out of bounds") && !err.to_string().contains('\n'),
+        "{err}"
+    );
+    let mut patch = Patch::new(vec![40], vec![0..1], values)?;
+    let mut cache = m.new_cache(1, 8)?;
+    let t = Tensor::from_slice(&[1i64, 2, 3]).view([1, -1]);
+    let err = m
+        .forward_with(
+            &t,
+            &mut cache,
+            &ExecPolicy::Stock,
+            &LogitsAt::Last,
+            &mut patch,
+        )
+        .err()
+        .expect("position 40 of 3");
+    assert!(err.to_string().contains("position 40"), "{err}");
+    Ok(())
+}
+
+fn all_positions(len: i64, layers: usize, parts: KvParts) -> KvSelect {
+    KvSelect {
+        layers: 0..layers,
+        positions: 0..len,
+        parts,
+    }
+}
+
+#[test]
+fn transplant_round_trip_restores_the_fingerprint() -> Result<()> {
+    for name in FIXTURES {
+        let m = model(name, Kind::Float)?;
+        let (layers, vocab) = (m.config().num_layers(), m.config().vocab_size as i64);
+        let (_, a) = prefill(&m, &random_ids(9, 1, vocab), None)?;
+        let (_, b) = prefill(&m, &random_ids(9, 2, vocab), None)?;
+        let (sa, sb) = (a.snapshot(0), b.snapshot(0));
+        let (fa, fb) = (a.fingerprint(sa)?, b.fingerprint(sb)?);
+        for parts in [KvParts::K, KvParts::V, KvParts::Kv] {
+            for select in [
+                all_positions(9, layers, parts),
+                KvSelect {
+                    layers: layers - 1..layers,
+                    positions: 3..7,
+                    parts,
+                },
+            ] {
+                let x = KvCache::transplant(
+                    &[Transplant {
+                        base: (&a, sa),
+                        donor: (&b, sb),
+                        select: select.clone(),
+                    }],
+                    2,
+                )?;
+                let fx = x.fingerprint(x.snapshot(0))?;
+                assert_ne!(fx, fa, "{name} {select:?}: the transplant changed nothing");
+                let y = KvCache::transplant(
+                    &[Transplant {
+                        base: (&x, x.snapshot(0)),
+                        donor: (&a, sa),
+                        select: select.clone(),
+                    }],
+                    0,
+                )?;
+                assert_eq!(
+                    y.fingerprint(y.snapshot(0))?,
+                    fa,
+                    "{name} {select:?}: round trip"
+                );
+            }
+        }
+        let whole = KvCache::transplant(
+            &[Transplant {
+                base: (&a, sa),
+                donor: (&b, sb),
+                select: all_positions(9, layers, KvParts::Kv),
+            }],
+            0,
+        )?;
+        assert_eq!(
+            whole.fingerprint(whole.snapshot(0))?,
+            fb,
+            "{name}: all of K and V is the donor"
+        );
+        assert_eq!(
+            (a.fingerprint(sa)?, b.fingerprint(sb)?),
+            (fa, fb),
+            "{name}: sources changed"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn transplant_between_models_or_lengths_is_a_one_line_error() -> Result<()> {
+    let llama = model("llama", Kind::Float)?;
+    let gemma = model("gemma3", Kind::Float)?;
+    let (_, a) = prefill(&llama, &[1, 2, 3, 4, 5], None)?;
+    let (_, short) = prefill(&llama, &[1, 2, 3], None)?;
+    let (_, g) = prefill(&gemma, &[1, 2, 3, 4, 5], None)?;
+    let sel = all_positions(5, 2, KvParts::Kv);
+    let cases: [(Transplant, &str); 4] = [
+        (
+            Transplant {
+                base: (&a, a.snapshot(0)),
+                donor: (&g, g.snapshot(0)),
+                select: sel.clone(),
+            },
+            "not of the base's model",
+        ),
+        (
+            Transplant {
+                base: (&a, a.snapshot(0)),
+                donor: (&short, short.snapshot(0)),
+                select: sel.clone(),
+            },
+            "does not match a base of length 5",
+        ),
+        (
+            Transplant {
+                base: (&a, a.snapshot(0)),
+                donor: (&a, a.snapshot(0)),
+                select: KvSelect {
+                    layers: 0..3,
+                    ..sel.clone()
+                },
+            },
+            "layers 0..3 out of bounds",
+        ),
+        (
+            Transplant {
+                base: (&a, a.snapshot(0)),
+                donor: (&a, a.snapshot(0)),
+                select: KvSelect {
+                    positions: 2..6,
+                    ..sel.clone()
+                },
+            },
+            "positions 2..6 out of bounds",
+        ),
+    ];
+    for (t, needle) in cases {
+        let err = KvCache::transplant(&[t], 0)
+            .err()
+            .expect("must fail")
+            .to_string();
+        assert!(
+            err.contains(needle) && !err.contains('\n'),
+            "`{needle}` not in one line: {err}"
+        );
+    }
+    Ok(())
+}
+
+fn lockstep_pairs(
+    m: &Decoder,
+    policy: ExecPolicy,
+    sampling: Sampling,
+    mode: Mode,
+) -> Result<Vec<PairOutcome>> {
+    let vocab = m.config().vocab_size as i64;
+    // Ragged prompts, decoded together.
+    let prompts: Vec<Vec<i64>> = [5, 9, 7]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| random_ids(n, 10 + i as i64, vocab))
+        .collect();
+    let keys: Vec<NoiseKey> = (0..prompts.len())
+        .map(|i| NoiseKey::divergence(3, i as u64, 0))
+        .collect();
+    let s = Settings {
+        model: m,
+        policy,
+        sampling,
+        max_new_tokens: 12,
+        stop_tokens: &[],
+        text_stop: None,
+    };
+    lockstep::run(&s, &prompts, &keys, mode)
+}
+
+/// Largest |Δlogit| and number of flips over all compared steps, and whether any pair diverged.
+fn summary(pairs: &[PairOutcome]) -> (f64, usize, bool) {
+    let steps = pairs.iter().flat_map(|p| &p.compare);
+    let max = steps.clone().map(|s| s.max_abs).fold(0.0, f64::max);
+    let flips = steps.filter(|s| s.argmax_on != s.argmax_off).count();
+    (
+        max,
+        flips,
+        pairs.iter().any(|p| p.first_divergence().is_some()),
+    )
+}
+
+#[test]
+fn cache_on_equals_cache_off_bitwise_under_batch_invariant_and_stock_differs() -> Result<()> {
+    let temp = Sampling::Temperature { temperature: 1.0 };
+    let mut stock_max = 0.0f64;
+    for name in FIXTURES {
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let m = model(name, kind)?;
+            for sampling in [Sampling::Greedy, temp] {
+                let pairs = lockstep_pairs(&m, ExecPolicy::BatchInvariant, sampling, Mode::Free)?;
+                let (max, flips, diverged) = summary(&pairs);
+                assert_eq!(
+                    (max, flips, diverged),
+                    (0.0, 0, false),
+                    "{name} {kind:?} {sampling:?}"
+                );
+                assert!(pairs.iter().all(|p| p.compare.len() == 12));
+            }
+            let forced = lockstep_pairs(
+                &m,
+                ExecPolicy::BatchInvariant,
+                Sampling::Greedy,
+                Mode::Forced { drift: true },
+            )?;
+            for d in forced.iter().flat_map(|p| &p.drift) {
+                assert_eq!(
+                    [d.resid_max_abs, d.k_max_abs, d.v_max_abs],
+                    [0.0; 3],
+                    "{name} {kind:?} drift {d:?}"
+                );
+            }
+            let stock = lockstep_pairs(
+                &m,
+                ExecPolicy::Stock,
+                Sampling::Greedy,
+                Mode::Forced { drift: false },
+            )?;
+            let (max, _, _) = summary(&stock);
+            println!("{name} {kind:?}: stock max |Δlogit| ON vs OFF = {max:.3e}");
+            stock_max = stock_max.max(max);
+        }
+    }
+    // Negative control: the same harness under the stock policy sees cache-ON ≠ cache-OFF.
+    assert!(
+        stock_max > 0.0,
+        "stock cache-ON and cache-OFF were bitwise equal everywhere"
+    );
+    Ok(())
+}
+
+#[test]
+fn fp32_cache_on_and_off_agree_within_1e_4_without_flips() -> Result<()> {
+    for name in FIXTURES {
+        let m = model(name, Kind::Float)?;
+        let forced = lockstep_pairs(
+            &m,
+            ExecPolicy::Stock,
+            Sampling::Greedy,
+            Mode::Forced { drift: true },
+        )?;
+        let (max, flips, _) = summary(&forced);
+        println!("{name}: fp32 stock teacher-forced max |Δlogit| = {max:.3e}, flips {flips}");
+        assert!(
+            max < 1e-4 && flips == 0,
+            "{name}: max {max:e}, {flips} flips"
+        );
+        assert!(
+            forced
+                .iter()
+                .all(|p| p.compare.len() == 12 && p.drift.len() == 12 * m.config().num_layers())
+        );
+        let free = lockstep_pairs(&m, ExecPolicy::Stock, Sampling::Greedy, Mode::Free)?;
+        assert!(!summary(&free).2, "{name}: fp32 greedy pair diverged");
+    }
+    Ok(())
+}
+
+const SPEC_HEAD: &str = r#"name = "bad"
+model = "MODEL"
+dtypes = ["fp32"]
+seed = 1
+batch_size = 2
+max_new_tokens = 4
+[problems]
+count = 1
+format = "zero-shot-chat"
+"#;
+
+/// Write a spec (SPEC_HEAD with the fixture model + `rest`), run it, and require a one-line
+/// error containing `needle` and no output folder.
+fn assert_bad_spec(name: &str, rest: &str, needle: &str) {
+    let dir = scratch("divergence", name);
+    let spec = dir.join("spec.toml");
+    let model = hf_fixtures().join("llama");
+    let text = SPEC_HEAD.replace("MODEL", &model.display().to_string()) + rest;
+    std::fs::write(&spec, text).unwrap();
+    let out = dir.join("out");
+    let (code, _, err) = kvcredit(&[
+        "divergence",
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_ne!(code, 0, "{name}: expected failure");
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "{name}: one line expected: {err}"
+    );
+    assert!(
+        err.starts_with("error: ") && err.contains(needle),
+        "{name}: `{needle}` not in: {err}"
+    );
+    assert!(!out.exists(), "{name}: wrote {}", out.display());
+}
+
+#[test]
+fn bad_divergence_specs_are_one_line_errors_and_write_nothing() {
+    assert_bad_spec(
+        "unknown-strategy",
+        "[[strategies]]\nkind = \"beam\"\n",
+        "unknown variant `beam`",
+    );
+    assert_bad_spec(
+        "layer-range",
+        "[[strategies]]\nkind = \"greedy\"\n[steps.patch]\nlayers = [\"0..5\"]\ntrajectory_tokens = 2\n",
+        "range 0..5 out of bounds for a model of 2 layers",
+    );
+    assert_bad_spec(
+        "layer-syntax",
+        "[[strategies]]\nkind = \"greedy\"\n[steps.patch]\nlayers = [\"3..1\"]\ntrajectory_tokens = 2\n",
+        "`3..1` is not",
+    );
+    assert_bad_spec(
+        "top-p",
+        "[[strategies]]\nkind = \"top_p\"\ntop_p = 1.5\ntemperature = 1.0\n",
+        "top_p in (0, 1]",
+    );
+}
+
+#[test]
+fn merging_shards_that_are_all_empty_keeps_the_schema() -> Result<()> {
+    use kvcredit::io::parquet::{Column, Table, concat_files, read_batches};
+    let dir = scratch("divergence", "empty-merge");
+    let empty = Table::new()
+        .with("x", Column::I64(vec![]))
+        .with("y", Column::Str(vec![]));
+    let files: Vec<_> = (0..2).map(|i| dir.join(format!("{i}.parquet"))).collect();
+    for f in &files {
+        empty.write(f)?;
+    }
+    concat_files(&files, &dir.join("all.parquet"))?;
+    let batches = read_batches(&dir.join("all.parquet"))?;
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 0);
+    let schema = arrow_array::RecordBatchReader::schema(
+        &parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(dir.join("all.parquet")).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap(),
+    );
+    assert_eq!(schema.fields().len(), 2);
+    Ok(())
+}
+
+#[test]
+fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consistent() -> Result<()>
+{
+    use kvcredit::divergence::spec::LayerSet;
+    use kvcredit::divergence::{patch, replay};
+    let m = model("qwen2", Kind::Float)?;
+    let layers = m.config().num_layers();
+    let prompt = random_ids(6, 21, m.config().vocab_size as i64);
+    let on: Vec<i64> = random_ids(10, 22, m.config().vocab_size as i64);
+    let mut off = on.clone();
+    off[5] = (on[5] + 1) % m.config().vocab_size as i64;
+    let sets = vec![
+        LayerSet {
+            label: "0".into(),
+            layers: 0..1,
+        },
+        LayerSet {
+            label: "all".into(),
+            layers: 0..layers,
+        },
+    ];
+    let r = patch::run(&m, &ExecPolicy::Stock, &prompt, &on, &off, 5, &sets, 3)?;
+    assert_eq!(r.rows.len(), 3);
+    assert_eq!(r.rows[0].label, "control");
+    assert!(r.rows.iter().all(|x| x.continuation.len() == 3));
+    // With every layer patched, the current position's final residual is cache-OFF's.
+    assert!(
+        (r.rows[2].m - r.m_off).abs() < 1e-4,
+        "{} vs {}",
+        r.rows[2].m,
+        r.m_off
+    );
+    let err = patch::run(&m, &ExecPolicy::Stock, &prompt, &on, &off, 0, &sets, 3)
+        .err()
+        .expect("tau 0");
+    assert!(!err.to_string().contains('\n'));
+
+    // Live vs replay under batch_invariant: every construction and transplant is bitwise live.
+    let rows = replay::run(
+        &m,
+        &ExecPolicy::BatchInvariant,
+        &prompt,
+        &on,
+        6,
+        &[1, 4, 0],
+        4,
+    )?;
+    assert!(
+        rows.iter()
+            .all(|x| x.replica_equal && x.follows_live && x.follows_replay)
+    );
+    assert!(
+        rows.iter()
+            .all(|x| x.k_max_abs.iter().chain(&x.v_max_abs).all(|&d| d == 0.0))
+    );
+    assert_eq!(
+        rows.iter().filter(|x| x.kind == "transplant").count(),
+        2 * (replay::transplant_ranges(layers).len() + 2)
+    );
+    Ok(())
+}
