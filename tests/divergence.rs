@@ -16,6 +16,11 @@ use tch::{Kind, Tensor};
 /// Mistral (sliding window), Qwen3 and Gemma-3 (q/k norms, head dim 32, local/global RoPE).
 const FIXTURES: &[&str] = &["llama", "qwen2", "gemma2", "mistral_sw", "qwen3", "gemma3"];
 
+/// A one-element list of layer ranges.
+fn one(r: std::ops::Range<usize>) -> Vec<std::ops::Range<usize>> {
+    vec![r]
+}
+
 fn model(name: &str, kind: Kind) -> Result<Decoder> {
     load(&hf_fixtures().join(name), kind)
 }
@@ -79,7 +84,7 @@ fn patching_a_layer_with_its_own_activations_changes_nothing_bitwise() -> Result
             );
         }
         // Negative control: a patch with other values changes the logits from `pos` on only.
-        let mut patch = Patch::new(vec![pos], vec![0..1], &own + 1e-2)?;
+        let mut patch = Patch::new(vec![pos], one(0..1), &own + 1e-2)?;
         let (patched, _) = prefill(&m, &ids_, Some(&mut patch))?;
         assert!(
             patched.narrow(1, 0, pos).equal(&plain.narrow(1, 0, pos)),
@@ -97,14 +102,14 @@ fn patching_a_layer_with_its_own_activations_changes_nothing_bitwise() -> Result
 fn patch_rejects_out_of_range_layers_and_positions() -> Result<()> {
     let m = model("llama", Kind::Float)?;
     let values = Tensor::zeros([2, 1, 64], (Kind::Float, tch::Device::Cpu));
-    let err = Patch::new(vec![0], vec![0..3], values.shallow_clone())
+    let err = Patch::new(vec![0], one(0..3), values.shallow_clone())
         .err()
         .expect("range 0..3 of 2 layers");
     assert!(
         err.to_string().contains("out of bounds") && !err.to_string().contains('\n'),
         "{err}"
     );
-    let mut patch = Patch::new(vec![40], vec![0..1], values)?;
+    let mut patch = Patch::new(vec![40], one(0..1), values)?;
     let mut cache = m.new_cache(1, 8)?;
     let t = Tensor::from_slice(&[1i64, 2, 3]).view([1, -1]);
     let err = m
@@ -115,8 +120,7 @@ fn patch_rejects_out_of_range_layers_and_positions() -> Result<()> {
             &LogitsAt::Last,
             &mut patch,
         )
-        .err()
-        .expect("position 40 of 3");
+        .expect_err("position 40 of 3");
     assert!(err.to_string().contains("position 40"), "{err}");
     Ok(())
 }
@@ -494,9 +498,8 @@ fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consis
         r.rows[2].m,
         r.m_off
     );
-    let err = patch::run(&m, &ExecPolicy::Stock, &prompt, &on, &off, 0, &sets, 3)
-        .err()
-        .expect("tau 0");
+    let err =
+        patch::run(&m, &ExecPolicy::Stock, &prompt, &on, &off, 0, &sets, 3).expect_err("tau 0");
     assert!(!err.to_string().contains('\n'));
 
     // Live vs replay under batch_invariant: every construction and transplant is bitwise live.

@@ -106,7 +106,8 @@ pub fn run(
     let snap = cache.snapshot(0);
     let parts: Vec<(&KvCache, _)> = (0..rows).map(|_| (&cache, snap)).collect();
     let mut batch = KvCache::gather(&parts, (k + 1) as i64)?;
-    let mut ranges = vec![0..0];
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::with_capacity(rows);
+    ranges.push(0..0);
     ranges.extend(sets.iter().map(|s| s.layers.clone()));
     let h = residual.size()[2];
     let values = residual.f_expand([-1, rows as i64, h], false)?;

@@ -359,7 +359,12 @@ fn run_batch(
         if !chunks.contains(&0) {
             chunks.push(0);
         }
+        let first = batch[0].index - spec.problems.start;
+        let limit = r.max_problems.unwrap_or(usize::MAX);
         for (i, o) in free[greedy].1.iter().enumerate() {
+            if first + i >= limit {
+                break;
+            }
             for &b in r.boundaries.iter().filter(|&&b| b <= o.on.len()) {
                 let rows = replay::run(
                     dec,

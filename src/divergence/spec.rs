@@ -70,6 +70,10 @@ pub struct ReplaySpec {
     pub chunks: Vec<usize>,
     /// Greedy tokens generated from each state.
     pub continuation_tokens: usize,
+    /// Replay only problems whose position in the study is below this (batch-1 work); all
+    /// when absent.
+    #[serde(default)]
+    pub max_problems: Option<usize>,
 }
 
 impl Default for Steps {
