@@ -16,7 +16,7 @@ use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
 use crate::study::{commit_shard, merge_table, prepare_shards, read_json, sync, write_json};
-use crate::tasks::gsm8k::{Gsm8k, PromptFormat};
+use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Grade, Problem, Task};
 use crate::{Error, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -143,19 +143,7 @@ pub fn run_campaign(
 ) -> Result<Manifest> {
     spec.validate()?;
     // Everything a spec can get wrong is found before the first write to the run folder.
-    let format: PromptFormat = spec.problems.format.parse()?;
-    let task = Gsm8k::bundled(
-        spec.problems.start..spec.problems.start + spec.problems.count,
-        format,
-    )?;
-    let problems = task.problems().to_vec();
-    if problems.len() < spec.problems.count {
-        return Err(Error::Spec(format!(
-            "only {} GSM8K problems from index {}",
-            problems.len(),
-            spec.problems.start
-        )));
-    }
+    let (task, problems) = spec.problems.task()?;
     check_positions(spec, model, &task)?;
     let out = &opts.out_dir;
     let manifest_path = out.join("manifest.json");

@@ -4,8 +4,8 @@ use super::engine::Stop;
 use crate::exec::ExecPolicy;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
-use crate::tasks::Grade;
 use crate::tasks::gsm8k::{self, PromptFormat, Rule};
+use crate::tasks::{Grade, Gsm8k, Problem, Task};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -55,6 +55,23 @@ pub struct ProblemSpec {
     pub count: usize,
     /// `zero-shot-chat` or `eight-shot-cot`.
     pub format: String,
+}
+
+impl ProblemSpec {
+    /// The GSM8K task these settings select, and its problems (all of them, or an error).
+    pub fn task(&self) -> Result<(Gsm8k, Vec<Problem>)> {
+        let format: PromptFormat = self.format.parse()?;
+        let task = Gsm8k::bundled(self.start..self.start + self.count, format)?;
+        let problems = task.problems().to_vec();
+        if problems.len() < self.count {
+            return Err(Error::Spec(format!(
+                "only {} GSM8K problems from index {}",
+                problems.len(),
+                self.start
+            )));
+        }
+        Ok((task, problems))
+    }
 }
 
 /// Rollout generation.

@@ -16,7 +16,7 @@ use crate::sampling::{NoiseKey, Sampling};
 use crate::study::{
     commit_shard, merge_table, now_rfc3339, prepare_shards, read_json, sync, write_json,
 };
-use crate::tasks::gsm8k::{Gsm8k, PromptFormat};
+use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Problem, Task};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -100,19 +100,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     let out = &opts.out_dir;
     let device = runtime::parse_device(&spec.device)?;
     let source = ModelSource::resolve(&spec.model)?;
-    let format: PromptFormat = spec.problems.format.parse()?;
-    let task = Gsm8k::bundled(
-        spec.problems.start..spec.problems.start + spec.problems.count,
-        format,
-    )?;
-    let problems = task.problems().to_vec();
-    if problems.len() < spec.problems.count {
-        return Err(Error::Spec(format!(
-            "only {} GSM8K problems from index {}",
-            problems.len(),
-            spec.problems.start
-        )));
-    }
+    let (task, problems) = spec.problems.task()?;
     let manifest_path = out.join("manifest.json");
     let previous: Option<Manifest> = if manifest_path.exists() {
         let m: Manifest = read_json(&manifest_path)?;
