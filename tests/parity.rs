@@ -114,9 +114,12 @@ fn prefill_equals_decode_within_1e5_in_fp32_and_reports_fp16() -> Result<()> {
         // The Gemma fixtures scale their final norm by ~62× (gemma2) and ~19× (gemma3) to get
         // usable logits from tied 0.02-std embeddings; that amplifies ulp-level differences,
         // and transformers' own fp32 cached-vs-uncached logits differ by 3.0e-5 and 1.2e-5 on
-        // them (tests/fixtures/hf/README.md). Everything else is held to 1e-5.
+        // them (tests/fixtures/hf/README.md). On a 2-core x86 machine (2026-12-01) gemma2 gave
+        // 6.7e-5 at max |logit| 25.3, about 35 fp32 ulps there, at this commit and at the one
+        // before, whatever the thread count: libtorch picks its CPU kernels per machine. 1e-4
+        // bounds that; everything else is held to 1e-5.
         let fp32_tol = if name(&dir).starts_with("gemma") {
-            5e-5
+            1e-4
         } else {
             1e-5
         };

@@ -712,7 +712,7 @@ fn bad_specs_fail_with_one_line_before_anything_runs() {
             "--out",
             out.to_str().unwrap(),
         ]);
-        assert_eq!(code, 1, "case {i}: {err}");
+        assert_eq!(code, 2, "case {i}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "case {i}: {err}");
         assert!(
             err.starts_with("error: spec: spectrum spec") && err.contains(want),
