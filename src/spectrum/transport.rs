@@ -15,7 +15,7 @@ use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 const REQUEST: &[u8; 4] = b"SPRQ";
 const REPLY: &[u8; 4] = b"SPRS";
@@ -24,12 +24,7 @@ const ENVELOPE: usize = 24;
 /// Most greedy steps one request may ask for.
 pub const MAX_STEPS: u32 = 4096;
 
-/// Wait for queued device work (CUDA) so that stage timings are honest.
-pub fn sync(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-}
+pub use crate::runtime::sync;
 
 /// Greedy tokens decoded from a tiered context: the shared path of the decode worker and of
 /// the in-process check. Returns the tokens, the unpack/dequantize and first-step durations,
