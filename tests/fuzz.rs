@@ -906,3 +906,218 @@ fn fuzz_run_dir() {
         },
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// SpectrumKV wire frames and the decode worker
+
+/// Frames of a real prefilled cache (the qwen2 fixture, GQA): mixed tiers with dropped
+/// tokens, all-FP16 and all-INT4, under both quantizers and both 16-bit wire types.
+fn wire_seeds() -> (Vec<Vec<u8>>, Vec<(Vec<u8>, i64)>) {
+    use kvcredit::spectrum::tiers::{TierPlan, TieredKv};
+    use kvcredit::spectrum::{Quantizer, Tier, wire};
+    let mut seeds = Vec::new();
+    let mut requests = Vec::new();
+    for kind in [Kind::Half, Kind::BFloat16] {
+        let m = common::load(&common::hf_fixtures().join("qwen2"), kind).unwrap();
+        let ids: Vec<i64> = (0..41i64).map(|i| (i * 37 + 5) % 127).collect();
+        let (ctx, last) = ids.split_at(40);
+        let mut cache = m.new_cache(1, 44).unwrap();
+        let t = Tensor::from_slice(ctx).view([1, -1]);
+        let _ = m
+            .forward(&t, &mut cache, &ExecPolicy::Stock, &LogitsAt::Last)
+            .unwrap();
+        let mixed = TierPlan::new(
+            (0..40)
+                .map(|i| [Tier::Fp16, Tier::Int8, Tier::Int4, Tier::Drop][i % 4])
+                .collect(),
+        );
+        for plan in [
+            mixed,
+            TierPlan::uniform(40, Tier::Fp16),
+            TierPlan::uniform(40, Tier::Int4),
+        ] {
+            for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+                let t = TieredKv::build(&cache, 0, &plan, q).unwrap();
+                let f = wire::encode(&t).unwrap();
+                requests.push((f.clone(), last[0]));
+                seeds.push(f);
+            }
+        }
+    }
+    (seeds, requests)
+}
+
+fn wire_model() -> Decoder {
+    common::load(&common::hf_fixtures().join("qwen2"), Kind::Half).unwrap()
+}
+
+/// Re-sign a frame: its trailer becomes the SHA-256 of the bytes before it, so a mutation
+/// reaches the header checks, the index lists and the blocks instead of the fingerprint.
+fn resign(b: &mut [u8]) {
+    use sha2::{Digest, Sha256};
+    let t = kvcredit::spectrum::wire::TRAILER;
+    if b.len() >= t {
+        let body = b.len() - t;
+        let d = Sha256::digest(&b[..body]);
+        b[body..].copy_from_slice(&d);
+    }
+}
+
+/// Header fields of a version-1 frame: `(offset, width)`.
+const FRAME_FIELDS: &[(usize, usize)] = &[
+    (4, 2),
+    (6, 1),
+    (7, 1),
+    (8, 2),
+    (10, 1),
+    (11, 1),
+    (12, 4),
+    (16, 4),
+    (20, 4),
+    (24, 4),
+    (28, 4),
+    (32, 4),
+    (36, 4),
+];
+
+fn mutate_frame(rng: &mut harness::Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
+    let s = rng.pick(seeds);
+    let mut b = match rng.below(3) {
+        0 => mutate::field(rng, s, FRAME_FIELDS),
+        1 => mutate::bytes(
+            rng,
+            s,
+            seeds,
+            Some(0..kvcredit::spectrum::wire::HEADER + 200),
+        ),
+        _ => mutate::bytes(rng, s, seeds, None),
+    };
+    if rng.below(4) != 0 {
+        resign(&mut b);
+    }
+    b
+}
+
+#[test]
+fn fuzz_wire_frame() {
+    // Every frame either is refused with one line, or decodes, re-encodes to exactly the bytes
+    // received (the format has one spelling of each frame) and, if it fits the receiving
+    // model, restores to a cache.
+    use kvcredit::spectrum::wire;
+    let (seeds, _) = wire_seeds();
+    let m = wire_model();
+    let (shape, limit) = (m.kv_shape(), m.config().max_position_embeddings);
+    let target = Target {
+        name: "wire_frame",
+        seeds,
+        default_iters: 3000,
+        seed: 10,
+        alloc_budget: default_budget,
+    };
+    harness::fuzz(&target, &mut mutate_frame, &|input| {
+        let t = wire::decode(input).map_err(err_line)?;
+        let again = wire::encode(&t).map_err(err_line)?;
+        assert!(again == input, "an accepted frame re-encodes differently");
+        // What the decode worker checks before it restores (its model's shape and positions).
+        t.check_fits(shape, limit, 1).map_err(err_line)?;
+        t.restore(Kind::Float, Device::Cpu, 1).map_err(err_line)?;
+        Ok(())
+    });
+}
+
+#[test]
+fn fuzz_wire_server() {
+    // A live decode worker on loopback gets mutated requests (envelope and frame); each gets a
+    // reply or a closed connection, and after each one the worker still answers a good
+    // request with the in-process tokens.
+    use kvcredit::spectrum::transport::{self, ServeOptions};
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::time::Duration;
+    let (frames, requests) = wire_seeds();
+    let m = wire_model();
+    let (good_frame, good_first) = requests[0].clone();
+    let tiered = kvcredit::spectrum::wire::decode(&good_frame).unwrap();
+    let (want, ..) =
+        transport::decode_greedy(&m, &tiered, good_first, 2, &ExecPolicy::Stock).unwrap();
+    let envelope = |first: i64, steps: u32, len: u64| {
+        let mut e = Vec::with_capacity(24);
+        e.extend_from_slice(b"SPRQ");
+        e.extend_from_slice(&1u16.to_le_bytes());
+        e.extend_from_slice(&[0, 0]);
+        e.extend_from_slice(&(first as u32).to_le_bytes());
+        e.extend_from_slice(&steps.to_le_bytes());
+        e.extend_from_slice(&len.to_le_bytes());
+        e
+    };
+    let seeds: Vec<Vec<u8>> = requests
+        .iter()
+        .map(|(f, first)| {
+            let mut r = envelope(*first, 2, f.len() as u64);
+            r.extend_from_slice(f);
+            r
+        })
+        .collect();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let m = wire_model();
+        let opts = ServeOptions {
+            max_frame: 1 << 20,
+            max_requests: None,
+            read_timeout: Duration::from_secs(5),
+            policy: ExecPolicy::Stock,
+        };
+        transport::serve(&m, &listener, &opts, &mut |_| {})
+    });
+    let target = Target {
+        name: "wire_server",
+        seeds,
+        default_iters: 300,
+        seed: 11,
+        alloc_budget: default_budget,
+    };
+    const ENVELOPE_FIELDS: &[(usize, usize)] = &[(4, 2), (6, 2), (8, 4), (12, 4), (16, 8)];
+    harness::fuzz(
+        &target,
+        &mut |rng, seeds| {
+            let s = rng.pick(seeds);
+            match rng.below(3) {
+                0 => mutate::field(rng, s, ENVELOPE_FIELDS),
+                1 => {
+                    // Keep the envelope, damage the frame (re-signed most of the time).
+                    let mut r = s[..24].to_vec();
+                    let f = mutate_frame(rng, &frames);
+                    r[16..24].copy_from_slice(&(f.len() as u64).to_le_bytes());
+                    r.extend(f);
+                    r
+                }
+                _ => mutate::bytes(rng, s, seeds, Some(0..64)),
+            }
+        },
+        &|input| {
+            let connect = || {
+                let s = TcpStream::connect(addr).expect("the worker is listening");
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                s
+            };
+            let mut s = connect();
+            // The worker may hang up before reading everything: a failed write is its answer.
+            let _ = s.write_all(input);
+            let _ = s.shutdown(Shutdown::Write);
+            let mut reply = Vec::new();
+            let _ = s.read_to_end(&mut reply);
+            let outcome = if reply.len() >= 9 && &reply[..4] == b"SPRS" && reply[4] == 1 {
+                let text = String::from_utf8_lossy(&reply[9..]).into_owned();
+                Err(text)
+            } else {
+                Ok(())
+            };
+            let mut s = connect();
+            let r = transport::request(&mut s, &good_frame, good_first, 2, None)
+                .expect("the worker still serves after a bad request");
+            assert_eq!(r.tokens, want, "the worker's answer changed");
+            outcome
+        },
+    );
+}

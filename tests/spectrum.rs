@@ -581,7 +581,8 @@ fn decode_worker_over_loopback_matches_in_process_and_survives_bad_frames() -> R
         let m = model("qwen2", Kind::Float);
         let opts = ServeOptions {
             max_frame: 1 << 20,
-            max_requests: Some(6),
+            max_requests: Some(7),
+            read_timeout: std::time::Duration::from_millis(300),
             policy: POLICY,
         };
         transport::serve(&m, &listener, &opts, &mut |l: &str| {
@@ -646,20 +647,26 @@ fn decode_worker_over_loopback_matches_in_process_and_survives_bad_frames() -> R
     s.write_all(&[b'x'; 40]).unwrap();
     let mut reply = Vec::new();
     let _ = std::io::Read::read_to_end(&mut s, &mut reply);
-    // 6. The worker still serves: the same answer as before.
+    // 6. A stalled client: half an envelope, then silence with the socket open. The worker
+    // drops it after its read timeout instead of waiting forever.
+    let mut stalled = connect();
+    stalled.write_all(&env[..10]).unwrap();
+    // 7. The worker still serves: the same answer as before.
     let mut s = connect();
     let r = transport::request(&mut s, &frame, last[0], 3, None)?;
     assert_eq!(r.tokens, want);
+    drop(stalled);
     worker.join().unwrap()?;
     let log: Vec<String> = log_rx.try_iter().collect();
-    assert_eq!(log.len(), 6, "{log:?}");
+    assert_eq!(log.len(), 7, "{log:?}");
     assert!(
-        log[0].starts_with("served") && log[5].starts_with("served"),
+        log[0].starts_with("served") && log[6].starts_with("served"),
         "{log:?}"
     );
-    for (line, what) in log[1..5]
-        .iter()
-        .zip(["fingerprint", "exceeds", "truncated", "not a"])
+    for (line, what) in
+        log[1..6]
+            .iter()
+            .zip(["fingerprint", "exceeds", "truncated", "not a", "envelope"])
     {
         assert!(
             line.starts_with("rejected: ") && line.contains(what),

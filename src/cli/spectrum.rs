@@ -84,6 +84,9 @@ pub struct ServeArgs {
     /// Exit after this many requests.
     #[arg(long)]
     max_requests: Option<usize>,
+    /// Drop a connection that sends nothing for this many seconds.
+    #[arg(long, default_value_t = 30)]
+    read_timeout_s: u64,
 }
 
 #[derive(clap::Args)]
@@ -389,6 +392,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let opts = ServeOptions {
         max_frame: a.max_frame_mib << 20,
         max_requests: a.max_requests,
+        read_timeout: std::time::Duration::from_secs(a.read_timeout_s),
         policy: a.model.policy,
     };
     transport::serve(&model.decoder, &listener, &opts, &mut |line: &str| {

@@ -196,6 +196,33 @@ impl TieredKv {
         Ok((k, v))
     }
 
+    /// Refuse a context that the receiving model cannot hold: another KV shape, or more than
+    /// `max_positions` positions with `extra` to decode (checked before anything is
+    /// allocated, since a frame whose tokens are all dropped is tiny for any claimed length).
+    pub fn check_fits(&self, shape: KvShape, max_positions: usize, extra: i64) -> Result<()> {
+        if self.shape != shape {
+            let s = |x: KvShape| {
+                format!(
+                    "{} layers × {} heads × {}",
+                    x.layers, x.kv_heads, x.head_dim
+                )
+            };
+            return Err(Error::Spectrum(format!(
+                "frame KV shape {} does not match the model's {}",
+                s(self.shape),
+                s(shape)
+            )));
+        }
+        let need = self.len as u64 + extra.max(0) as u64;
+        if need > max_positions as u64 {
+            return Err(Error::Spectrum(format!(
+                "frame context of {} positions plus {extra} to decode exceeds the model's limit of {max_positions}",
+                self.len
+            )));
+        }
+        Ok(())
+    }
+
     /// A one-row cache (`kind`, `device`, room for `extra` more positions) holding the
     /// dequantized context, dropped positions masked out of attention.
     pub fn restore(&self, kind: Kind, device: Device, extra: i64) -> Result<KvCache> {

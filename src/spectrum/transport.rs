@@ -36,6 +36,10 @@ pub fn decode_greedy(
     steps: usize,
     policy: &ExecPolicy,
 ) -> Result<(Vec<i64>, Duration, Duration, [u8; 32])> {
+    let limit = model
+        .context_limit()
+        .unwrap_or(model.config().max_position_embeddings);
+    tiered.check_fits(model.kv_shape(), limit, steps as i64)?;
     let t0 = Instant::now();
     let mut cache = tiered.restore(model.kind(), model.device(), steps as i64)?;
     sync(model.device());
@@ -64,6 +68,9 @@ pub struct ServeOptions {
     pub max_frame: u64,
     /// Stop after this many requests (ok or not); `None`: serve forever.
     pub max_requests: Option<usize>,
+    /// A connection that sends nothing for this long is dropped (a stalled or half-sent
+    /// request cannot hold the worker).
+    pub read_timeout: Duration,
     /// Execution policy of the decoder.
     pub policy: ExecPolicy,
 }
@@ -84,6 +91,10 @@ pub fn serve(
                 continue;
             }
         };
+        if let Err(e) = stream.set_read_timeout(Some(opts.read_timeout)) {
+            log(&format!("rejected: read timeout: {e}"));
+            continue;
+        }
         // Requests on one connection until it closes or a request fails.
         loop {
             if opts.max_requests.is_some_and(|m| served >= m) {
