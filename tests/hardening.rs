@@ -404,14 +404,15 @@ fn planted_nan_weights_stop_a_campaign_and_keep_finished_shards() {
     assert!(m["finished_at"].is_null());
 }
 
-#[test]
-fn non_finite_logits_are_caught_on_the_eager_and_static_engines() {
-    let dir = common::scratch("hardening", "nan-engine");
+/// Every engine of `modes` on `device` stops with [`Error::NonFinite`] naming the step when a
+/// row's logits turn NaN; the same jobs on clean weights decode (the negative control).
+fn non_finite_logits_are_caught(device: Device, modes: &[EngineMode], tag: &str) {
+    let dir = common::scratch("hardening", tag);
     let clean = campaign_model(&dir.join("clean"), 4096);
     let bad = campaign_model(&dir.join("nan"), 4096);
     plant_nan(&bad, 7);
-    let good = kvcredit::Decoder::load_hf_dir(&clean, Kind::Float, Device::Cpu).unwrap();
-    let nan = kvcredit::Decoder::load_hf_dir(&bad, Kind::Float, Device::Cpu).unwrap();
+    let good = kvcredit::Decoder::load_hf_dir(&clean, Kind::Float, device).unwrap();
+    let nan = kvcredit::Decoder::load_hf_dir(&bad, Kind::Float, device).unwrap();
     let roll = rollout::rollout(
         &good,
         &[1, 2, 3, 4, 5, 6],
@@ -441,7 +442,7 @@ fn non_finite_logits_are_caught_on_the_eager_and_static_engines() {
             key: NoiseKey::rollout(0, first_token as u64),
         })
         .collect();
-    for mode in [EngineMode::Eager, EngineMode::Static] {
+    for &mode in modes {
         for dec in [&good, &nan] {
             let decoding = Decoding {
                 model: dec,
@@ -469,6 +470,30 @@ fn non_finite_logits_are_caught_on_the_eager_and_static_engines() {
             }
         }
     }
+}
+
+#[test]
+fn non_finite_logits_are_caught_on_the_eager_and_static_engines() {
+    non_finite_logits_are_caught(
+        Device::Cpu,
+        &[EngineMode::Eager, EngineMode::Static],
+        "nan-engine",
+    );
+}
+
+/// The CUDA engines, graph replay included. Runs where CUDA is present (the H200 run of
+/// `docs/runs/h200-2026-12-01b/`); elsewhere it says so and passes.
+#[test]
+fn non_finite_logits_are_caught_on_every_cuda_engine() {
+    if !tch::Cuda::is_available() {
+        eprintln!("no CUDA device: the graph-engine NaN check runs on a GPU machine only");
+        return;
+    }
+    non_finite_logits_are_caught(
+        Device::Cuda(0),
+        &[EngineMode::Eager, EngineMode::Static, EngineMode::Graph],
+        "nan-engine-cuda",
+    );
 }
 
 // ---------------------------------------------------------------------------------------
