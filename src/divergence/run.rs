@@ -134,6 +134,11 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
             Some(p) => p.layer_sets(model.decoder.config().num_layers())?,
             None => vec![],
         };
+        // Prompts that cannot be encoded (no chat template for a chat format) fail here,
+        // before anything is written.
+        for p in &problems {
+            model.encode_prompt(&task.prompt(p))?;
+        }
         let m = manifest.get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems));
         write_json(&manifest_path, m)?;
         prepare_shards(out)?;
