@@ -561,7 +561,11 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         .with("dtype", s("fp16"))
         .with("flip", Column::Bool(vec![true, false, false, false]))
         .write(&run.join("forced.parquet"))?;
-    std::fs::write(run.join("hf-div.json"), "{\"rate\": 0.5}").unwrap();
+    std::fs::write(
+        run.join("hf-div.json"),
+        r#"{"runs": [{"dtype": "fp16", "strategy": "greedy", "problems": 4, "diverged": 2, "pairs": []}]}"#,
+    )
+    .unwrap();
     let (code, _, err) = kvcredit(&["divergence", "analyze", run.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
@@ -572,6 +576,9 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
     );
     assert!(report.contains("| 2 / 0 | 0.500 |"), "{report}");
     assert!(report.contains("| m | fp16 | 25.0% ["), "{report}");
-    assert!(report.contains("\"rate\": 0.5"), "{report}");
+    assert!(
+        report.contains("| hf-div.json | fp16 | greedy | 50.0% ["),
+        "{report}"
+    );
     Ok(())
 }

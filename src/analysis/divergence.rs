@@ -212,8 +212,31 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
     );
     if !hf.is_empty() {
         let _ = writeln!(r, "\n## Hugging Face reference (same GPU call)\n");
+        let _ = writeln!(r, "| file | dtype | strategy | diverged (transformers) |");
+        let _ = writeln!(r, "| --- | --- | --- | --- |");
         for (p, text) in &hf {
-            let _ = writeln!(r, "`{}`:\n\n```json\n{}\n```\n", p.display(), text.trim());
+            let file = p
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into());
+            let json: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| Error::Output(format!("{}: {e}", p.display())))?;
+            let runs = json["runs"].as_array().cloned().unwrap_or_default();
+            for run in runs {
+                let (k, n) = (run["diverged"].as_u64(), run["problems"].as_u64());
+                let (Some(k), Some(n)) = (k, n) else {
+                    return Err(Error::Output(format!(
+                        "{}: a run without `diverged` and `problems` counts",
+                        p.display()
+                    )));
+                };
+                let _ = writeln!(
+                    r,
+                    "| {file} | {} | {} | {} |",
+                    run["dtype"].as_str().unwrap_or("?"),
+                    run["strategy"].as_str().unwrap_or("?"),
+                    rate(k, n, level)?
+                );
+            }
         }
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
