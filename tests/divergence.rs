@@ -437,6 +437,16 @@ fn bad_divergence_specs_are_one_line_errors_and_write_nothing() {
         "[[strategies]]\nkind = \"top_p\"\ntop_p = 1.5\ntemperature = 1.0\n",
         "top_p in (0, 1]",
     );
+    assert_bad_spec(
+        "sampled-tokens",
+        "[[strategies]]\nkind = \"greedy\"\n[steps]\nsampled_max_new_tokens = 9\n",
+        "steps.sampled_max_new_tokens must be in 1..=4 (got 9)",
+    );
+    assert_bad_spec(
+        "patch-problems",
+        "[[strategies]]\nkind = \"greedy\"\n[steps.patch]\nlayers = [\"all\"]\ntrajectory_tokens = 2\nmax_problems = 0\n",
+        "steps.patch.max_problems must be in 1..=",
+    );
 }
 
 #[test]
@@ -523,6 +533,52 @@ fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consis
     assert_eq!(
         rows.iter().filter(|x| x.kind == "transplant").count(),
         2 * (replay::transplant_ranges(layers).len() + 2)
+    );
+    Ok(())
+}
+
+#[test]
+fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
+    use kvcredit::io::parquet::{Column, Table};
+    let dir = scratch("divergence", "report");
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    // Four fp16 greedy pairs: three diverge (τ = 1, 2, 3); correct ON/OFF: (1,0) (1,0) (0,0) (1,1).
+    let on: Vec<Vec<i64>> = vec![vec![1, 2], vec![1, 2, 3], vec![1, 2, 3, 4], vec![5]];
+    let off: Vec<Vec<i64>> = vec![vec![1, 9], vec![1, 2, 9], vec![1, 2, 3, 9], vec![5]];
+    let s = |v: &str| Column::Str(vec![v.to_string(); 4]);
+    Table::new()
+        .with("model", s("m"))
+        .with("dtype", s("fp16"))
+        .with("strategy", s("greedy"))
+        .with("tokens_on", Column::ListI64(on))
+        .with("tokens_off", Column::ListI64(off))
+        .with("correct_on", Column::Bool(vec![true, true, false, true]))
+        .with("correct_off", Column::Bool(vec![false, false, false, true]))
+        .write(&run.join("pairs.parquet"))?;
+    Table::new()
+        .with("model", s("m"))
+        .with("dtype", s("fp16"))
+        .with("flip", Column::Bool(vec![true, false, false, false]))
+        .write(&run.join("forced.parquet"))?;
+    std::fs::write(
+        run.join("hf-div.json"),
+        r#"{"runs": [{"dtype": "fp16", "strategy": "greedy", "problems": 4, "diverged": 2, "pairs": []}]}"#,
+    )
+    .unwrap();
+    let (code, _, err) = kvcredit(&["divergence", "analyze", run.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    // Wilson 95% for 3/4: [30.1, 95.4]; McNemar exact with b = 2, c = 0: p = 0.5.
+    assert!(
+        report.contains("| m | greedy | fp16 | 75.0% [30.1, 95.4] (3/4) | 2.0 [1.5, 2.5] (n=3) |"),
+        "{report}"
+    );
+    assert!(report.contains("| 2 / 0 | 0.500 |"), "{report}");
+    assert!(report.contains("| m | fp16 | 25.0% ["), "{report}");
+    assert!(
+        report.contains("| hf-div.json | fp16 | greedy | 50.0% ["),
+        "{report}"
     );
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! println!("{}", out.report.display());
 //! # Ok::<(), kvcredit::Error>(())
 //! ```
+pub mod divergence;
 pub mod plot;
 pub mod read;
 pub mod report;

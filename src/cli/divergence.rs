@@ -1,4 +1,5 @@
-//! `kvcredit divergence run SPEC.toml`: a cache-ON vs cache-OFF divergence study.
+//! `kvcredit divergence run SPEC.toml`: a cache-ON vs cache-OFF divergence study;
+//! `kvcredit divergence analyze RUN_DIR...`: its report.
 use kvcredit::divergence::{DivergenceSpec, RunOptions, run_study};
 use std::path::PathBuf;
 
@@ -18,15 +19,39 @@ pub enum Cmd {
         #[arg(long)]
         quiet: bool,
     },
+    /// Write report.md for one or more run dirs (one per model).
+    Analyze {
+        /// Divergence run dirs (each with pairs.parquet).
+        #[arg(required = true, value_name = "RUN_DIR")]
+        run_dirs: Vec<PathBuf>,
+        /// Output dir (default: the first run dir).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Confidence level of every interval.
+        #[arg(long, default_value_t = 0.95)]
+        level: f64,
+    },
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
-    let Cmd::Run {
-        spec,
-        out,
-        device,
-        quiet,
-    } = cmd;
+    let (spec, out, device, quiet) = match cmd {
+        Cmd::Run {
+            spec,
+            out,
+            device,
+            quiet,
+        } => (spec, out, device, quiet),
+        Cmd::Analyze {
+            run_dirs,
+            out,
+            level,
+        } => {
+            let out = out.unwrap_or_else(|| run_dirs[0].clone());
+            let path = kvcredit::analysis::divergence::write_report(&run_dirs, &out, level)?;
+            println!("report: {}", path.display());
+            return Ok(());
+        }
+    };
     let (mut spec, sha) = DivergenceSpec::load(&spec)?;
     if let Some(d) = device {
         spec.device = d;

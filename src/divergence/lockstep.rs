@@ -7,6 +7,13 @@
 //! share their prefix. In [`Mode::Forced`] cache-OFF is fed cache-ON's tokens (teacher forcing
 //! on cache-ON's sequence), and the residual stream after every layer and the cached K/V of the
 //! current position are compared too (layer-wise drift). One readback per step.
+//!
+//! Batch schedule: a row leaves a path's batch as soon as that path has stopped (cache-ON drops
+//! its cache row, cache-OFF stops re-running it), and cache-OFF pads only to its longest
+//! active row. Under the stock policy a batch's shape can change how kernels round, so the
+//! schedule is part of the numerical path: it is a function of the spec only (the fixed
+//! batches and each row's own stop), so reruns and resumes reproduce it bitwise; under
+//! `batch_invariant` a row's logits do not depend on its batch at all.
 use crate::Result;
 use crate::credit::engine::{Stop, TextStop};
 use crate::exec::ExecPolicy;
@@ -240,17 +247,42 @@ pub fn run(
     );
     let last: Vec<i64> = plen.iter().map(|l| l - 1).collect();
     let mut rec_on = Recorder::new(last.clone(), false);
-    let mut logits_on = {
+    let logits_on = {
         let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
         model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::PerRow(last), hook)?
     };
     cache.truncate(&plen)?;
-    let mut active: Vec<usize> = (0..n).collect();
+    // Rows still decoding on each path: finished rows leave that path's batch (compaction).
+    let mut active_on: Vec<usize> = (0..n).collect();
+    let mut active_off: Vec<usize> = (0..n).collect();
+    let mut logits_on = Some(logits_on);
+    let layers = model.config().num_layers();
+    let words_for = |rows: &[usize], step: usize| -> Tensor {
+        let step_keys: Vec<NoiseKey> = rows
+            .iter()
+            .map(|&i| NoiseKey {
+                step: step as u64,
+                ..keys[i]
+            })
+            .collect();
+        Tensor::from_slice(&sampling::noise_words(&step_keys))
+            .to_device(dev)
+            .view([2, rows.len() as i64, 1])
+    };
+    let stop = |toks: &[i64]| -> Option<Stop> {
+        let last = *toks.last()?;
+        if s.stop_tokens.contains(&last) {
+            Some(Stop::Eos)
+        } else if s.text_stop.is_some_and(|f| f(toks)) {
+            Some(Stop::Text)
+        } else {
+            None
+        }
+    };
 
     for step in 0..s.max_new_tokens {
-        let a = active.len();
-        // Cache-OFF: a full forward over each active row's sequence.
-        let seqs: Vec<Vec<i64>> = active
+        // Cache-OFF: a full forward over each of its active rows' sequence.
+        let seqs: Vec<Vec<i64>> = active_off
             .iter()
             .map(|&i| {
                 let generated = if forced { &out[i].on } else { &out[i].off };
@@ -260,74 +292,92 @@ pub fn run(
             })
             .collect();
         let lens: Vec<i64> = seqs.iter().map(|v| v.len() as i64).collect();
-        let ids = padded(&seqs.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), dev);
-        let mut off_cache = model.new_cache(a, ids.size()[1])?;
-        let last: Vec<i64> = lens.iter().map(|l| l - 1).collect();
-        let mut rec_off = Recorder::new(last.clone(), false);
-        let logits_off = {
+        let mut rec_off = Recorder::new(lens.iter().map(|l| l - 1).collect(), false);
+        let (logits_off, off_cache) = if active_off.is_empty() {
+            (None, None)
+        } else {
+            let ids = padded(&seqs.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), dev);
+            let mut off_cache = model.new_cache(active_off.len(), ids.size()[1])?;
+            let last: Vec<i64> = lens.iter().map(|l| l - 1).collect();
             let hook: &mut dyn ForwardHook = if drift { &mut rec_off } else { &mut NoHook };
-            model.forward_with(
+            let z = model.forward_with(
                 &ids,
                 &mut off_cache,
                 &s.policy,
                 &LogitsAt::PerRow(last),
                 hook,
-            )?
+            )?;
+            let z = z.view([active_off.len() as i64, -1]);
+            check_finite(&z, "cache-OFF decoding")?;
+            (Some(z), Some(off_cache))
         };
-        let (lo, lf) = (
-            logits_on.view([a as i64, -1]),
-            logits_off.view([a as i64, -1]),
-        );
-        check_finite(&lo, "cache-ON decoding")?;
-        check_finite(&lf, "cache-OFF decoding")?;
-        let step_keys: Vec<NoiseKey> = active
-            .iter()
-            .map(|&i| NoiseKey {
-                step: step as u64,
-                ..keys[i]
-            })
-            .collect();
-        let words = Tensor::from_slice(&sampling::noise_words(&step_keys))
-            .to_device(dev)
-            .view([2, a as i64, 1]);
-        let t_on = sampling::select_on_device(&lo, s.sampling, &words)?;
-        let t_off = sampling::select_on_device(&lf, s.sampling, &words)?;
-        let table = Tensor::f_cat(
-            &[
-                compare_logits(&lo, &lf)?,
-                t_on.f_to_kind(Kind::Double)?.view([-1, 1]),
-                t_off.f_to_kind(Kind::Double)?.view([-1, 1]),
-            ],
-            1,
-        )?;
-        let host: Vec<f64> = Vec::try_from(table.to_device(Device::Cpu).reshape([-1]))?;
-        let drift_host: Option<Vec<f64>> = if drift {
-            let on_at: Vec<(usize, i64)> = (0..a).map(|j| (j, cache.lens()[j] - 1)).collect();
-            let off_at: Vec<(usize, i64)> = (0..a).map(|j| (j, lens[j] - 1)).collect();
-            let t = drift_tensor(&rec_on, &rec_off, &cache, &on_at, &off_cache, &off_at)?;
-            Some(Vec::try_from(t.to_device(Device::Cpu).reshape([-1]))?)
-        } else {
-            None
-        };
-        let layers = model.config().num_layers();
-        for (j, &i) in active.iter().enumerate() {
-            let row = &host[j * 9..(j + 1) * 9];
-            let same_prefix = forced || out[i].on == out[i].off;
-            if same_prefix && !done_on[i] {
-                out[i].compare.push(StepCompare {
-                    step,
-                    max_abs: row[0],
-                    mse: row[1],
-                    kl: row[2],
-                    argmax_on: row[3] as i64,
-                    argmax_off: row[4] as i64,
-                    margin_on: row[5],
-                    margin_off: row[6],
-                });
+        let lo = match &logits_on {
+            Some(z) => {
+                let z = z.view([active_on.len() as i64, -1]);
+                check_finite(&z, "cache-ON decoding")?;
+                Some(z)
             }
-            if let Some(d) = &drift_host
-                && !done_on[i]
-            {
+            None => None,
+        };
+        // Rows compared this step: active on both paths with a shared prefix.
+        let pos_off = |i: usize| active_off.iter().position(|&r| r == i);
+        let both: Vec<(usize, usize, usize)> = active_on
+            .iter()
+            .enumerate()
+            .filter(|&(_, &i)| forced || out[i].on == out[i].off)
+            .filter_map(|(j, &i)| pos_off(i).map(|k| (i, j, k)))
+            .collect();
+        let mut parts: Vec<Tensor> = Vec::with_capacity(3);
+        if let (Some(lo), Some(lf)) = (&lo, &logits_off)
+            && !both.is_empty()
+        {
+            let idx = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
+            let jo = idx(both.iter().map(|x| x.1 as i64).collect());
+            let jf = idx(both.iter().map(|x| x.2 as i64).collect());
+            let c = compare_logits(&lo.f_index_select(0, &jo)?, &lf.f_index_select(0, &jf)?)?;
+            parts.push(c.reshape([-1]));
+        }
+        if let Some(lo) = &lo {
+            let t = sampling::select_on_device(lo, s.sampling, &words_for(&active_on, step))?;
+            parts.push(t.f_to_kind(Kind::Double)?.reshape([-1]));
+        }
+        if let (Some(lf), false) = (&logits_off, forced) {
+            let t = sampling::select_on_device(lf, s.sampling, &words_for(&active_off, step))?;
+            parts.push(t.f_to_kind(Kind::Double)?.reshape([-1]));
+        }
+        let host: Vec<f64> = Vec::try_from(Tensor::f_cat(&parts, 0)?.to_device(Device::Cpu))?;
+        let drift_host: Option<Vec<f64>> = match &off_cache {
+            Some(off_cache) if drift => {
+                // Forced: both paths hold the same rows in the same order.
+                let a = active_on.len();
+                let on_at: Vec<(usize, i64)> = (0..a).map(|j| (j, cache.lens()[j] - 1)).collect();
+                let off_at: Vec<(usize, i64)> = (0..a).map(|j| (j, lens[j] - 1)).collect();
+                let t = drift_tensor(&rec_on, &rec_off, &cache, &on_at, off_cache, &off_at)?;
+                Some(Vec::try_from(t.to_device(Device::Cpu).reshape([-1]))?)
+            }
+            _ => None,
+        };
+        let nc = both.len() * 7;
+        let (cmp, rest) = host.split_at(nc);
+        let (tok_on, tok_off) = rest.split_at(if lo.is_some() { active_on.len() } else { 0 });
+        for (r, &(i, _, _)) in both.iter().enumerate() {
+            let row = &cmp[r * 7..(r + 1) * 7];
+            out[i].compare.push(StepCompare {
+                step,
+                max_abs: row[0],
+                mse: row[1],
+                kl: row[2],
+                argmax_on: row[3] as i64,
+                argmax_off: row[4] as i64,
+                margin_on: row[5],
+                margin_off: row[6],
+            });
+            if forced {
+                out[i].off.push(row[4] as i64);
+            }
+        }
+        if let Some(d) = &drift_host {
+            for (j, &i) in active_on.iter().enumerate() {
                 for l in 0..layers {
                     let c = &d[(j * layers + l) * 6..(j * layers + l + 1) * 6];
                     out[i].drift.push(Drift {
@@ -342,31 +392,21 @@ pub fn run(
                     });
                 }
             }
-            let stop = |toks: &[i64]| -> Option<Stop> {
-                let last = *toks.last()?;
-                if s.stop_tokens.contains(&last) {
-                    Some(Stop::Eos)
-                } else if s.text_stop.is_some_and(|f| f(toks)) {
-                    Some(Stop::Text)
-                } else {
-                    None
-                }
-            };
-            if !done_on[i] {
-                out[i].on.push(row[7] as i64);
-                if let Some(r) = stop(&out[i].on) {
-                    out[i].stop_on = r;
-                    done_on[i] = true;
-                }
+        }
+        for (j, &i) in active_on.iter().enumerate() {
+            out[i].on.push(tok_on[j] as i64);
+            if let Some(r) = stop(&out[i].on) {
+                out[i].stop_on = r;
+                done_on[i] = true;
             }
             if forced {
-                if !done_off[i] {
-                    out[i].off.push(row[4] as i64);
-                }
                 out[i].stop_off = out[i].stop_on;
                 done_off[i] = done_on[i];
-            } else if !done_off[i] {
-                out[i].off.push(row[8] as i64);
+            }
+        }
+        if !forced {
+            for (k, &i) in active_off.iter().enumerate() {
+                out[i].off.push(tok_off[k] as i64);
                 if let Some(r) = stop(&out[i].off) {
                     out[i].stop_off = r;
                     done_off[i] = true;
@@ -376,27 +416,32 @@ pub fn run(
         if step + 1 == s.max_new_tokens {
             break;
         }
-        let keep: Vec<usize> = (0..a)
-            .filter(|&j| !(done_on[active[j]] && done_off[active[j]]))
+        active_off.retain(|&i| !done_off[i]);
+        let keep: Vec<usize> = (0..active_on.len())
+            .filter(|&j| !done_on[active_on[j]])
             .collect();
-        if keep.is_empty() {
+        if keep.len() < active_on.len() && !keep.is_empty() {
+            cache.select_rows(&keep)?;
+        }
+        active_on = keep.iter().map(|&j| active_on[j]).collect();
+        if active_on.is_empty() && active_off.is_empty() {
             break;
         }
-        if keep.len() < a {
-            cache.select_rows(&keep)?;
-            active = keep.iter().map(|&j| active[j]).collect();
-        }
-        // Cache-ON: one decode step per row (a finished row repeats its last token; ignored).
-        let feed: Vec<i64> = active
-            .iter()
-            .map(|&i| *out[i].on.last().expect("a token per step"))
-            .collect();
-        let ids = Tensor::from_slice(&feed)
-            .view([active.len() as i64, 1])
-            .to_device(dev);
-        rec_on = Recorder::new(vec![0; active.len()], false);
-        let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
-        logits_on = model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::Last, hook)?;
+        // Cache-ON: one decode step per active row.
+        logits_on = if active_on.is_empty() {
+            None
+        } else {
+            let feed: Vec<i64> = active_on
+                .iter()
+                .map(|&i| *out[i].on.last().expect("a token per step"))
+                .collect();
+            let ids = Tensor::from_slice(&feed)
+                .view([active_on.len() as i64, 1])
+                .to_device(dev);
+            rec_on = Recorder::new(vec![0; active_on.len()], false);
+            let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
+            Some(model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::Last, hook)?)
+        };
     }
     Ok(out)
 }

@@ -8,7 +8,9 @@
 //! bitwise equal), compared with LIVE per layer (max |ΔK|, |ΔV|), and continued greedily for
 //! *k* tokens from `y[b−1]`. Transplants swap K and/or V over layer ranges between LIVE and
 //! the one-shot REPLAY (both directions) and continue; a transplant *follows its donor* when
-//! its continuation equals the donor's own token for token. Everything runs at batch 1.
+//! its continuation equals the donor's own token for token. States are built at batch 1; all
+//! continuations of a boundary run together in one batch (row order: LIVE, one-shot REPLAY,
+//! the chunked replays, the transplants), so donor and recipient continue under one schedule.
 use crate::Result;
 use crate::exec::ExecPolicy;
 use crate::kv_cache::{KvCache, KvParts, KvSelect, Transplant};
@@ -78,22 +80,28 @@ fn live(
     Ok(cache)
 }
 
-/// Greedy continuation of `k` tokens: feed `first`, then each chosen token.
+/// Greedy continuations of `k` tokens from every one-row state, in one batch: feed `first`,
+/// then each row's chosen token. The states are copied; they keep their positions.
 fn continue_greedy(
     model: &Decoder,
     policy: &ExecPolicy,
-    mut cache: KvCache,
+    states: &[&KvCache],
     first: i64,
     k: usize,
-) -> Result<Vec<i64>> {
+) -> Result<Vec<Vec<i64>>> {
     let dev = model.device();
-    let mut out = Vec::with_capacity(k);
-    let mut feed = first;
+    let rows = states.len() as i64;
+    let parts: Vec<(&KvCache, _)> = states.iter().map(|c| (*c, c.snapshot(0))).collect();
+    let mut cache = KvCache::gather(&parts, k as i64 + 1)?;
+    let mut out = vec![Vec::with_capacity(k); states.len()];
+    let mut feed = Tensor::full([rows, 1], first, (Kind::Int64, dev));
     for _ in 0..k {
-        let t = Tensor::from_slice(&[feed]).view([1, 1]).to_device(dev);
-        let z = model.forward(&t, &mut cache, policy, &LogitsAt::Last)?;
-        feed = sampling::select(&z.view([1, -1]), Sampling::Greedy, &[])?[0];
-        out.push(feed);
+        let z = model.forward(&feed, &mut cache, policy, &LogitsAt::Last)?;
+        let next = sampling::select(&z.view([rows, -1]), Sampling::Greedy, &[])?;
+        for (o, &t) in out.iter_mut().zip(&next) {
+            o.push(t);
+        }
+        feed = Tensor::from_slice(&next).view([rows, 1]).to_device(dev);
     }
     Ok(out)
 }
@@ -144,58 +152,34 @@ pub fn run(
     let extra = k as i64 + 1;
     let first = y[b - 1];
     let fp = |c: &KvCache| c.fingerprint(c.snapshot(0));
-    // Continuations run on copies, so every state keeps exactly `len` positions.
-    let copy = |c: &KvCache| KvCache::gather(&[(c, c.snapshot(0))], extra);
     let live_a = live(model, policy, prompt, &y[..b - 1], extra)?;
     let live_b = live(model, policy, prompt, &y[..b - 1], extra)?;
-    let live_cont = continue_greedy(model, policy, copy(&live_a)?, first, k)?;
     let oneshot = prefill_chunks(model, policy, &ids, 0, extra)?;
-    let replay_cont = continue_greedy(model, policy, copy(&oneshot)?, first, k)?;
-    let row = |kind: &str,
-               chunk: i64,
-               direction: &str,
-               parts: &str,
-               layers: (usize, usize),
-               replica_equal: bool,
-               state: &KvCache,
-               cont: Vec<i64>|
-     -> Result<StateResult> {
-        let (k_max_abs, v_max_abs) = kv_diff(state, &live_a, len)?;
-        Ok(StateResult {
-            kind: kind.into(),
-            chunk,
-            direction: direction.into(),
-            parts: parts.into(),
-            layers,
-            replica_equal,
-            k_max_abs,
-            v_max_abs,
-            follows_live: cont == live_cont,
-            follows_replay: cont == replay_cont,
-            continuation: cont,
-        })
-    };
     let n_layers = model.config().num_layers();
-    let mut out = vec![row(
-        "live",
-        -1,
-        "",
-        "",
-        (0, 0),
-        fp(&live_a)? == fp(&live_b)?,
-        &live_a,
-        live_cont.clone(),
-    )?];
+    // Every state, with its row's description; continued together at the end.
+    struct Meta {
+        kind: &'static str,
+        chunk: i64,
+        direction: &'static str,
+        parts: &'static str,
+        layers: (usize, usize),
+        replica_equal: bool,
+    }
+    let meta = |kind, chunk, direction, parts, layers, replica_equal| Meta {
+        kind,
+        chunk,
+        direction,
+        parts,
+        layers,
+        replica_equal,
+    };
+    let mut states: Vec<(Meta, KvCache)> = Vec::new();
+    let live_equal = fp(&live_a)? == fp(&live_b)?;
     for &c in chunks {
         let a = prefill_chunks(model, policy, &ids, c, extra)?;
         let again = prefill_chunks(model, policy, &ids, c, extra)?;
-        let cont = if c == 0 {
-            replay_cont.clone()
-        } else {
-            continue_greedy(model, policy, copy(&a)?, first, k)?
-        };
         let equal = fp(&a)? == fp(&again)?;
-        out.push(row("replay", c as i64, "", "", (0, 0), equal, &a, cont)?);
+        states.push((meta("replay", c as i64, "", "", (0, 0), equal), a));
     }
     for (direction, base, donor) in [
         ("replay<-live", &oneshot, &live_a),
@@ -218,19 +202,39 @@ pub fn run(
                     }],
                     extra,
                 )?;
-                let cont = continue_greedy(model, policy, copy(&t)?, first, k)?;
-                out.push(row(
-                    "transplant",
-                    -1,
-                    direction,
-                    parts.as_str(),
-                    (lo, hi),
-                    true,
-                    &t,
-                    cont,
-                )?);
+                let m = meta("transplant", -1, direction, parts.as_str(), (lo, hi), true);
+                states.push((m, t));
             }
         }
+    }
+    // Row 0 continues LIVE, row 1 the one-shot REPLAY, then every state above.
+    let mut all: Vec<&KvCache> = vec![&live_a, &oneshot];
+    all.extend(states.iter().map(|(_, c)| c));
+    let conts = continue_greedy(model, policy, &all, first, k)?;
+    let (live_cont, replay_cont) = (conts[0].clone(), conts[1].clone());
+    let row = |m: &Meta, state: &KvCache, cont: Vec<i64>| -> Result<StateResult> {
+        let (k_max_abs, v_max_abs) = kv_diff(state, &live_a, len)?;
+        Ok(StateResult {
+            kind: m.kind.into(),
+            chunk: m.chunk,
+            direction: m.direction.into(),
+            parts: m.parts.into(),
+            layers: m.layers,
+            replica_equal: m.replica_equal,
+            k_max_abs,
+            v_max_abs,
+            follows_live: cont == live_cont,
+            follows_replay: cont == replay_cont,
+            continuation: cont,
+        })
+    };
+    let mut out = vec![row(
+        &meta("live", -1, "", "", (0, 0), live_equal),
+        &live_a,
+        live_cont.clone(),
+    )?];
+    for ((m, state), cont) in states.iter().zip(conts.into_iter().skip(2)) {
+        out.push(row(m, state, cont)?);
     }
     Ok(out)
 }

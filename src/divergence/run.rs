@@ -134,12 +134,17 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
             Some(p) => p.layer_sets(model.decoder.config().num_layers())?,
             None => vec![],
         };
+        // Prompts that cannot be encoded (no chat template for a chat format) fail here,
+        // before anything is written.
+        for p in &problems {
+            model.encode_prompt(&task.prompt(p))?;
+        }
         let m = manifest.get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems));
         write_json(&manifest_path, m)?;
         prepare_shards(out)?;
         for (b, batch) in pending.iter().enumerate() {
             let started = Instant::now();
-            let shards = run_batch(spec, dtype, &model, &task, batch, &sets)?;
+            let shards = run_batch(spec, dtype, &model, &task, batch, &sets, opts.quiet)?;
             for (problem, (tables, info)) in batch.iter().zip(shards) {
                 let named: Vec<(&str, &Table)> = tables.iter().map(|(n, t)| (*n, t)).collect();
                 commit_shard(&shard_dir(out, dtype, problem.index), &named, &info)?;
@@ -250,6 +255,7 @@ fn run_batch(
     task: &Gsm8k,
     batch: &[Problem],
     sets: &[LayerSet],
+    quiet: bool,
 ) -> Result<Vec<ShardTables>> {
     let dec = &model.decoder;
     let prompts: Vec<Vec<i64>> = batch
@@ -272,49 +278,80 @@ fn run_batch(
         text_stop: Some(&text_stop),
     };
     let mut seconds: BTreeMap<String, f64> = BTreeMap::new();
+    let first = batch[0].index - spec.problems.start;
     let mut timed = |name: String, t: Instant| {
         sync(dec.device());
-        seconds.insert(name, t.elapsed().as_secs_f64() / batch.len() as f64);
+        let took = t.elapsed().as_secs_f64();
+        if !quiet {
+            eprintln!(
+                "{dtype}: problems {}..={} {name} in {took:.1} s",
+                batch[0].index,
+                batch[batch.len() - 1].index
+            );
+        }
+        seconds.insert(name, took / batch.len() as f64);
     };
-    let mut free: Vec<(usize, Vec<PairOutcome>)> = Vec::new();
+    // Rows of this batch whose position in the study is below `limit`.
+    let rows_below = |limit: Option<usize>| -> Vec<usize> {
+        let limit = limit.unwrap_or(usize::MAX);
+        (0..batch.len()).filter(|&i| first + i < limit).collect()
+    };
+    // Lockstep over a subset of the batch's rows; `None` for the rows left out.
+    let subset = |rows: &[usize],
+                  s: Settings,
+                  stream: u64,
+                  mode: Mode|
+     -> Result<Vec<Option<PairOutcome>>> {
+        let mut outs: Vec<Option<PairOutcome>> = vec![None; batch.len()];
+        if rows.is_empty() {
+            return Ok(outs);
+        }
+        let sub: Vec<Vec<i64>> = rows.iter().map(|&i| prompts[i].clone()).collect();
+        let keys: Vec<NoiseKey> = rows
+            .iter()
+            .map(|&i| NoiseKey::divergence(spec.seed, batch[i].index as u64, stream))
+            .collect();
+        for (&i, o) in rows.iter().zip(lockstep::run(&s, &sub, &keys, mode)?) {
+            outs[i] = Some(o);
+        }
+        Ok(outs)
+    };
+    let st = &spec.steps;
+    let mut free: Vec<(usize, Vec<Option<PairOutcome>>)> = Vec::new();
     for (si, &sampling) in spec.strategies.iter().enumerate() {
         let t = Instant::now();
-        let keys: Vec<NoiseKey> = batch
-            .iter()
-            .map(|p| NoiseKey::divergence(spec.seed, p.index as u64, si as u64))
-            .collect();
-        let outs = lockstep::run(&settings(sampling), &prompts, &keys, Mode::Free)?;
+        let (rows, mut set) = if sampling == Sampling::Greedy {
+            (rows_below(None), settings(sampling))
+        } else {
+            (rows_below(st.sampled_max_problems), settings(sampling))
+        };
+        if sampling != Sampling::Greedy {
+            set.max_new_tokens = st.sampled_max_new_tokens.unwrap_or(spec.max_new_tokens);
+        }
+        let outs = subset(&rows, set, si as u64, Mode::Free)?;
         timed(format!("free/{}", strategy_label(&sampling)), t);
         free.push((si, outs));
     }
-    let forced = if spec.steps.teacher_forced {
+    let forced = if st.teacher_forced {
         let t = Instant::now();
-        let keys: Vec<NoiseKey> = batch
-            .iter()
-            .map(|p| NoiseKey::divergence(spec.seed, p.index as u64, u64::MAX))
-            .collect();
-        let outs = lockstep::run(
-            &settings(Sampling::Greedy),
-            &prompts,
-            &keys,
-            Mode::Forced { drift: true },
-        )?;
+        let mut set = settings(Sampling::Greedy);
+        set.max_new_tokens = st.forced_max_new_tokens.unwrap_or(spec.max_new_tokens);
+        let rows = rows_below(st.forced_max_problems);
+        let outs = subset(&rows, set, u64::MAX, Mode::Forced { drift: true })?;
         timed("teacher_forced".into(), t);
         Some(outs)
     } else {
         None
     };
+    let greedy = spec.strategies.iter().position(|s| *s == Sampling::Greedy);
     let mut patches: Vec<Option<(usize, PatchOutcome)>> = vec![None; batch.len()];
     if let Some(p) = &spec.steps.patch {
         let t = Instant::now();
-        let greedy = spec
-            .strategies
-            .iter()
-            .position(|s| *s == Sampling::Greedy)
-            .expect("validated: patching needs the greedy strategy");
-        let (_, outs) = &free[greedy];
-        for (i, o) in outs.iter().enumerate() {
-            if let Some(tau) = o.first_divergence()
+        let greedy = greedy.expect("validated: patching needs the greedy strategy");
+        let outs = &free[greedy].1;
+        for i in rows_below(p.max_problems) {
+            if let Some(o) = &outs[i]
+                && let Some(tau) = o.first_divergence()
                 && tau >= 1
                 && tau < o.on.len()
                 && tau < o.off.len()
@@ -338,21 +375,15 @@ fn run_batch(
     let mut replays: Vec<Vec<(usize, replay::StateResult)>> = vec![vec![]; batch.len()];
     if let Some(r) = &spec.steps.replay {
         let t = Instant::now();
-        let greedy = spec
-            .strategies
-            .iter()
-            .position(|s| *s == Sampling::Greedy)
-            .expect("validated: replay needs the greedy strategy");
+        let greedy = greedy.expect("validated: replay needs the greedy strategy");
         let mut chunks = r.chunks.clone();
         if !chunks.contains(&0) {
             chunks.push(0);
         }
-        let first = batch[0].index - spec.problems.start;
-        let limit = r.max_problems.unwrap_or(usize::MAX);
-        for (i, o) in free[greedy].1.iter().enumerate() {
-            if first + i >= limit {
-                break;
-            }
+        for i in rows_below(r.max_problems) {
+            let Some(o) = &free[greedy].1[i] else {
+                continue;
+            };
             for &b in r.boundaries.iter().filter(|&&b| b <= o.on.len()) {
                 let rows = replay::run(
                     dec,
@@ -384,8 +415,9 @@ fn run_batch(
             pairs_table(&c, spec, model, task, problem, &prompts[i], &free, i)?,
         )];
         if let Some(f) = &forced {
-            tables.push(("forced", forced_table(&c, &f[i])));
-            tables.push(("drift", drift_table(&c, &f[i])));
+            let o = f[i].as_ref();
+            tables.push(("forced", forced_table(&c, o)));
+            tables.push(("drift", drift_table(&c, o)));
         }
         if spec.steps.patch.is_some() {
             tables.push(("patches", patches_table(&c, &patches[i])));
@@ -436,18 +468,21 @@ fn pairs_table(
     task: &Gsm8k,
     problem: &Problem,
     prompt: &[i64],
-    free: &[(usize, Vec<PairOutcome>)],
+    free: &[(usize, Vec<Option<PairOutcome>>)],
     i: usize,
 ) -> Result<Table> {
-    let n = free.len();
+    let ran: Vec<(usize, &PairOutcome)> = free
+        .iter()
+        .filter_map(|(si, outs)| outs[i].as_ref().map(|o| (*si, o)))
+        .collect();
+    let n = ran.len();
     let (mut strategy, mut on, mut off, mut stop_on, mut stop_off) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut diverged, mut tau, mut ans_on, mut ans_off, mut ok_on, mut ok_off) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     let (mut compared, mut flips, mut max_abs) = (vec![], vec![], vec![]);
-    for (si, outs) in free {
-        let o = &outs[i];
-        strategy.push(strategy_label(&spec.strategies[*si]));
+    for (si, o) in ran {
+        strategy.push(strategy_label(&spec.strategies[si]));
         let g_on = task.grade(problem, &model.decode(&o.on)?);
         let g_off = task.grade(problem, &model.decode(&o.off)?);
         let t = o.first_divergence();
@@ -490,8 +525,11 @@ fn pairs_table(
         .with("compared_max_abs", Column::F64(max_abs)))
 }
 
-fn forced_table(c: &Ctx, o: &PairOutcome) -> Table {
-    let s = &o.compare;
+fn forced_table(c: &Ctx, o: Option<&PairOutcome>) -> Table {
+    let (s, on): (&[lockstep::StepCompare], &[i64]) = match o {
+        Some(o) => (&o.compare, &o.on),
+        None => (&[], &[]),
+    };
     let n = s.len();
     let f = |g: fn(&lockstep::StepCompare) -> f64| Column::F64(s.iter().map(g).collect());
     c.table(n)
@@ -499,10 +537,7 @@ fn forced_table(c: &Ctx, o: &PairOutcome) -> Table {
             "step",
             Column::I64(s.iter().map(|x| x.step as i64).collect()),
         )
-        .with(
-            "token",
-            Column::I64(s.iter().map(|x| o.on[x.step]).collect()),
-        )
+        .with("token", Column::I64(s.iter().map(|x| on[x.step]).collect()))
         .with("max_abs", f(|x| x.max_abs))
         .with("mse", f(|x| x.mse))
         .with("kl_off_on", f(|x| x.kl))
@@ -522,8 +557,8 @@ fn forced_table(c: &Ctx, o: &PairOutcome) -> Table {
         .with("margin_off", f(|x| x.margin_off))
 }
 
-fn drift_table(c: &Ctx, o: &PairOutcome) -> Table {
-    let d = &o.drift;
+fn drift_table(c: &Ctx, o: Option<&PairOutcome>) -> Table {
+    let d: &[lockstep::Drift] = o.map_or(&[], |o| &o.drift);
     let f = |g: fn(&lockstep::Drift) -> f64| Column::F64(d.iter().map(g).collect());
     c.table(d.len())
         .with(

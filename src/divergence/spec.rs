@@ -58,6 +58,20 @@ pub struct Steps {
     /// sequences.
     #[serde(default)]
     pub replay: Option<ReplaySpec>,
+    /// Run the non-greedy strategies only on problems whose position in the study is below
+    /// this; all when absent.
+    #[serde(default)]
+    pub sampled_max_problems: Option<usize>,
+    /// Token cap of the non-greedy strategies (≤ `max_new_tokens`); `max_new_tokens` when
+    /// absent.
+    #[serde(default)]
+    pub sampled_max_new_tokens: Option<usize>,
+    /// Teacher-force only problems whose position is below this; all when absent.
+    #[serde(default)]
+    pub forced_max_problems: Option<usize>,
+    /// Token cap of the teacher-forced comparison (≤ `max_new_tokens`).
+    #[serde(default)]
+    pub forced_max_new_tokens: Option<usize>,
 }
 
 /// Live vs replay at stage boundaries.
@@ -82,6 +96,10 @@ impl Default for Steps {
             teacher_forced: true,
             patch: None,
             replay: None,
+            sampled_max_problems: None,
+            sampled_max_new_tokens: None,
+            forced_max_problems: None,
+            forced_max_new_tokens: None,
         }
     }
 }
@@ -98,6 +116,10 @@ pub struct PatchSpec {
     pub layers: Vec<String>,
     /// Tokens followed after the patched step (trajectory recovery).
     pub trajectory_tokens: usize,
+    /// Patch only problems whose position in the study is below this (batch-1 work); all
+    /// when absent.
+    #[serde(default)]
+    pub max_problems: Option<usize>,
 }
 
 /// One patched layer set.
@@ -220,6 +242,46 @@ impl DivergenceSpec {
                 Sampling::TopP { top_p, temperature }
                     if temperature > 0.0 && top_p > 0.0 && top_p <= 1.0 => {}
                 _ => return bad("temperatures must be positive and top_p in (0, 1]"),
+            }
+        }
+        let st = &self.steps;
+        let limits = [
+            (
+                "steps.sampled_max_problems",
+                st.sampled_max_problems,
+                usize::MAX,
+            ),
+            (
+                "steps.forced_max_problems",
+                st.forced_max_problems,
+                usize::MAX,
+            ),
+            (
+                "steps.sampled_max_new_tokens",
+                st.sampled_max_new_tokens,
+                self.max_new_tokens,
+            ),
+            (
+                "steps.forced_max_new_tokens",
+                st.forced_max_new_tokens,
+                self.max_new_tokens,
+            ),
+            (
+                "steps.patch.max_problems",
+                st.patch.as_ref().and_then(|p| p.max_problems),
+                usize::MAX,
+            ),
+            (
+                "steps.replay.max_problems",
+                st.replay.as_ref().and_then(|r| r.max_problems),
+                usize::MAX,
+            ),
+        ];
+        for (key, value, most) in limits {
+            if let Some(v) = value
+                && (v == 0 || v > most)
+            {
+                return bad(&format!("{key} must be in 1..={most} (got {v})"));
             }
         }
         if let Some(p) = &self.steps.patch {
