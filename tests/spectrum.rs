@@ -721,3 +721,45 @@ fn bad_specs_fail_with_one_line_before_anything_runs() {
         assert!(!out.exists(), "case {i}: output written");
     }
 }
+
+#[test]
+fn variants_with_one_plan_are_measured_once_and_sharing_is_exact() -> Result<()> {
+    use kvcredit::spectrum::eval::{self, PplOptions, Variant};
+    let m = model("qwen2", Kind::Float);
+    let ids = prompt(96, 3);
+    let v = |policy: &str, b: Option<f64>| Variant {
+        policy: Policy::parse(policy).unwrap(),
+        quantizer: Quantizer::Kivi,
+        b,
+    };
+    let o = PplOptions {
+        context: 64,
+        continuation: 16,
+        windows: 1,
+        variants: vec![
+            v("spectrum", Some(2.0)),
+            v("spectrum-2tier", Some(2.0)),
+            v("uniform-int4", None),
+        ],
+        importance: ImportanceSpec::default(),
+        protect: Protect::default(),
+        policy: POLICY,
+    };
+    let rows = eval::perplexity_window(&m, &ids, &o, 0)?;
+    assert_eq!(rows[0].shared_with, None);
+    assert_eq!(rows[1].shared_with.as_deref(), Some("spectrum/kivi/2"));
+    assert_eq!(rows[1].nll.to_bits(), rows[0].nll.to_bits());
+    // Negative control: a different plan is measured and differs.
+    assert_eq!(rows[2].shared_with, None);
+    assert_ne!(rows[2].nll.to_bits(), rows[0].nll.to_bits());
+    // The shared row equals measuring that variant alone.
+    let alone = PplOptions {
+        variants: vec![v("spectrum-2tier", Some(2.0))],
+        ..o.clone()
+    };
+    let r = eval::perplexity_window(&m, &ids, &alone, 0)?;
+    assert_eq!(r[0].shared_with, None);
+    assert_eq!(r[0].nll.to_bits(), rows[1].nll.to_bits());
+    assert_eq!(r[0].bytes, rows[1].bytes);
+    Ok(())
+}
