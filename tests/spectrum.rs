@@ -763,3 +763,49 @@ fn variants_with_one_plan_are_measured_once_and_sharing_is_exact() -> Result<()>
     assert_eq!(r[0].bytes, rows[1].bytes);
     Ok(())
 }
+
+#[test]
+fn report_reads_journals_and_pairs_every_number_with_an_interval() -> Result<()> {
+    use kvcredit::spectrum::eval::PplRow;
+    use kvcredit::spectrum::report;
+    let root =
+        std::env::temp_dir().join(format!("kvcredit-spectrum-report-{}", std::process::id()));
+    let run = root.join("spectrum-tiny");
+    std::fs::create_dir_all(&run).unwrap();
+    let row = |policy: &str, quantizer: &str, window: u32, nll: f64| PplRow {
+        policy: policy.into(),
+        quantizer: quantizer.into(),
+        b: Some(0.5),
+        b_real: 0.5,
+        bytes: 100,
+        window,
+        tiers: [1, 1, 1, 0],
+        nll,
+        nll_base: 10.0,
+        tokens: 10,
+        kl: 0.0,
+        top1_agree: 1.0,
+        shared_with: None,
+    };
+    let mut text = String::from("{\"section\":\"ppl\"}\n");
+    for (w, (a, b)) in [(10.0, 12.0), (10.5, 13.0)].into_iter().enumerate() {
+        let rows = vec![
+            row("spectrum", "kivi", w as u32, a),
+            row("pdtrim", "none", w as u32, b),
+        ];
+        text.push_str(
+            &serde_json::json!({"unit": format!("window {w}"), "rows": rows}).to_string(),
+        );
+        text.push('\n');
+    }
+    text.push_str("{\"torn");
+    std::fs::write(run.join("ppl.rows.jsonl"), text).unwrap();
+    let md = report::report(&[run], &root.join("out"))?;
+    assert!(root.join("out/report.md").exists());
+    // Window 1 of spectrum: exp(0.5 / 10) − 1 = +5.13%; pooled over both: exp(0.5 / 20) − 1.
+    assert!((report::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
+    assert!(md.contains("| spectrum kivi b=0.5 | 2 | +2.53 |"), "{md}");
+    assert!(md.contains("Tiered (kivi) − PDTrim at b = 0.5, paired over windows"));
+    std::fs::remove_dir_all(&root).unwrap();
+    Ok(())
+}

@@ -27,6 +27,19 @@ pub enum Cmd {
     Serve(ServeArgs),
     /// Prefill worker: prefill a WikiText context, compress, send; TTFT by stage vs FP16.
     Send(SendArgs),
+    /// Markdown report over run folders (one per model): PPL Δ% with t-intervals, NIAH with
+    /// Wilson intervals.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    /// Run folders (one per model) holding ppl.rows.jsonl / niah.rows.jsonl.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// Output folder of report.md.
+    #[arg(long, default_value = "runs/spectrum-report")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -123,6 +136,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Probe(a) => probe(a),
         Cmd::Serve(a) => serve(a),
         Cmd::Send(a) => send(a),
+        Cmd::Report(a) => {
+            kvcredit::spectrum::report::report(&a.dirs, &a.out)?;
+            println!("report: {}", a.out.join("report.md").display());
+            Ok(())
+        }
     }
 }
 

@@ -14,6 +14,7 @@ pub mod allocate;
 pub mod eval;
 pub mod importance;
 pub mod quant;
+pub mod report;
 pub mod spec;
 pub mod tiers;
 pub mod transport;
