@@ -10,12 +10,15 @@ M=${1:-qwen2.5-coder-0.5b-instruct}
 O=$OUT/spectrum-$M
 mkdir -p $O
 sed "s/^model = .*/model = \"$M\"/; s/^name = .*/name = \"spectrum-gpu-$M\"/" experiments/spectrum-gpu.toml > $O/spec.toml
-$B spectrum probe $O/spec.toml --out $O --quiet > $O/probe.log 2>&1
-$B spectrum ppl $O/spec.toml --out $O --quiet > $O/ppl.log 2>&1
-$B spectrum niah $O/spec.toml --out $O --quiet > $O/niah.log 2>&1
-# TTFT: decode worker and prefill worker are two processes over loopback; 3 sends × 3
-# repeats × (tiered, fp16) = 18 requests, after which the worker exits.
-$B spectrum serve --model $M --dtype bf16 --device cuda --bind 127.0.0.1:7070 --max-requests 18 > $O/serve.log 2>&1 &
+# ppl and niah print one line per finished window/haystack and resume from
+# $O/{ppl,niah}.rows.jsonl when rerun after a timeout.
+$B spectrum probe $O/spec.toml --out $O > $O/probe.log 2>&1
+$B spectrum ppl $O/spec.toml --out $O > $O/ppl.log 2>&1
+$B spectrum niah $O/spec.toml --out $O > $O/niah.log 2>&1
+# TTFT: decode worker and prefill worker are two processes over loopback. The worker serves
+# without a request cap; this script stops it (by its pid) after the last send.
+$B spectrum serve --model $M --dtype bf16 --device cuda --bind 127.0.0.1:7070 > $O/serve.log 2>&1 &
+SERVE=$!
 # (an empty connection: the worker does not count it as a request)
 until (: > /dev/tcp/127.0.0.1/7070) 2>/dev/null; do sleep 1; done
 for link in "" "--bandwidth-mbps 1000"; do
@@ -25,5 +28,6 @@ for link in "" "--bandwidth-mbps 1000"; do
 done
 $B spectrum send --model $M --dtype bf16 --device cuda --context 4096 --b 0.5 --repeats 3 \
   --tier-policy pdtrim --out $O/ttft-pdtrim.parquet > $O/ttft-pdtrim.log 2>&1
-wait
+kill $SERVE
+wait $SERVE
 tail -n 30 $O/*.log

@@ -728,3 +728,91 @@ fn bad_specs_fail_with_one_line_before_anything_runs() {
         assert!(!out.exists(), "case {i}: output written");
     }
 }
+
+#[test]
+fn variants_with_one_plan_are_measured_once_and_sharing_is_exact() -> Result<()> {
+    use kvcredit::spectrum::eval::{self, PplOptions, Variant};
+    let m = model("qwen2", Kind::Float);
+    let ids = prompt(96, 3);
+    let v = |policy: &str, b: Option<f64>| Variant {
+        policy: Policy::parse(policy).unwrap(),
+        quantizer: Quantizer::Kivi,
+        b,
+    };
+    let o = PplOptions {
+        context: 64,
+        continuation: 16,
+        windows: 1,
+        variants: vec![
+            v("spectrum", Some(2.0)),
+            v("spectrum-2tier", Some(2.0)),
+            v("uniform-int4", None),
+        ],
+        importance: ImportanceSpec::default(),
+        protect: Protect::default(),
+        policy: POLICY,
+    };
+    let rows = eval::perplexity_window(&m, &ids, &o, 0)?;
+    assert_eq!(rows[0].shared_with, None);
+    assert_eq!(rows[1].shared_with.as_deref(), Some("spectrum/kivi/2"));
+    assert_eq!(rows[1].nll.to_bits(), rows[0].nll.to_bits());
+    // Negative control: a different plan is measured and differs.
+    assert_eq!(rows[2].shared_with, None);
+    assert_ne!(rows[2].nll.to_bits(), rows[0].nll.to_bits());
+    // The shared row equals measuring that variant alone.
+    let alone = PplOptions {
+        variants: vec![v("spectrum-2tier", Some(2.0))],
+        ..o.clone()
+    };
+    let r = eval::perplexity_window(&m, &ids, &alone, 0)?;
+    assert_eq!(r[0].shared_with, None);
+    assert_eq!(r[0].nll.to_bits(), rows[1].nll.to_bits());
+    assert_eq!(r[0].bytes, rows[1].bytes);
+    Ok(())
+}
+
+#[test]
+fn report_reads_journals_and_pairs_every_number_with_an_interval() -> Result<()> {
+    use kvcredit::spectrum::eval::PplRow;
+    use kvcredit::spectrum::report;
+    let root =
+        std::env::temp_dir().join(format!("kvcredit-spectrum-report-{}", std::process::id()));
+    let run = root.join("spectrum-tiny");
+    std::fs::create_dir_all(&run).unwrap();
+    let row = |policy: &str, quantizer: &str, window: u32, nll: f64| PplRow {
+        policy: policy.into(),
+        quantizer: quantizer.into(),
+        b: Some(0.5),
+        b_real: 0.5,
+        bytes: 100,
+        window,
+        tiers: [1, 1, 1, 0],
+        nll,
+        nll_base: 10.0,
+        tokens: 10,
+        kl: 0.0,
+        top1_agree: 1.0,
+        shared_with: None,
+    };
+    let mut text = String::from("{\"section\":\"ppl\"}\n");
+    for (w, (a, b)) in [(10.0, 12.0), (10.5, 13.0)].into_iter().enumerate() {
+        let rows = vec![
+            row("spectrum", "kivi", w as u32, a),
+            row("pdtrim", "none", w as u32, b),
+        ];
+        text.push_str(
+            &serde_json::json!({"unit": format!("window {w}"), "rows": rows}).to_string(),
+        );
+        text.push('\n');
+    }
+    text.push_str("{\"torn");
+    std::fs::write(run.join("ppl.rows.jsonl"), text).unwrap();
+    let md = report::report(&[run], &root.join("out"))?;
+    assert!(root.join("out/report.md").exists());
+    // Window 1 of spectrum: exp(0.5 / 10) − 1 = +5.13%; pooled over both: exp(0.5 / 20) − 1.
+    assert!((report::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
+    assert!(md.contains("| spectrum kivi b=0.5 | 2 | +2.53 |"), "{md}");
+    assert!(md.contains("Tiered (kivi) − PDTrim at b = 0.5, paired over windows"));
+    std::fs::remove_dir_all(&root).unwrap();
+    Ok(())
+}

@@ -27,6 +27,19 @@ pub enum Cmd {
     Serve(ServeArgs),
     /// Prefill worker: prefill a WikiText context, compress, send; TTFT by stage vs FP16.
     Send(SendArgs),
+    /// Markdown report over run folders (one per model): PPL Δ% with t-intervals, NIAH with
+    /// Wilson intervals.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ReportArgs {
+    /// Run folders (one per model) holding ppl.rows.jsonl / niah.rows.jsonl.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+    /// Output folder of report.md.
+    #[arg(long, default_value = "runs/spectrum-report")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -126,6 +139,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Probe(a) => probe(a),
         Cmd::Serve(a) => serve(a),
         Cmd::Send(a) => send(a),
+        Cmd::Report(a) => {
+            kvcredit::spectrum::report::report(&a.dirs, &a.out)?;
+            println!("report: {}", a.out.join("report.md").display());
+            Ok(())
+        }
     }
 }
 
@@ -156,6 +174,97 @@ fn bar(len: usize, what: &str, quiet: bool) -> anyhow::Result<ProgressBar> {
     Ok(b)
 }
 
+/// Finished units (text windows, haystacks) of a grid, one JSON line each after a header line
+/// naming the settings, so that a killed run resumes where it stopped. A torn last line is
+/// dropped; a header that differs from this run's settings is an error.
+struct Journal {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+#[derive(serde::Deserialize)]
+struct Unit<R> {
+    unit: String,
+    rows: Vec<R>,
+}
+
+impl Journal {
+    fn open<R: serde::de::DeserializeOwned>(
+        path: PathBuf,
+        header: &serde_json::Value,
+    ) -> anyhow::Result<(Journal, Vec<Unit<R>>)> {
+        let head = serde_json::to_string(header)?;
+        let mut units = Vec::new();
+        let mut keep = format!("{head}\n");
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let mut lines = text.lines();
+            if let Some(first) = lines.next() {
+                if first != head {
+                    bail!(
+                        "{}: written under other settings (model, section, importance or protect); remove it or use another --out",
+                        path.display()
+                    );
+                }
+                for line in lines {
+                    match serde_json::from_str::<Unit<R>>(line) {
+                        Ok(u) => {
+                            keep.push_str(line);
+                            keep.push('\n');
+                            units.push(u);
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        kvcredit::io::write_atomic(&path, keep.as_bytes())?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        Ok((Journal { path, file }, units))
+    }
+
+    fn append<R: serde::Serialize>(&mut self, unit: String, rows: &[R]) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut line = serde_json::to_string(&serde_json::json!({"unit": unit, "rows": rows}))?;
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|_| self.file.sync_data())
+            .with_context(|| format!("append {}", self.path.display()))
+    }
+}
+
+/// One line per finished unit on stderr when it is not a terminal (logs of batch runs).
+fn progress_line(quiet: bool, line: std::fmt::Arguments) {
+    use std::io::IsTerminal;
+    if !quiet && !std::io::stderr().is_terminal() {
+        eprintln!("{line}");
+    }
+}
+
+/// The settings a grid's rows depend on: a resumed run must share them.
+fn journal_header(
+    spec: &SpectrumSpec,
+    section: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "section": section,
+        "model": spec.model,
+        "dtype": spec.dtype,
+        "device": spec.device,
+        "policy": spec.policy,
+        "importance": spec.importance,
+        "protect": spec.protect,
+        "grid": body,
+    })
+}
+
 fn ppl(a: SpecArgs) -> anyhow::Result<()> {
     let (spec, model, out) = setup(&a)?;
     let p = spec.ppl.clone().context("the spec has no [ppl] section")?;
@@ -169,10 +278,46 @@ fn ppl(a: SpecArgs) -> anyhow::Result<()> {
         policy: spec.policy,
     };
     let ids = eval::wikitext_ids(&model, p.windows * (p.context + p.continuation))?;
-    let pb = bar(o.windows * o.variants.len(), "ppl", a.quiet)?;
-    let rows = eval::perplexity(&model.decoder, &ids, &o, &mut || pb.inc(1))?;
-    pb.finish_and_clear();
     let path = out.join("ppl.parquet");
+    let (mut journal, done) = Journal::open::<eval::PplRow>(
+        out.join("ppl.rows.jsonl"),
+        &journal_header(&spec, "ppl", serde_json::to_value(&p)?),
+    )?;
+    let mut rows: Vec<eval::PplRow> = Vec::new();
+    let mut finished = std::collections::BTreeSet::new();
+    for u in done {
+        finished.insert(u.unit);
+        rows.extend(u.rows);
+    }
+    let pb = bar(o.windows, "ppl windows", a.quiet)?;
+    let t0 = Instant::now();
+    for w in 0..o.windows {
+        let unit = format!("window {w}");
+        if finished.contains(&unit) {
+            pb.inc(1);
+            continue;
+        }
+        let t = Instant::now();
+        let mine = eval::perplexity_window(&model.decoder, &ids, &o, w)?;
+        journal.append(unit, &mine)?;
+        let shared = mine.iter().filter(|r| r.shared_with.is_some()).count();
+        rows.extend(mine);
+        eval::ppl_table(&rows, &model.name, &o).write(&path)?;
+        pb.inc(1);
+        progress_line(
+            a.quiet,
+            format_args!(
+                "ppl window {}/{} done in {:.1} s ({} variants, {shared} shared a plan; {:.0} s total)",
+                w + 1,
+                o.windows,
+                t.elapsed().as_secs_f64(),
+                o.variants.len(),
+                t0.elapsed().as_secs_f64()
+            ),
+        );
+    }
+    pb.finish_and_clear();
+    rows.sort_by_key(|r| r.window);
     eval::ppl_table(&rows, &model.name, &o).write(&path)?;
     println!(
         "{} n={} m={} windows={} importance {} (sinks {}, recent {})",
@@ -230,11 +375,28 @@ fn niah(a: SpecArgs) -> anyhow::Result<()> {
         .into_iter()
         .flat_map(|d| (0..n.seeds as u64).map(move |s| (d, s)))
         .collect();
-    let pb = bar(cases.len(), "niah", a.quiet)?;
-    let mut rows = Vec::new();
-    for (depth, seed) in cases {
+    let path = out.join("niah.parquet");
+    let (mut journal, done) = Journal::open::<eval::NiahRow>(
+        out.join("niah.rows.jsonl"),
+        &journal_header(&spec, "niah", serde_json::to_value(&n)?),
+    )?;
+    let mut rows: Vec<eval::NiahRow> = Vec::new();
+    let mut finished = std::collections::BTreeSet::new();
+    for u in done {
+        finished.insert(u.unit);
+        rows.extend(u.rows);
+    }
+    let pb = bar(cases.len(), "niah haystacks", a.quiet)?;
+    let (t0, total) = (Instant::now(), cases.len());
+    for (k, (depth, seed)) in cases.into_iter().enumerate() {
+        let unit = format!("depth {depth} seed {seed}");
+        if finished.contains(&unit) {
+            pb.inc(1);
+            continue;
+        }
+        let t = Instant::now();
         let case = eval::niah_case(&model, n.context, depth, seed)?;
-        rows.extend(eval::niah(
+        let mine = eval::niah(
             &model,
             &case,
             &variants,
@@ -242,11 +404,27 @@ fn niah(a: SpecArgs) -> anyhow::Result<()> {
             spec.protect,
             &spec.policy,
             n.max_new_tokens,
-        )?);
+        )?;
+        journal.append(unit, &mine)?;
+        let shared = mine.iter().filter(|r| r.shared_with.is_some()).count();
+        rows.extend(mine);
+        eval::niah_table(&rows, &model.name, &spec.importance).write(&path)?;
         pb.inc(1);
+        progress_line(
+            a.quiet,
+            format_args!(
+                "niah haystack {}/{total} (depth {depth:.3}, seed {seed}, {} tokens, {} prompt) done in {:.1} s ({} variants, {shared} shared a plan; {:.0} s total)",
+                k + 1,
+                case.ids.len(),
+                case.prompt_format,
+                t.elapsed().as_secs_f64(),
+                variants.len(),
+                t0.elapsed().as_secs_f64()
+            ),
+        );
     }
     pb.finish_and_clear();
-    let path = out.join("niah.parquet");
+    rows.sort_by(|x, y| x.depth.total_cmp(&y.depth).then(x.seed.cmp(&y.seed)));
     eval::niah_table(&rows, &model.name, &spec.importance).write(&path)?;
     println!(
         "{} NIAH ~{} tokens, {} depths × {} seeds",

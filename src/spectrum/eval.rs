@@ -156,16 +156,46 @@ impl Compressed {
     }
 }
 
-/// Allocate, quantize and pack `pre` under `v`.
-pub fn compress(pre: &Prefilled, v: &Variant, protect: Protect) -> Result<Compressed> {
-    let t0 = Instant::now();
+/// The tier plan of `v` for `pre`.
+pub fn plan_of(pre: &Prefilled, v: &Variant, protect: Protect) -> Result<TierPlan> {
     let budget = Budget {
         b: v.b.unwrap_or(1.0),
         shape: pre.cache.shape(),
         quantizer: v.quantizer,
         protect,
     };
-    let plan = allocate::allocate(v.policy, &pre.scores, &budget)?;
+    allocate::allocate(v.policy, &pre.scores, &budget)
+}
+
+/// What decides a variant's decode-side result: its plan, and its quantizer when the plan
+/// holds an INT tier. Variants with equal keys are measured once.
+pub type ShareKey = (Vec<Tier>, Option<Quantizer>);
+
+/// The [`ShareKey`] of `plan` under `q`.
+pub fn share_key(plan: &TierPlan, q: Quantizer) -> ShareKey {
+    let c = plan.counts();
+    (plan.tiers().to_vec(), (c[1] + c[2] > 0).then_some(q))
+}
+
+/// `policy/quantizer/b` of a variant, as in the `shared_with` column.
+pub fn variant_label(v: &Variant) -> String {
+    format!(
+        "{}/{}/{}",
+        v.policy.name(),
+        v.quantizer_name(),
+        v.b.map_or("-".into(), |b| b.to_string())
+    )
+}
+
+/// Allocate, quantize and pack `pre` under `v`.
+pub fn compress(pre: &Prefilled, v: &Variant, protect: Protect) -> Result<Compressed> {
+    let t0 = Instant::now();
+    let plan = plan_of(pre, v, protect)?;
+    compress_plan(pre, v, plan, t0)
+}
+
+/// Quantize and pack `pre` under an already allocated `plan` (`t0`: when allocation began).
+fn compress_plan(pre: &Prefilled, v: &Variant, plan: TierPlan, t0: Instant) -> Result<Compressed> {
     let tiered = TieredKv::build(&pre.cache, 0, &plan, v.quantizer)?;
     let frame = wire::encode(&tiered)?;
     Ok(Compressed {
@@ -198,7 +228,7 @@ fn teacher_forced(
 }
 
 /// One perplexity measurement of one variant on one text window.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PplRow {
     /// Variant.
     pub policy: String,
@@ -224,6 +254,9 @@ pub struct PplRow {
     pub kl: f64,
     /// Argmax agreement with the uncompressed cache over the continuation.
     pub top1_agree: f64,
+    /// The variant ([`variant_label`]) whose measurement this row reuses because both have
+    /// the same [`ShareKey`]; `None` when measured for this variant.
+    pub shared_with: Option<String>,
 }
 
 /// Settings of the perplexity evaluation.
@@ -246,15 +279,25 @@ pub struct PplOptions {
     pub policy: ExecPolicy,
 }
 
-/// Perplexity rows over the token stream `text_ids`; `on_done` after each (window, variant).
-pub fn perplexity(
+/// Perplexity rows of every window over the token stream `text_ids`.
+pub fn perplexity(model: &Decoder, text_ids: &[i64], o: &PplOptions) -> Result<Vec<PplRow>> {
+    let mut rows = Vec::new();
+    for w in 0..o.windows {
+        rows.extend(perplexity_window(model, text_ids, o, w)?);
+    }
+    Ok(rows)
+}
+
+/// Perplexity rows of window `w`: one prefill and scoring, shared by every variant; variants
+/// with the same [`ShareKey`] are measured once (`shared_with`).
+pub fn perplexity_window(
     model: &Decoder,
     text_ids: &[i64],
     o: &PplOptions,
-    on_done: &mut dyn FnMut(),
+    w: usize,
 ) -> Result<Vec<PplRow>> {
     let span = o.context + o.continuation;
-    if o.context < 2 || o.continuation < 1 || o.windows * span > text_ids.len() {
+    if o.context < 2 || o.continuation < 1 || o.windows * span > text_ids.len() || w >= o.windows {
         return Err(Error::Spectrum(format!(
             "{} windows of {} + {} tokens need {} tokens; the text has {}",
             o.windows,
@@ -264,62 +307,78 @@ pub fn perplexity(
             text_ids.len()
         )));
     }
-    let mut rows = Vec::new();
-    for w in 0..o.windows {
-        let ids = &text_ids[w * span..(w + 1) * span];
-        let (ctx, fed, target) = (
-            &ids[..o.context - 1],
-            &ids[o.context - 1..span - 1],
-            &ids[o.context..],
-        );
-        let pre = prefill_and_score(model, ctx, &o.policy, &o.importance)?;
-        let mut base_cache =
-            KvCache::gather(&[(&pre.cache, pre.cache.snapshot(0))], fed.len() as i64)?;
-        let base = teacher_forced(model, &mut base_cache, fed, &o.policy)?;
-        let idx = Tensor::from_slice(target).view([-1, 1]);
-        let nll_of = |lp: &Tensor| -> f64 {
-            -lp.gather(1, &idx, false)
-                .sum(Kind::Double)
-                .double_value(&[])
+    let mut rows: Vec<PplRow> = Vec::new();
+    let mut measured: std::collections::HashMap<ShareKey, usize> = Default::default();
+    let ids = &text_ids[w * span..(w + 1) * span];
+    let (ctx, fed, target) = (
+        &ids[..o.context - 1],
+        &ids[o.context - 1..span - 1],
+        &ids[o.context..],
+    );
+    let pre = prefill_and_score(model, ctx, &o.policy, &o.importance)?;
+    let mut base_cache = KvCache::gather(&[(&pre.cache, pre.cache.snapshot(0))], fed.len() as i64)?;
+    let base = teacher_forced(model, &mut base_cache, fed, &o.policy)?;
+    let idx = Tensor::from_slice(target).view([-1, 1]);
+    let nll_of = |lp: &Tensor| -> f64 {
+        -lp.gather(1, &idx, false)
+            .sum(Kind::Double)
+            .double_value(&[])
+    };
+    let nll_base = nll_of(&base);
+    let base_top = base.argmax(-1, false);
+    for v in &o.variants {
+        let t0 = Instant::now();
+        let plan = plan_of(&pre, v, o.protect)?;
+        let key = share_key(&plan, v.quantizer);
+        let counts = plan.counts();
+        let tiers = [
+            counts[0] as u32,
+            counts[1] as u32,
+            counts[2] as u32,
+            plan.dropped() as u32,
+        ];
+        let row = |nll: f64, kl: f64, top1_agree: f64, bytes: usize, shared_with| PplRow {
+            policy: v.policy.name().to_string(),
+            quantizer: v.quantizer_name().to_string(),
+            b: v.b,
+            b_real: bytes as f64 / wire::fp16_bytes(pre.cache.shape(), plan.len() as i64) as f64,
+            bytes: bytes as u64,
+            window: w as u32,
+            tiers,
+            nll,
+            nll_base,
+            tokens: target.len() as u32,
+            kl,
+            top1_agree,
+            shared_with,
         };
-        let nll_base = nll_of(&base);
-        let base_top = base.argmax(-1, false);
-        for v in &o.variants {
-            let c = compress(&pre, v, o.protect)?;
-            let mut cache = receive(model, &c.frame, fed.len() as i64)?;
-            let lp = teacher_forced(model, &mut cache, fed, &o.policy)?;
-            let kl = (base.exp() * (&base - &lp))
-                .sum_dim_intlist([1i64].as_slice(), false, Kind::Double)
-                .mean(Kind::Double)
-                .double_value(&[]);
-            let agree = lp
-                .argmax(-1, false)
-                .eq_tensor(&base_top)
-                .to_kind(Kind::Double)
-                .mean(Kind::Double)
-                .double_value(&[]);
-            let counts = c.plan.counts();
-            rows.push(PplRow {
-                policy: v.policy.name().to_string(),
-                quantizer: v.quantizer_name().to_string(),
-                b: v.b,
-                b_real: c.real_b(),
-                bytes: c.frame.len() as u64,
-                window: w as u32,
-                tiers: [
-                    counts[0] as u32,
-                    counts[1] as u32,
-                    counts[2] as u32,
-                    c.plan.dropped() as u32,
-                ],
-                nll: nll_of(&lp),
-                nll_base,
-                tokens: target.len() as u32,
-                kl,
-                top1_agree: agree,
-            });
-            on_done();
+        if let Some(&i) = measured.get(&key) {
+            let (r, label) = (&rows[i], variant_label(&o.variants[i]));
+            let budget = Budget {
+                b: v.b.unwrap_or(1.0),
+                shape: pre.cache.shape(),
+                quantizer: v.quantizer,
+                protect: o.protect,
+            };
+            let new = row(r.nll, r.kl, r.top1_agree, budget.bytes(&plan), Some(label));
+            rows.push(new);
+            continue;
         }
+        let c = compress_plan(&pre, v, plan.clone(), t0)?;
+        let mut cache = receive(model, &c.frame, fed.len() as i64)?;
+        let lp = teacher_forced(model, &mut cache, fed, &o.policy)?;
+        let kl = (base.exp() * (&base - &lp))
+            .sum_dim_intlist([1i64].as_slice(), false, Kind::Double)
+            .mean(Kind::Double)
+            .double_value(&[]);
+        let agree = lp
+            .argmax(-1, false)
+            .eq_tensor(&base_top)
+            .to_kind(Kind::Double)
+            .mean(Kind::Double)
+            .double_value(&[]);
+        measured.insert(key, rows.len());
+        rows.push(row(nll_of(&lp), kl, agree, c.frame.len(), None));
     }
     Ok(rows)
 }
@@ -385,6 +444,10 @@ pub fn ppl_table(rows: &[PplRow], model: &str, o: &PplOptions) -> Table {
         .with("ppl_base", col(&|r| (r.nll_base / r.tokens as f64).exp()))
         .with("kl", col(&|r| r.kl))
         .with("top1_agree", col(&|r| r.top1_agree))
+        .with(
+            "shared_with",
+            Column::OptStr(rows.iter().map(|r| r.shared_with.clone()).collect()),
+        )
         .with("importance", Column::Str(vec![o.importance.describe(); n]))
         .with("sinks", Column::U32(vec![o.protect.sinks as u32; n]))
         .with("recent", Column::U32(vec![o.protect.recent as u32; n]))
@@ -408,11 +471,15 @@ pub struct NiahCase {
     pub seed: u64,
     /// The value to retrieve.
     pub value: String,
-    /// Prompt token ids (chat template, then the answer prefix).
+    /// Prompt token ids (chat template or plain text, then the answer prefix).
     pub ids: Vec<i64>,
+    /// `chat` (the model's template) or `text` (no template: the plain-text format).
+    pub prompt_format: &'static str,
 }
 
-/// Build a single-needle case of about `context` tokens.
+/// Build a single-needle case of about `context` tokens: the message rendered with the
+/// model's chat template, or, for a model without one, as plain text (BOS, the message, a
+/// blank line), followed by the answer prefix.
 pub fn niah_case(model: &LoadedModel, context: usize, depth: f64, seed: u64) -> Result<NiahCase> {
     let mut rng = seed
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -438,9 +505,16 @@ pub fn niah_case(model: &LoadedModel, context: usize, depth: f64, seed: u64) -> 
              memorize it. I will quiz you about the numbers afterwards.\n{hay}\nWhat is the \
              special magic number for {key} mentioned in the provided text?"
         );
-        let mut ids = model.encode_prompt(&Prompt::Chat {
-            messages: vec![Message::user(msg)],
-        })?;
+        let prompt = if model.chat.is_some() {
+            Prompt::Chat {
+                messages: vec![Message::user(msg)],
+            }
+        } else {
+            Prompt::Text {
+                text: format!("{msg}\n\n"),
+            }
+        };
+        let mut ids = model.encode_prompt(&prompt)?;
         let tok = model
             .tokenizer
             .as_ref()
@@ -463,6 +537,7 @@ pub fn niah_case(model: &LoadedModel, context: usize, depth: f64, seed: u64) -> 
         seed,
         value,
         ids: build(reps)?,
+        prompt_format: if model.chat.is_some() { "chat" } else { "text" },
     })
 }
 
@@ -477,7 +552,7 @@ pub fn niah_correct(text: &str, value: &str) -> bool {
 }
 
 /// One NIAH answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NiahRow {
     /// Policy name.
     pub policy: String,
@@ -485,8 +560,8 @@ pub struct NiahRow {
     pub quantizer: String,
     /// Nominal budget.
     pub b: Option<f64>,
-    /// Real budget.
-    pub b_real: f64,
+    /// Real budget (`None` for the uncompressed reference).
+    pub b_real: Option<f64>,
     /// Needle depth.
     pub depth: f64,
     /// Case seed.
@@ -499,9 +574,14 @@ pub struct NiahRow {
     pub answer: String,
     /// Exact match.
     pub correct: bool,
+    /// `chat` or `text` ([`NiahCase::prompt_format`]).
+    pub prompt_format: String,
+    /// The variant whose answer this row reuses (same [`ShareKey`]), if any.
+    pub shared_with: Option<String>,
 }
 
-/// Greedy answers of `case` under every variant (and the uncompressed cache, policy `full`).
+/// Greedy answers of `case` under every variant (and the uncompressed cache, policy `full`),
+/// after one prefill and scoring; variants with the same [`ShareKey`] are decoded once.
 pub fn niah(
     model: &LoadedModel,
     case: &NiahCase,
@@ -522,7 +602,7 @@ pub fn niah(
             .unwrap_or(tokens.len());
         model.decode(&tokens[..end])
     };
-    let row = |v: Option<&Variant>, b_real: f64, text: String| NiahRow {
+    let row = |v: Option<&Variant>, b_real: Option<f64>, text: String, shared_with| NiahRow {
         policy: v.map_or("full".into(), |v| v.policy.name().to_string()),
         quantizer: v.map_or("none".into(), |v| v.quantizer_name().to_string()),
         b: v.and_then(|v| v.b),
@@ -533,6 +613,8 @@ pub fn niah(
         value: case.value.clone(),
         correct: niah_correct(&text, &case.value),
         answer: text,
+        prompt_format: case.prompt_format.to_string(),
+        shared_with,
     };
     let mut rows = Vec::with_capacity(variants.len() + 1);
     // The uncompressed reference: the dense cache itself, not a tier.
@@ -555,11 +637,28 @@ pub fn niah(
         }
         tokens.push(next);
     }
-    rows.push(row(None, f64::NAN, model.decode(&tokens)?));
-    for v in variants {
-        let c = compress(&pre, v, protect)?;
+    rows.push(row(None, None, model.decode(&tokens)?, None));
+    let mut measured: std::collections::HashMap<ShareKey, usize> = Default::default();
+    for (i, v) in variants.iter().enumerate() {
+        let t0 = Instant::now();
+        let plan = plan_of(&pre, v, protect)?;
+        let key = share_key(&plan, v.quantizer);
+        if let Some(&j) = measured.get(&key) {
+            let budget = Budget {
+                b: v.b.unwrap_or(1.0),
+                shape: pre.cache.shape(),
+                quantizer: v.quantizer,
+                protect,
+            };
+            let text = rows[j + 1].answer.clone();
+            let label = variant_label(&variants[j]);
+            rows.push(row(Some(v), Some(budget.real_b(&plan)), text, Some(label)));
+            continue;
+        }
+        let c = compress_plan(&pre, v, plan, t0)?;
         let text = answer(&wire::decode(&c.frame)?)?;
-        rows.push(row(Some(v), c.real_b(), text));
+        measured.insert(key, i);
+        rows.push(row(Some(v), Some(c.real_b()), text, None));
     }
     Ok(rows)
 }
@@ -580,11 +679,7 @@ pub fn niah_table(rows: &[NiahRow], model: &str, importance: &ImportanceSpec) ->
         .with("b", Column::OptF64(rows.iter().map(|r| r.b).collect()))
         .with(
             "b_real",
-            Column::OptF64(
-                rows.iter()
-                    .map(|r| (!r.b_real.is_nan()).then_some(r.b_real))
-                    .collect(),
-            ),
+            Column::OptF64(rows.iter().map(|r| r.b_real).collect()),
         )
         .with("depth", Column::F64(rows.iter().map(|r| r.depth).collect()))
         .with(
@@ -606,6 +701,14 @@ pub fn niah_table(rows: &[NiahRow], model: &str, importance: &ImportanceSpec) ->
         .with(
             "correct",
             Column::Bool(rows.iter().map(|r| r.correct).collect()),
+        )
+        .with(
+            "prompt_format",
+            Column::Str(rows.iter().map(|r| r.prompt_format.clone()).collect()),
+        )
+        .with(
+            "shared_with",
+            Column::OptStr(rows.iter().map(|r| r.shared_with.clone()).collect()),
         )
         .with("importance", Column::Str(vec![importance.describe(); n]))
 }
@@ -701,7 +804,7 @@ pub fn gate(
             .collect(),
         ..o.clone()
     };
-    let rows = perplexity(model, text_ids, &o, &mut || {})?;
+    let rows = perplexity(model, text_ids, &o)?;
     Ok(quantizers
         .iter()
         .map(|&q| {

@@ -14,6 +14,7 @@ pub mod allocate;
 pub mod eval;
 pub mod importance;
 pub mod quant;
+pub mod report;
 pub mod spec;
 pub mod tiers;
 pub mod transport;
@@ -59,7 +60,7 @@ impl Tier {
 
 /// How INT8/INT4 tiers are quantized.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, clap::ValueEnum,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Quantizer {
