@@ -19,6 +19,12 @@ pub enum Cmd {
         #[arg(long)]
         quiet: bool,
     },
+    /// Merge the tables of an interrupted run from its finished shards (dtypes whose shards
+    /// are all present); a rerun of the spec still resumes.
+    Merge {
+        /// Divergence run dir (with manifest.json and shards/).
+        run_dir: PathBuf,
+    },
     /// Write report.md for one or more run dirs (one per model).
     Analyze {
         /// Divergence run dirs (each with pairs.parquet).
@@ -41,6 +47,19 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             device,
             quiet,
         } => (spec, out, device, quiet),
+        Cmd::Merge { run_dir } => {
+            let m = kvcredit::divergence::run::merge_finished(&run_dir)?;
+            let merged = m.merged_dtypes.as_ref().unwrap_or(&m.spec.dtypes);
+            let names: Vec<String> = merged.iter().map(|d| d.to_string()).collect();
+            println!(
+                "{} of {} shards; tables of {} merged: {}",
+                m.shards_done,
+                m.shards_total,
+                names.join(", "),
+                run_dir.display()
+            );
+            return Ok(());
+        }
         Cmd::Analyze {
             run_dirs,
             out,

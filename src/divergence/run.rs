@@ -68,6 +68,10 @@ pub struct Manifest {
     pub shards_done: usize,
     /// Device seconds per step name, summed over shards.
     pub seconds: BTreeMap<String, f64>,
+    /// Set by [`merge_finished`] on an unfinished run: the dtypes whose shards are all present
+    /// and whose tables were merged (the others are missing from the tables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_dtypes: Option<Vec<Dtype>>,
 }
 
 /// Per-shard bookkeeping.
@@ -175,6 +179,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         merge_table(&dirs, name, out)?;
     }
     refresh(&mut m, out, spec, &problems)?;
+    m.merged_dtypes = None;
     m.finished_at = Some(now_rfc3339());
     write_json(&manifest_path, &m)?;
     Ok(m)
@@ -218,7 +223,56 @@ fn new_manifest(
         shards_total: problems.len() * spec.dtypes.len(),
         shards_done: 0,
         seconds: BTreeMap::new(),
+        merged_dtypes: None,
     }
+}
+
+/// Tables of an interrupted run from its finished shards: every dtype whose shards all exist
+/// is merged (the manifest records which, and stays unfinished); a rerun of the spec still
+/// resumes and, at the end, replaces these tables with the whole study's.
+pub fn merge_finished(out: &Path) -> Result<Manifest> {
+    let manifest_path = out.join("manifest.json");
+    if !manifest_path.exists() {
+        return Err(Error::Spec(format!(
+            "{} holds no divergence run (no manifest.json)",
+            out.display()
+        )));
+    }
+    let mut m: Manifest = read_json(&manifest_path)?;
+    let spec = m.spec.clone();
+    let (_, problems) = spec.problems.task()?;
+    let complete: Vec<Dtype> = spec
+        .dtypes
+        .iter()
+        .copied()
+        .filter(|&d| {
+            problems
+                .iter()
+                .all(|p| shard_dir(out, d, p.index).join("shard.json").exists())
+        })
+        .collect();
+    if complete.is_empty() {
+        return Err(Error::Spec(format!(
+            "{}: no dtype has all {} of its shards yet",
+            out.display(),
+            problems.len()
+        )));
+    }
+    let dirs: Vec<PathBuf> = complete
+        .iter()
+        .flat_map(|&d| problems.iter().map(move |p| shard_dir(out, d, p.index)))
+        .collect();
+    for name in tables_of(&spec) {
+        merge_table(&dirs, name, out)?;
+    }
+    refresh(&mut m, out, &spec, &problems)?;
+    m.merged_dtypes = if complete.len() == spec.dtypes.len() {
+        None
+    } else {
+        Some(complete)
+    };
+    write_json(&manifest_path, &m)?;
+    Ok(m)
 }
 
 fn refresh(
