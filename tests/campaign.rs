@@ -4,7 +4,7 @@
 //! tables load in polars and pandas.
 mod common;
 
-use kvcredit::credit::engine::{self, Decoding, Job, Start};
+use kvcredit::decode::engine::{self, Decoding, Job, Start};
 use kvcredit::credit::rollout::{self, RolloutParams};
 use kvcredit::credit::spec::PivotSpec;
 use kvcredit::credit::{CampaignSpec, RunOptions, run_campaign};

@@ -4,7 +4,7 @@
 //! feeds a stop token ends with an empty continuation.
 mod common;
 
-use kvcredit::credit::engine::{
+use kvcredit::decode::engine::{
     self, Decoding, EngineMode, EngineOptions, Job, Outcome, Start, Stop,
 };
 use kvcredit::credit::rollout::{self, Rollout, RolloutParams};

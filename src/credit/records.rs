@@ -1,6 +1,6 @@
 //! The campaign's Parquet tables (schemas documented in the README): one builder per table.
 use super::campaign::{JobId, PassAudit};
-use super::engine::Outcome;
+use crate::decode::engine::Outcome;
 use super::estimate::Estimate;
 use super::rollout::{Pivot, Rollout};
 use super::spec::Pass;

@@ -8,7 +8,7 @@
 //! on cache-ON's sequence), and the residual stream after every layer and the cached K/V of the
 //! current position are compared too (layer-wise drift). One readback per step.
 use crate::Result;
-use crate::credit::engine::{Stop, TextStop};
+use crate::decode::engine::{Stop, TextStop};
 use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
 use crate::kv_cache::KvCache;
