@@ -18,8 +18,8 @@
 //! static and CUDA-graph engines of [`crate::decode::engine::EngineMode`]), and the results are
 //! checked against the project's targets (see [`Target`]) so a miss shows as a gap.
 use crate::config::Dims;
-use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::credit::rollout::{self, RolloutParams};
+use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::exec::{BiTiles, ExecPolicy};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};

@@ -7,9 +7,9 @@
 //! alternatives are the most probable tokens outside that set. Stop tokens may be
 //! alternatives (ending the answer there is a real counterfactual); a branch that feeds one
 //! ends at once (see `decode::engine`).
-use crate::decode::engine::{Stop, TextStop};
 use super::spec::{PivotRule, PivotSpec};
 use crate::Result;
+use crate::decode::engine::{Stop, TextStop};
 use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
 use crate::kv_cache::{KvCache, Snapshot};
