@@ -9,17 +9,17 @@
 //! * **continuation** tokens/s of a credit campaign's batched continuations: a rollout is
 //!   generated, `pivots` of its steps are chosen, and for each pivot two branches (the rollout's
 //!   token and the runner-up) × `k` samples are resumed from the rollout's KV snapshots through
-//!   [`crate::credit::engine`] (fingerprints verified, temperature sampling, no stop tokens, so
+//!   [`crate::decode::engine`] (fingerprints verified, temperature sampling, no stop tokens, so
 //!   every continuation runs `new_tokens` steps);
 //! * **snapshot memory** of the pivots: snapshots are `(row, length)` references into the
 //!   append-only rollout cache, against copying each pivot's prefix.
 //!
 //! Every measurement runs for each policy and each engine (`eager`: [`Decoder::forward`]; the
-//! static and CUDA-graph engines of [`crate::credit::engine::EngineMode`]), and the results are
+//! static and CUDA-graph engines of [`crate::decode::engine::EngineMode`]), and the results are
 //! checked against the project's targets (see [`Target`]) so a miss shows as a gap.
 use crate::config::Dims;
-use crate::credit::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::credit::rollout::{self, RolloutParams};
+use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::exec::{BiTiles, ExecPolicy};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};

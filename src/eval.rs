@@ -1,6 +1,6 @@
 //! Task accuracy: greedy (or sampled) answers to GSM8K problems, decoded in batches by the
 //! continuation engine, graded, and written as Parquet rows.
-use crate::credit::engine::{self, Decoding, Job, Start};
+use crate::decode::engine::{self, Decoding, Job, Start};
 use crate::exec::ExecPolicy;
 use crate::io::parquet::{Column, Table};
 use crate::kv_cache::{KvCache, Snapshot};

@@ -12,6 +12,7 @@ pub mod check;
 pub mod config;
 pub mod credit;
 pub mod cuda_graph;
+pub mod decode;
 pub mod divergence;
 pub mod error;
 pub mod eval;

@@ -4,10 +4,10 @@
 //! tables load in polars and pandas.
 mod common;
 
-use kvcredit::credit::engine::{self, Decoding, Job, Start};
 use kvcredit::credit::rollout::{self, RolloutParams};
 use kvcredit::credit::spec::PivotSpec;
 use kvcredit::credit::{CampaignSpec, RunOptions, run_campaign};
+use kvcredit::decode::engine::{self, Decoding, Job, Start};
 use kvcredit::io::parquet::read_batches;
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
 use kvcredit::sampling::{NoiseKey, Sampling};

@@ -4,11 +4,11 @@
 //! feeds a stop token ends with an empty continuation.
 mod common;
 
-use kvcredit::credit::engine::{
-    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Start, Stop,
-};
 use kvcredit::credit::rollout::{self, Rollout, RolloutParams};
 use kvcredit::credit::spec::{PivotRule, PivotSpec};
+use kvcredit::decode::engine::{
+    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Start, Stop,
+};
 use kvcredit::sampling::{NoiseKey, Sampling};
 use kvcredit::{Decoder, ExecPolicy};
 use tch::Kind;

@@ -4,8 +4,8 @@
 //! the batch size with a hint. Every failure is one line and a non-zero exit, never a panic.
 mod common;
 
-use kvcredit::credit::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use kvcredit::credit::rollout::{self, RolloutParams};
+use kvcredit::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use kvcredit::runtime::{self, Dtype, ModelSource};
 use kvcredit::sampling::{NoiseKey, Sampling};
 use kvcredit::tasks::Task;

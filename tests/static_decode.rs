@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use kvcredit::credit::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
+use kvcredit::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use kvcredit::sampling::{NoiseKey, Sampling};
 use kvcredit::{Decoder, ExecPolicy, KvCache, LogitsAt, Result, Snapshot};
 use std::path::PathBuf;

@@ -5,7 +5,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvcredit::ExecPolicy;
 use kvcredit::bench::{self, BenchConfig, Progress};
-use kvcredit::credit::engine::EngineMode;
+use kvcredit::decode::engine::EngineMode;
 use kvcredit::exec::{TileOverrides, set_tile_overrides};
 use kvcredit::runtime::{self, Dtype};
 use std::path::PathBuf;

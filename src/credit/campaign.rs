@@ -1,14 +1,14 @@
 //! Running a campaign: per problem a rollout, pivots, the three passes of continuations, grading
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
-use super::engine::{
-    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
-};
 use super::estimate::{Estimate, estimate};
 use super::records;
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
-use super::schedule;
 use super::spec::{CampaignSpec, Pass, ReplicaSchedule};
+use crate::decode::engine::{
+    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
+};
+use crate::decode::schedule;
 use crate::exec::ExecPolicy;
 use crate::io::parquet::Table;
 use crate::kv_cache::{KvCache, Snapshot};
@@ -88,7 +88,7 @@ pub struct Manifest {
     pub kvcredit_version: String,
     /// libtorch version the binary was built against.
     pub libtorch_version: String,
-    /// Continuation engine (`eager`, `static`, `graph`; see `credit::engine::EngineMode`):
+    /// Continuation engine (`eager`, `static`, `graph`; see `decode::engine::EngineMode`):
     /// under the stock policy it decides rounding, so a stock run resumes only with the same one.
     #[serde(default)]
     pub engine: String,

@@ -3,13 +3,10 @@
 //! (replica), or from a fresh prefill of the transcript prefix (refeed); graded outcomes and
 //! per-pivot estimates written as Parquet.
 pub mod campaign;
-pub mod engine;
 pub mod estimate;
 pub mod records;
 pub mod rollout;
-pub mod schedule;
 pub mod spec;
-pub mod stepper;
 
 pub use campaign::{Manifest, RunOptions, run_campaign};
 pub use spec::{CampaignSpec, Pass};

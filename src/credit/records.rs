@@ -1,10 +1,10 @@
 //! The campaign's Parquet tables (schemas documented in the README): one builder per table.
 use super::campaign::{JobId, PassAudit};
-use super::engine::Outcome;
 use super::estimate::Estimate;
 use super::rollout::{Pivot, Rollout};
 use super::spec::Pass;
 use crate::Result;
+use crate::decode::engine::Outcome;
 use crate::io::hex;
 use crate::io::parquet::{Column, Table};
 use crate::runtime::LoadedModel;

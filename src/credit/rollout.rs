@@ -6,10 +6,10 @@
 //! are never pivots nor alternatives: a step that sampled one is no candidate, and the
 //! alternatives are the most probable tokens outside that set. Stop tokens may be
 //! alternatives (ending the answer there is a real counterfactual); a branch that feeds one
-//! ends at once (see `credit::engine`).
-use super::engine::{Stop, TextStop};
+//! ends at once (see `decode::engine`).
 use super::spec::{PivotRule, PivotSpec};
 use crate::Result;
+use crate::decode::engine::{Stop, TextStop};
 use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
 use crate::kv_cache::{KvCache, Snapshot};

@@ -1,6 +1,6 @@
 //! Campaign specification: a TOML file fixed before anything runs (its hash goes into the
 //! manifest).
-use super::engine::Stop;
+use crate::decode::engine::Stop;
 use crate::exec::ExecPolicy;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
@@ -200,7 +200,7 @@ pub enum ReplicaSchedule {
     /// Exactly the exact pass's batches (must then be bitwise identical to it).
     Same,
     /// Jobs in reverse order, at most `replica_batch_size` at a time, grouped so that the
-    /// batches' memberships differ from exact's (see `credit::schedule`), as a serving engine
+    /// batches' memberships differ from exact's (see `decode::schedule`), as a serving engine
     /// might.
     Shuffled,
 }

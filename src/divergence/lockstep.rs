@@ -15,7 +15,7 @@
 //! batches and each row's own stop), so reruns and resumes reproduce it bitwise; under
 //! `batch_invariant` a row's logits do not depend on its batch at all.
 use crate::Result;
-use crate::credit::engine::{Stop, TextStop};
+use crate::decode::engine::{Stop, TextStop};
 use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
 use crate::kv_cache::KvCache;

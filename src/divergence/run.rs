@@ -9,7 +9,7 @@ use super::lockstep::{self, Mode, PairOutcome, Settings};
 use super::patch::{self, PatchOutcome};
 use super::replay;
 use super::spec::{DivergenceSpec, LayerSet, strategy_label};
-use crate::credit::engine::Stop;
+use crate::decode::engine::Stop;
 use crate::io::parquet::{Column, Table};
 use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
 use crate::sampling::{NoiseKey, Sampling};

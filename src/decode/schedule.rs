@@ -10,7 +10,7 @@
 //! grouping equals exact's.
 //!
 //! That never happens for a problem with at least two jobs unless `batch_size` and r are both
-//! 1 (which [`super::spec::CampaignSpec::validate`] rejects): with r = 1 the replica runs every
+//! 1 (which [`crate::credit::spec::CampaignSpec::validate`] rejects): with r = 1 the replica runs every
 //! job alone, which exact does only when `batch_size` = 1; with r ≥ 2, if the groupings
 //! coincided for both `s = 1` and `s = 2`, exact's batch holding the last job would be both
 //! `{n−1}` and `{n−2, n−1}`. When both sizes are at least 2 no job at all shares its exact

@@ -62,6 +62,21 @@ fn static_buffers(
     ))
 }
 
+/// How a batch's steps run: eager forwards, or the static step over device-resident inputs
+/// (replayed as CUDA graphs in the graph mode).
+enum Steps {
+    Eager,
+    Static(StaticState),
+}
+
+/// Graph counters of a run, kept across batch reloads.
+#[derive(Default)]
+struct GraphCounters {
+    captures: u64,
+    capture_seconds: f64,
+    nodes: Option<u64>,
+}
+
 /// A batch of rows being decoded one token per step.
 pub struct Stepper<'m> {
     model: &'m Decoder,
@@ -69,10 +84,8 @@ pub struct Stepper<'m> {
     sampling: Sampling,
     mode: EngineMode,
     cache: KvCache,
-    st: Option<StaticState>,
-    captures: u64,
-    capture_seconds: f64,
-    graph_nodes: Option<u64>,
+    steps: Steps,
+    counters: GraphCounters,
 }
 
 impl<'m> Stepper<'m> {
@@ -94,11 +107,11 @@ impl<'m> Stepper<'m> {
                 model.device()
             )));
         }
-        let (cache, st) = if mode == EngineMode::Eager {
-            (KvCache::gather(parts, extra as i64)?, None)
+        let (cache, steps) = if mode == EngineMode::Eager {
+            (KvCache::gather(parts, extra as i64)?, Steps::Eager)
         } else {
             let (cache, st) = static_buffers(model, parts, extra, min_capacity)?;
-            (cache, Some(st))
+            (cache, Steps::Static(st))
         };
         Ok(Stepper {
             model,
@@ -106,10 +119,8 @@ impl<'m> Stepper<'m> {
             sampling,
             mode,
             cache,
-            st,
-            captures: 0,
-            capture_seconds: 0.0,
-            graph_nodes: None,
+            steps,
+            counters: GraphCounters::default(),
         })
     }
 
@@ -120,21 +131,23 @@ impl<'m> Stepper<'m> {
 
     /// Replace the batch by one resuming `parts`.
     pub fn load(&mut self, parts: &[(&KvCache, Snapshot)], extra: usize) -> Result<()> {
-        if self.st.is_none() {
-            self.cache = KvCache::gather(parts, extra as i64)?;
-            return Ok(());
-        }
+        let rows = match &self.steps {
+            Steps::Eager => {
+                self.cache = KvCache::gather(parts, extra as i64)?;
+                return Ok(());
+            }
+            Steps::Static(st) => st.io.size()[0] as usize,
+        };
         let longest = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
-        let rows = self.st.as_ref().map_or(0, |s| s.io.size()[0] as usize);
         if parts.len() <= rows && longest + extra as i64 <= self.cache.capacity() {
             self.cache.load_rows(parts)
         } else {
             // Bigger than the first batch (not the engine's schedules): new buffers, no graphs.
-            self.st = None;
+            self.steps = Steps::Eager;
             let cap = self.cache.capacity();
             let (cache, st) = static_buffers(self.model, parts, extra, cap)?;
             self.cache = cache;
-            self.st = Some(st);
+            self.steps = Steps::Static(st);
             Ok(())
         }
     }
@@ -152,13 +165,17 @@ impl<'m> Stepper<'m> {
     /// Add this batch's graph counters to `stats`.
     pub fn report(&self, stats: &mut EngineStats) {
         stats.mode = self.mode.to_string();
-        stats.graph_captures += self.captures;
-        stats.capture_seconds += self.capture_seconds;
-        if self.graph_nodes.is_some() {
-            stats.graph_nodes = self.graph_nodes;
+        stats.graph_captures += self.counters.captures;
+        stats.capture_seconds += self.counters.capture_seconds;
+        if self.counters.nodes.is_some() {
+            stats.graph_nodes = self.counters.nodes;
         }
-        if let Some(why) = self.st.as_ref().and_then(|s| s.fallback.clone()) {
-            stats.graph_fallback = Some(why);
+        if let Steps::Static(StaticState {
+            fallback: Some(why),
+            ..
+        }) = &self.steps
+        {
+            stats.graph_fallback = Some(why.clone());
         }
     }
 
@@ -173,8 +190,14 @@ impl<'m> Stepper<'m> {
                 self.cache.batch()
             )));
         }
-        let (next, finite) = if self.st.is_some() {
-            self.static_step(feed, keys)?
+        let (next, finite) = if let Steps::Static(st) = &mut self.steps {
+            let step = StaticStep {
+                model: self.model,
+                policy: &self.policy,
+                sampling: self.sampling,
+                graphs: self.mode == EngineMode::Graph,
+            };
+            step.run(st, &mut self.cache, &mut self.counters, feed, keys)?
         } else {
             let ids = Tensor::from_slice(feed).view([b as i64, 1]);
             let logits = self
@@ -195,89 +218,9 @@ impl<'m> Stepper<'m> {
         Ok(next)
     }
 
-    fn static_step(&mut self, feed: &[i64], keys: &[NoiseKey]) -> Result<(Vec<i64>, bool)> {
-        let b = feed.len();
-        let vocab = self.model.config().vocab_size as i64;
-        if let Some(&bad) = feed.iter().find(|&&t| t < 0 || t >= vocab) {
-            return Err(Error::Spec(format!(
-                "token id {bad} is outside the vocabulary 0..{vocab}"
-            )));
-        }
-        if self
-            .cache
-            .lens()
-            .iter()
-            .any(|&l| l >= self.cache.capacity())
-        {
-            return Err(Error::KvCache(format!(
-                "static batch is full (capacity {})",
-                self.cache.capacity()
-            )));
-        }
-        let words = sampling::noise_words(keys);
-        let lens = self.cache.lens();
-        let mut host = Vec::with_capacity(4 * b);
-        for r in 0..b {
-            host.extend_from_slice(&[feed[r], lens[r], words[r], words[b + r]]);
-        }
-        let st = self.st.as_ref().expect("static state");
-        st.io
-            .narrow(0, 0, b as i64)
-            .f_copy_(&Tensor::from_slice(&host).view([b as i64, 4]))?;
-
-        let use_graphs = self.mode == EngineMode::Graph && st.fallback.is_none();
-        let out = if !use_graphs {
-            self.static_body(b)?
-        } else if let Some(c) = st.graphs.iter().find(|c| c.batch == b) {
-            c.graph.replay()?;
-            c.out.shallow_clone()
-        } else {
-            let t = Instant::now();
-            match CudaGraph::capture(self.model.device(), || self.static_body(b)) {
-                Ok((graph, out)) => {
-                    self.captures += 1;
-                    self.capture_seconds += t.elapsed().as_secs_f64();
-                    self.graph_nodes = graph.nodes().or(self.graph_nodes);
-                    graph.replay()?;
-                    let st = self.st.as_mut().expect("static state");
-                    st.graphs.push(Captured {
-                        batch: b,
-                        out: out.shallow_clone(),
-                        graph,
-                    });
-                    out
-                }
-                Err(e) => {
-                    eprintln!("warning: {e}; continuing with the static step without CUDA graphs");
-                    self.st.as_mut().expect("static state").fallback = Some(e.to_string());
-                    self.static_body(b)?
-                }
-            }
-        };
-        let both = sampling::split_checked(&out)?;
-        self.cache.advance(1);
-        Ok(both)
-    }
-
-    /// The static step of rows `0..b` from the device input buffer: `[b + 1]` int64 on the
-    /// device (tokens, then the all-finite flag). Device work only (what a graph captures).
-    fn static_body(&self, b: usize) -> Result<Tensor> {
-        let st = self.st.as_ref().expect("static state");
-        let b = b as i64;
-        let cols = st.io.narrow(0, 0, b);
-        let tokens = cols.select(1, 0).view([b, 1]);
-        let positions = cols.select(1, 1).view([b, 1]);
-        let words = cols.narrow(1, 2, 2).transpose(0, 1).view([2, b, 1]);
-        let mut view = self.cache.rows_view(b as usize);
-        let logits = self
-            .model
-            .forward_static(&tokens, &positions, &mut view, &self.policy)?;
-        sampling::select_and_check_on_device(&logits, self.sampling, &words)
-    }
-
     /// Keep only the given rows, in the given order.
     pub fn compact(&mut self, keep: &[usize]) -> Result<()> {
-        if self.st.is_some() {
+        if matches!(self.steps, Steps::Static(_)) {
             self.cache.compact_rows(keep)
         } else {
             self.cache.select_rows(keep)
@@ -287,5 +230,96 @@ impl<'m> Stepper<'m> {
     /// The device the batch lives on.
     pub fn device(&self) -> Device {
         self.model.device()
+    }
+}
+
+/// What a static step needs besides the batch's buffers.
+struct StaticStep<'a> {
+    model: &'a Decoder,
+    policy: &'a ExecPolicy,
+    sampling: Sampling,
+    /// Whether steps are captured and replayed as CUDA graphs (the graph mode).
+    graphs: bool,
+}
+
+impl StaticStep<'_> {
+    /// One step of rows `0..feed.len()`: returns the tokens and whether all logits were finite.
+    fn run(
+        &self,
+        st: &mut StaticState,
+        cache: &mut KvCache,
+        counters: &mut GraphCounters,
+        feed: &[i64],
+        keys: &[NoiseKey],
+    ) -> Result<(Vec<i64>, bool)> {
+        let b = feed.len();
+        let vocab = self.model.config().vocab_size as i64;
+        if let Some(&bad) = feed.iter().find(|&&t| t < 0 || t >= vocab) {
+            return Err(Error::Spec(format!(
+                "token id {bad} is outside the vocabulary 0..{vocab}"
+            )));
+        }
+        if cache.lens().iter().any(|&l| l >= cache.capacity()) {
+            return Err(Error::KvCache(format!(
+                "static batch is full (capacity {})",
+                cache.capacity()
+            )));
+        }
+        let words = sampling::noise_words(keys);
+        let lens = cache.lens();
+        let mut host = Vec::with_capacity(4 * b);
+        for r in 0..b {
+            host.extend_from_slice(&[feed[r], lens[r], words[r], words[b + r]]);
+        }
+        st.io
+            .narrow(0, 0, b as i64)
+            .f_copy_(&Tensor::from_slice(&host).view([b as i64, 4]))?;
+
+        let use_graphs = self.graphs && st.fallback.is_none();
+        let out = if !use_graphs {
+            self.body(st, cache, b)?
+        } else if let Some(c) = st.graphs.iter().find(|c| c.batch == b) {
+            c.graph.replay()?;
+            c.out.shallow_clone()
+        } else {
+            let t = Instant::now();
+            match CudaGraph::capture(self.model.device(), || self.body(st, cache, b)) {
+                Ok((graph, out)) => {
+                    counters.captures += 1;
+                    counters.capture_seconds += t.elapsed().as_secs_f64();
+                    counters.nodes = graph.nodes().or(counters.nodes);
+                    graph.replay()?;
+                    st.graphs.push(Captured {
+                        batch: b,
+                        out: out.shallow_clone(),
+                        graph,
+                    });
+                    out
+                }
+                Err(e) => {
+                    eprintln!("warning: {e}; continuing with the static step without CUDA graphs");
+                    st.fallback = Some(e.to_string());
+                    self.body(st, cache, b)?
+                }
+            }
+        };
+        let both = sampling::split_checked(&out)?;
+        cache.advance(1);
+        Ok(both)
+    }
+
+    /// The static step of rows `0..b` from the device input buffer: `[b + 1]` int64 on the
+    /// device (tokens, then the all-finite flag). Device work only (what a graph captures).
+    fn body(&self, st: &StaticState, cache: &KvCache, b: usize) -> Result<Tensor> {
+        let b = b as i64;
+        let cols = st.io.narrow(0, 0, b);
+        let tokens = cols.select(1, 0).view([b, 1]);
+        let positions = cols.select(1, 1).view([b, 1]);
+        let words = cols.narrow(1, 2, 2).transpose(0, 1).view([2, b, 1]);
+        let mut view = cache.rows_view(b as usize);
+        let logits = self
+            .model
+            .forward_static(&tokens, &positions, &mut view, self.policy)?;
+        sampling::select_and_check_on_device(&logits, self.sampling, &words)
     }
 }
