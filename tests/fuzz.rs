@@ -911,11 +911,11 @@ fn fuzz_run_dir() {
 // SpectrumKV wire frames and the decode worker
 
 /// Frames of a real prefilled cache (the qwen2 fixture, GQA): mixed tiers with dropped
-/// tokens, all-FP16 and all-INT4, under both quantizers and both 16-bit wire types.
-fn wire_seeds() -> (Vec<Vec<u8>>, Vec<(Vec<u8>, i64)>) {
+/// tokens, all-FP16 and all-INT4, under both quantizers and both 16-bit wire types; each with
+/// the token its decode request feeds (the context's next id).
+fn wire_seeds() -> Vec<(Vec<u8>, i64)> {
     use kvcredit::spectrum::tiers::{TierPlan, TieredKv};
     use kvcredit::spectrum::{Quantizer, Tier, wire};
-    let mut seeds = Vec::new();
     let mut requests = Vec::new();
     for kind in [Kind::Half, Kind::BFloat16] {
         let m = common::load(&common::hf_fixtures().join("qwen2"), kind).unwrap();
@@ -938,13 +938,15 @@ fn wire_seeds() -> (Vec<Vec<u8>>, Vec<(Vec<u8>, i64)>) {
         ] {
             for q in [Quantizer::Kivi, Quantizer::LabCompat] {
                 let t = TieredKv::build(&cache, 0, &plan, q).unwrap();
-                let f = wire::encode(&t).unwrap();
-                requests.push((f.clone(), last[0]));
-                seeds.push(f);
+                requests.push((wire::encode(&t).unwrap(), last[0]));
             }
         }
     }
-    (seeds, requests)
+    requests
+}
+
+fn wire_frames() -> Vec<Vec<u8>> {
+    wire_seeds().into_iter().map(|(f, _)| f).collect()
 }
 
 fn wire_model() -> Decoder {
@@ -1004,7 +1006,7 @@ fn fuzz_wire_frame() {
     // received (the format has one spelling of each frame) and, if it fits the receiving
     // model, restores to a cache.
     use kvcredit::spectrum::wire;
-    let (seeds, _) = wire_seeds();
+    let seeds = wire_frames();
     let m = wire_model();
     let (shape, limit) = (m.kv_shape(), m.config().max_position_embeddings);
     let target = Target {
@@ -1034,7 +1036,8 @@ fn fuzz_wire_server() {
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
     use std::time::Duration;
-    let (frames, requests) = wire_seeds();
+    let requests = wire_seeds();
+    let frames: Vec<Vec<u8>> = requests.iter().map(|(f, _)| f.clone()).collect();
     let m = wire_model();
     let (good_frame, good_first) = requests[0].clone();
     let tiered = kvcredit::spectrum::wire::decode(&good_frame).unwrap();
