@@ -371,9 +371,10 @@ fn niah(a: SpecArgs) -> anyhow::Result<()> {
         .clone()
         .context("the spec has no [niah] section")?;
     let variants = spec.niah_variants()?;
-    let cases: Vec<(f64, u64)> = depths(n.depths)
-        .into_iter()
-        .flat_map(|d| (0..n.seeds as u64).map(move |s| (d, s)))
+    // Seed-major: every depth of seed 0 first, so a grid cut short still spans all depths.
+    let ds = depths(n.depths);
+    let cases: Vec<(f64, u64)> = (0..n.seeds as u64)
+        .flat_map(|s| ds.iter().map(move |&d| (d, s)))
         .collect();
     let path = out.join("niah.parquet");
     let (mut journal, done) = Journal::open::<eval::NiahRow>(
