@@ -13,6 +13,8 @@
 //! | F (2, 1, 2)               | 2,1 → ½ I | 2,2 → 0 N | 1,0 → ½ I  |
 //! | G (3, 5, 1)               | 2,0 → 1 I | 1,0 → ½ I | 2,1 → ½ I  |
 //! | H (3, 6, 1)               | 2,0 (exact only: incomplete)         |
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -24,7 +26,6 @@ use kvcredit::analysis::{
     AnalyzeOptions, ConfigMeta, ConfigSummary, EstimateRow, Pass, PassCost, summarize, table,
     write_outputs,
 };
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 const K: u32 = 2;
 
@@ -312,15 +313,6 @@ fn duplicate_rows_are_an_error() {
     assert!(e.contains("problem=0 pivot_pos=1 alt_rank=1"), "{e}");
 }
 
-fn read_batch(path: &std::path::Path) -> RecordBatch {
-    let f = std::fs::File::open(path).unwrap();
-    let mut r = ParquetRecordBatchReaderBuilder::try_new(f)
-        .unwrap()
-        .build()
-        .unwrap();
-    r.next().unwrap().unwrap()
-}
-
 fn f64_at(b: &RecordBatch, col: &str, row: usize) -> Option<f64> {
     let a = b.column_by_name(col).unwrap_or_else(|| panic!("{col}"));
     let a = a.as_primitive::<Float64Type>();
@@ -339,7 +331,7 @@ fn summary_parquet_holds_the_hand_numbers() {
     let dir = std::env::temp_dir().join(format!("kvcredit-analysis-hand-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = write_outputs(vec![summary()], &dir, &opts()).unwrap();
-    let b = read_batch(&out.summary);
+    let b = common::read_batch(&out.summary);
     assert_eq!(b.num_rows(), 2);
     let conds = b.column_by_name("conditioning").unwrap().as_string::<i32>();
     assert_eq!(conds.value(0), "any_informative");
@@ -479,7 +471,7 @@ fn output_counts_reach_summary_and_report() {
     let dir = std::env::temp_dir().join(format!("kvcredit-analysis-out-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = write_outputs(vec![s], &dir, &opts()).unwrap();
-    let b = read_batch(&out.summary);
+    let b = common::read_batch(&out.summary);
     let opt_u64 = |col: &str| {
         let a = b.column_by_name(col).unwrap().as_primitive::<UInt64Type>();
         a.is_valid(0).then(|| a.value(0))

@@ -582,3 +582,84 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn an_fp16_overflow_stops_that_dtype_only_and_keeps_the_others() {
+    // The embedding scaled by 1e6 overflows fp16 (max 65504) but not fp32, whose RMS norms
+    // bring the residual back to logits of normal size: fp16 must stop with one line naming
+    // the dtype, problems, phase and step, and fp32 must still run and be merged.
+    let dir = scratch("divergence", "fp16-overflow");
+    let model = chat_fixture(&dir.join("model"), 4096);
+    let path = model.join("model.safetensors");
+    let tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(&path)
+        .unwrap()
+        .into_iter()
+        .map(|(name, t)| {
+            if name == "model.embed_tokens.weight" {
+                (name, &t * 1e6)
+            } else {
+                (name, t)
+            }
+        })
+        .collect();
+    Tensor::write_safetensors(&tensors, &path).unwrap();
+    let spec = dir.join("spec.toml");
+    let text = SPEC_HEAD
+        .replace("MODEL", &model.display().to_string())
+        .replace(r#"dtypes = ["fp32"]"#, r#"dtypes = ["fp16", "fp32"]"#)
+        + "[[strategies]]\nkind = \"greedy\"\n[steps]\nteacher_forced = false\n";
+    std::fs::write(&spec, text).unwrap();
+    let out = dir.join("out");
+    let (code, _, err) = kvcredit(&[
+        "divergence",
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_ne!(code, 0, "fp16 overflow reported: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    for needle in [
+        "numerics: fp16, problems 0..=0: free/greedy",
+        "non-finite logits during cache-",
+        "step 0",
+        "tables of fp32 merged",
+    ] {
+        assert!(err.contains(needle), "`{needle}` not in: {err}");
+    }
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert!(
+        m["failed_dtypes"]["fp16"]
+            .as_str()
+            .unwrap()
+            .contains("step 0")
+    );
+    assert_eq!(m["merged_dtypes"], serde_json::json!(["fp32"]));
+    assert!(m["finished_at"].is_null());
+    // The merged tables hold fp32's pair and nothing of fp16.
+    let pairs = read_batch(&out.join("pairs.parquet"));
+    let dtypes: arrow_array::StringArray = column(&pairs, "dtype");
+    assert_eq!(pairs.num_rows(), 1);
+    assert_eq!(dtypes.value(0), "fp32");
+    // Negative control: the unscaled model runs both dtypes to the end.
+    let clean = chat_fixture(&dir.join("clean"), 4096);
+    let spec2 = dir.join("clean.toml");
+    std::fs::write(
+        &spec2,
+        std::fs::read_to_string(&spec)
+            .unwrap()
+            .replace(&model.display().to_string(), &clean.display().to_string()),
+    )
+    .unwrap();
+    let (code, _, err) = kvcredit(&[
+        "divergence",
+        "run",
+        spec2.to_str().unwrap(),
+        "--out",
+        dir.join("clean-out").to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}

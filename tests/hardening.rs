@@ -164,40 +164,6 @@ fn forwards_and_continuations_past_the_context_are_refused() {
 // ---------------------------------------------------------------------------------------
 // A fixture model a campaign can run: char-level tokenizer and a chat template.
 
-/// Copy the llama fixture to `dir` with `max_position_embeddings` set, a character-level
-/// tokenizer over its 128 ids (0 = `<unk>`) and a ChatML-like chat template.
-fn campaign_model(dir: &Path, max_positions: usize) -> PathBuf {
-    let src = common::hf_fixtures().join("llama");
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    cfg["max_position_embeddings"] = serde_json::json!(max_positions);
-    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    let mut vocab = serde_json::Map::new();
-    vocab.insert("<unk>".into(), 0.into());
-    let chars = (b' '..=b'~').map(char::from).chain(['\n']);
-    for (i, c) in chars.enumerate() {
-        vocab.insert(c.to_string(), (i + 1).into());
-    }
-    assert!(vocab.len() <= 128);
-    let tok = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
-        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
-            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
-            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
-    let template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        serde_json::json!({"chat_template": template}).to_string(),
-    )
-    .unwrap();
-    dir.to_path_buf()
-}
-
 #[allow(clippy::too_many_arguments)]
 fn write_spec(
     path: &Path,
@@ -278,7 +244,7 @@ fn shards(out: &Path) -> Vec<String> {
 #[test]
 fn campaign_past_the_context_is_refused_before_anything_is_written() {
     let dir = common::scratch("hardening", "campaign-context");
-    let model = campaign_model(&dir.join("model"), 64);
+    let model = common::chat_fixture(&dir.join("model"), 64);
     let spec = write_spec(&dir.join("spec.toml"), &model, 2, 16, 2, 8, 4);
     let out = dir.join("run");
     let (code, _, err) = campaign(&spec, &out, &[]);
@@ -364,7 +330,7 @@ fn plant_nan(dir: &Path, token: i64) {
 #[test]
 fn planted_nan_weights_stop_a_campaign_and_keep_finished_shards() {
     let dir = common::scratch("hardening", "nan");
-    let model = campaign_model(&dir.join("model"), 4096);
+    let model = common::chat_fixture(&dir.join("model"), 4096);
     let spec = write_spec(&dir.join("spec.toml"), &model, 2, 24, 2, 12, 4);
     let (code, _, err) = campaign(&spec, &dir.join("clean-run"), &[]);
     assert_eq!(code, 0, "clean campaign: {err}");
@@ -408,8 +374,8 @@ fn planted_nan_weights_stop_a_campaign_and_keep_finished_shards() {
 /// row's logits turn NaN; the same jobs on clean weights decode (the negative control).
 fn non_finite_logits_are_caught(device: Device, modes: &[EngineMode], tag: &str) {
     let dir = common::scratch("hardening", tag);
-    let clean = campaign_model(&dir.join("clean"), 4096);
-    let bad = campaign_model(&dir.join("nan"), 4096);
+    let clean = common::chat_fixture(&dir.join("clean"), 4096);
+    let bad = common::chat_fixture(&dir.join("nan"), 4096);
     plant_nan(&bad, 7);
     let good = kvcredit::Decoder::load_hf_dir(&clean, Kind::Float, device).unwrap();
     let nan = kvcredit::Decoder::load_hf_dir(&bad, Kind::Float, device).unwrap();
@@ -504,7 +470,7 @@ fn an_allocation_failure_names_the_batch_size_and_keeps_the_run_resumable() {
     // 1000 continuations of up to 100 000 tokens in one batch need a 13 GB KV buffer per
     // layer; under an 8 GiB address-space limit libtorch's CPU allocator really fails.
     let dir = common::scratch("hardening", "oom");
-    let model = campaign_model(&dir.join("model"), 200_000);
+    let model = common::chat_fixture(&dir.join("model"), 200_000);
     let spec = write_spec(&dir.join("spec.toml"), &model, 1, 8, 250, 100_000, 1000);
     let out = dir.join("run");
     let cmd = format!(

@@ -308,13 +308,13 @@ pub fn run(
                 hook,
             )?;
             let z = z.view([active_off.len() as i64, -1]);
-            check_finite(&z, "cache-OFF decoding")?;
+            check_finite(&z, &format!("cache-OFF decoding, step {step}"))?;
             (Some(z), Some(off_cache))
         };
         let lo = match &logits_on {
             Some(z) => {
                 let z = z.view([active_on.len() as i64, -1]);
-                check_finite(&z, "cache-ON decoding")?;
+                check_finite(&z, &format!("cache-ON decoding, step {step}"))?;
                 Some(z)
             }
             None => None,

@@ -72,6 +72,10 @@ pub struct Manifest {
     /// and whose tables were merged (the others are missing from the tables).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_dtypes: Option<Vec<Dtype>>,
+    /// Dtypes that stopped on non-finite logits, with the one-line error (the other dtypes
+    /// still ran; a rerun retries these).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed_dtypes: BTreeMap<Dtype, String>,
 }
 
 /// Per-shard bookkeeping.
@@ -146,9 +150,29 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         let m = manifest.get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems));
         write_json(&manifest_path, m)?;
         prepare_shards(out)?;
+        m.failed_dtypes.remove(&dtype);
         for (b, batch) in pending.iter().enumerate() {
             let started = Instant::now();
-            let shards = run_batch(spec, dtype, &model, &task, batch, &sets, opts.quiet)?;
+            let where_ = format!(
+                "{dtype}, problems {}..={}",
+                batch[0].index,
+                batch[batch.len() - 1].index
+            );
+            let shards = match run_batch(spec, dtype, &model, &task, batch, &sets, opts.quiet) {
+                Ok(s) => s,
+                // Overflow of one dtype is a finding of the study, not the end of it: record
+                // it, keep that dtype's finished shards and run the others.
+                Err(Error::NonFinite(msg)) => {
+                    let line = format!("{where_}: {msg}");
+                    if !opts.quiet {
+                        eprintln!("numerics: {line}; going on with the other dtypes");
+                    }
+                    m.failed_dtypes.insert(dtype, line);
+                    write_json(&manifest_path, m)?;
+                    break;
+                }
+                Err(e) => return Err(e.context(&where_)),
+            };
             for (problem, (tables, info)) in batch.iter().zip(shards) {
                 let named: Vec<(&str, &Table)> = tables.iter().map(|(n, t)| (*n, t)).collect();
                 commit_shard(&shard_dir(out, dtype, problem.index), &named, &info)?;
@@ -170,6 +194,26 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     let Some(mut m) = manifest else {
         return Err(Error::Spec("nothing to run".into()));
     };
+    if !m.failed_dtypes.is_empty() {
+        let failed: Vec<String> = m.failed_dtypes.values().cloned().collect();
+        let merged = match merge_finished(out) {
+            Ok(done) => {
+                let names: Vec<String> = done
+                    .merged_dtypes
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect();
+                format!("tables of {} merged", names.join(", "))
+            }
+            Err(_) => "no dtype finished".to_string(),
+        };
+        return Err(Error::NonFinite(format!(
+            "{}; {merged} in {}",
+            failed.join("; "),
+            out.display()
+        )));
+    }
     let dirs: Vec<PathBuf> = spec
         .dtypes
         .iter()
@@ -224,6 +268,7 @@ fn new_manifest(
         shards_done: 0,
         seconds: BTreeMap::new(),
         merged_dtypes: None,
+        failed_dtypes: BTreeMap::new(),
     }
 }
 
@@ -382,8 +427,9 @@ fn run_batch(
         if sampling != Sampling::Greedy {
             set.max_new_tokens = st.sampled_max_new_tokens.unwrap_or(spec.max_new_tokens);
         }
-        let outs = subset(&rows, set, si as u64, Mode::Free)?;
-        timed(format!("free/{}", strategy_label(&sampling)), t);
+        let phase = format!("free/{}", strategy_label(&sampling));
+        let outs = subset(&rows, set, si as u64, Mode::Free).map_err(|e| e.context(&phase))?;
+        timed(phase, t);
         free.push((si, outs));
     }
     let forced = if st.teacher_forced {
@@ -391,7 +437,8 @@ fn run_batch(
         let mut set = settings(Sampling::Greedy);
         set.max_new_tokens = st.forced_max_new_tokens.unwrap_or(spec.max_new_tokens);
         let rows = rows_below(st.forced_max_problems);
-        let outs = subset(&rows, set, u64::MAX, Mode::Forced { drift: true })?;
+        let outs = subset(&rows, set, u64::MAX, Mode::Forced { drift: true })
+            .map_err(|e| e.context("teacher_forced"))?;
         timed("teacher_forced".into(), t);
         Some(outs)
     } else {

@@ -108,3 +108,47 @@ pub fn column<T: arrow_array::Array + Clone + 'static>(
         .unwrap_or_else(|| panic!("column {name} has an unexpected type"))
         .clone()
 }
+
+/// Copy the llama fixture to `dir` with `max_position_embeddings` set, a character-level
+/// tokenizer over its 128 ids (0 = `<unk>`) and a ChatML-like chat template.
+pub fn chat_fixture(dir: &Path, max_positions: usize) -> PathBuf {
+    let src = hf_fixtures().join("llama");
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = serde_json::json!(max_positions);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<unk>".into(), 0.into());
+    let chars = (b' '..=b'~').map(char::from).chain(['\n']);
+    for (i, c) in chars.enumerate() {
+        vocab.insert(c.to_string(), (i + 1).into());
+    }
+    assert!(vocab.len() <= 128);
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": template}).to_string(),
+    )
+    .unwrap();
+    dir.to_path_buf()
+}
+
+/// The first record batch of a Parquet file.
+pub fn read_batch(path: &Path) -> arrow_array::RecordBatch {
+    let f = std::fs::File::open(path).unwrap();
+    let mut r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    r.next().unwrap().unwrap()
+}
