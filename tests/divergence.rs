@@ -515,6 +515,7 @@ fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consis
     // Live vs replay under batch_invariant: every construction and transplant is bitwise live.
     let rows = replay::run(
         &m,
+        None,
         &ExecPolicy::BatchInvariant,
         &prompt,
         &on,
@@ -534,6 +535,32 @@ fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consis
         rows.iter().filter(|x| x.kind == "transplant").count(),
         2 * (replay::transplant_ranges(layers).len() + 2)
     );
+    assert!(rows.iter().all(|x| !x.kind.starts_with("fp32")));
+
+    // The fp32 half of the fixed-prefix 2×2 beside a bf16 study: incremental and one-shot fp32
+    // states of the same ids, bitwise equal to each other under batch_invariant.
+    let m16 = model("qwen2", Kind::BFloat16)?;
+    let rows = replay::run(
+        &m16,
+        Some(&m),
+        &ExecPolicy::BatchInvariant,
+        &prompt,
+        &on,
+        6,
+        &[0],
+        4,
+    )?;
+    let fp32: Vec<_> = rows.iter().filter(|x| x.kind.starts_with("fp32")).collect();
+    assert_eq!(fp32.len(), 2);
+    assert_eq!(
+        (fp32[0].kind.as_str(), fp32[1].kind.as_str()),
+        ("fp32-live", "fp32-replay")
+    );
+    for r in &fp32 {
+        assert!(r.replica_equal && r.continuation.len() == 4);
+        assert!(r.k_max_abs.iter().chain(&r.v_max_abs).all(|&d| d == 0.0));
+    }
+    assert_eq!(fp32[0].continuation, fp32[1].continuation);
     Ok(())
 }
 

@@ -21,7 +21,8 @@ use tch::{Device, Kind, Tensor};
 /// One state's result at a boundary.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StateResult {
-    /// `live`, `replay` (construction rows) or `transplant` rows.
+    /// `live`, `replay` (construction rows), `transplant` rows, or `fp32-live` / `fp32-replay`
+    /// (the fp32 half of the fixed-prefix 2×2).
     pub kind: String,
     /// Prefill chunk of a replay (0 = one shot; −1 for live and transplants).
     pub chunk: i64,
@@ -33,7 +34,8 @@ pub struct StateResult {
     pub layers: (usize, usize),
     /// A second build is bitwise equal (constructions only; transplants: true).
     pub replica_equal: bool,
-    /// Per layer max |K − K_LIVE| and max |V − V_LIVE| over the state's positions.
+    /// Per layer max |K − K_LIVE| and max |V − V_LIVE| over the state's positions (fp32 rows:
+    /// against the fp32 incremental state).
     pub k_max_abs: Vec<f64>,
     /// See [`Self::k_max_abs`].
     pub v_max_abs: Vec<f64>,
@@ -134,10 +136,15 @@ pub fn transplant_ranges(layers: usize) -> Vec<(usize, usize)> {
     out
 }
 
-/// Live vs replay and transplants at boundary `b` (1 ≤ b ≤ y.len()) of sequence `y`.
+/// Live vs replay and transplants at boundary `b` (1 ≤ b ≤ y.len()) of sequence `y`; with
+/// `fp32` (the same weights in fp32, when the study's dtype is 16-bit) also the fp32 half of
+/// the fixed-prefix 2×2: incremental (`fp32-live`) and one-shot (`fp32-replay`) states of the
+/// same ids, each built twice (`replica_equal`), their K/V against each other and their greedy
+/// continuations (`follows_live`/`follows_replay` compare with the study dtype's).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     model: &Decoder,
+    fp32: Option<&Decoder>,
     policy: &ExecPolicy,
     prompt: &[i64],
     y: &[i64],
@@ -235,6 +242,44 @@ pub fn run(
     )?];
     for ((m, state), cont) in states.iter().zip(conts.into_iter().skip(2)) {
         out.push(row(m, state, cont)?);
+    }
+    if let Some(m32) = fp32 {
+        let live32 = live(m32, policy, prompt, &y[..b - 1], extra)?;
+        let live32_again = live(m32, policy, prompt, &y[..b - 1], extra)?;
+        let one32 = prefill_chunks(m32, policy, &ids, 0, extra)?;
+        let one32_again = prefill_chunks(m32, policy, &ids, 0, extra)?;
+        let conts = continue_greedy(m32, policy, &[&live32, &one32], first, k)?;
+        for (kind, state, equal, cont) in [
+            (
+                "fp32-live",
+                &live32,
+                fp(&live32)? == fp(&live32_again)?,
+                &conts[0],
+            ),
+            (
+                "fp32-replay",
+                &one32,
+                fp(&one32)? == fp(&one32_again)?,
+                &conts[1],
+            ),
+        ] {
+            // K/V against the fp32 incremental state: 0 for it, the construction gap for the
+            // one-shot state.
+            let (k_max_abs, v_max_abs) = kv_diff(state, &live32, len)?;
+            out.push(StateResult {
+                kind: kind.into(),
+                chunk: if kind == "fp32-live" { -1 } else { 0 },
+                direction: String::new(),
+                parts: String::new(),
+                layers: (0, 0),
+                replica_equal: equal,
+                k_max_abs,
+                v_max_abs,
+                follows_live: *cont == live_cont,
+                follows_replay: *cont == replay_cont,
+                continuation: cont.clone(),
+            });
+        }
     }
     Ok(out)
 }

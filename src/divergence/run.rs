@@ -138,6 +138,13 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
             continue;
         }
         let model = runtime::load(&source, dtype, device)?;
+        // The fp32 half of the fixed-prefix 2×2 (replay step of a 16-bit dtype).
+        let fp32 = match (&spec.steps.replay, dtype) {
+            (Some(_), Dtype::Fp16 | Dtype::Bf16) => {
+                Some(runtime::load(&source, Dtype::Fp32, device)?)
+            }
+            _ => None,
+        };
         let sets = match &spec.steps.patch {
             Some(p) => p.layer_sets(model.decoder.config().num_layers())?,
             None => vec![],
@@ -158,7 +165,16 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
                 batch[0].index,
                 batch[batch.len() - 1].index
             );
-            let shards = match run_batch(spec, dtype, &model, &task, batch, &sets, opts.quiet) {
+            let shards = match run_batch(
+                spec,
+                dtype,
+                &model,
+                &task,
+                batch,
+                &sets,
+                fp32.as_ref(),
+                opts.quiet,
+            ) {
                 Ok(s) => s,
                 // Overflow of one dtype is a finding of the study, not the end of it: record
                 // it, keep that dtype's finished shards and run the others.
@@ -354,6 +370,7 @@ fn run_batch(
     task: &Gsm8k,
     batch: &[Problem],
     sets: &[LayerSet],
+    fp32: Option<&LoadedModel>,
     quiet: bool,
 ) -> Result<Vec<ShardTables>> {
     let dec = &model.decoder;
@@ -488,6 +505,7 @@ fn run_batch(
             for &b in r.boundaries.iter().filter(|&&b| b <= o.on.len()) {
                 let rows = replay::run(
                     dec,
+                    fp32.map(|m| &m.decoder),
                     &spec.policy,
                     &prompts[i],
                     &o.on,
