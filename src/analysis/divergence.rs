@@ -135,7 +135,7 @@ impl ForcedCell {
     }
 }
 
-const METRICS: [&str; 3] = ["max|Δlogit|", "MSE", "KL(OFF‖ON)"];
+const METRICS: [&str; 3] = ["max abs Δlogit", "MSE", "KL(OFF‖ON)"];
 const BOOT_REPS: usize = 2000;
 const BOOT_SEED: u64 = 0x5EED_B0;
 
@@ -669,7 +669,7 @@ fn extra_sections(
         );
         let _ = writeln!(
             r,
-            "| model | dtype | problems | mean max|Δlogit| | mean MSE | mean KL(OFF‖ON) | flip rate over steps |"
+            "| model | dtype | problems | mean max abs Δlogit | mean MSE | mean KL(OFF‖ON) | flip rate over steps |"
         );
         let _ = writeln!(r, "| --- | --- | --- | --- | --- | --- | --- |");
         for ((model, dtype), c) in forced {
@@ -686,7 +686,7 @@ fn extra_sections(
         let _ = writeln!(r, "\n## Dtype ratios of the teacher-forced means\n");
         let _ = writeln!(
             r,
-            "Ratio of means over the problems both dtypes have, {pct:.0}% percentile bootstrap over problems ({BOOT_REPS} draws, paired). The seed's \"eight orders of magnitude\" fits a squared metric (MSE), not max|Δ| (fp16 vs fp32 rounding is ≈ 2^13).\n"
+            "Ratio of means over the problems both dtypes have, {pct:.0}% percentile bootstrap over problems ({BOOT_REPS} draws, paired). The seed's \"eight orders of magnitude\" fits a squared metric (MSE), not max abs Δ (fp16 vs fp32 rounding is ≈ 2^13).\n"
         );
         let _ = writeln!(
             r,
@@ -1030,10 +1030,12 @@ fn seed_claims(
     // 6. Divergence follows the KV cache (title).
     let v6 = if informative.1 == 0 {
         "not measured (REPLAY = LIVE at every boundary)"
-    } else if wilson_ci(informative.0, informative.1, level)?.is_some_and(|x| x.0 > 0.5) {
-        "replicates"
     } else {
-        "does not replicate"
+        match wilson_ci(informative.0, informative.1, level)? {
+            Some((lo, _)) if lo > 0.5 => "replicates",
+            Some((_, hi)) if hi < 0.5 => "does not replicate",
+            _ => "inconclusive (interval straddles 50%)",
+        }
     };
     let _ = writeln!(
         r,
