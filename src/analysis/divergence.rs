@@ -137,7 +137,7 @@ impl ForcedCell {
 
 const METRICS: [&str; 3] = ["max abs Δlogit", "MSE", "KL(OFF‖ON)"];
 const BOOT_REPS: usize = 2000;
-const BOOT_SEED: u64 = 0x5EED_B0;
+const BOOT_SEED: u64 = 0x005E_EDB0;
 
 fn read_forced(dir: &Path) -> Result<Forced> {
     let path = dir.join("forced.parquet");
@@ -177,13 +177,17 @@ fn mean_t(c: &ForcedCell, i: usize, level: f64) -> Result<String> {
     })
 }
 
+/// A ratio, its interval (if any draw is finite) and the problems it is over.
+type Ratio = (f64, Option<(f64, f64)>, usize);
+
+/// Patch rows grouped by model, dtype, sort keys and label.
+type PatchKey = (String, String, bool, bool, i64, i64, String);
+/// Replay rows grouped by model, dtype, kind, chunk, direction, parts and layers.
+type ReplayKey = (String, String, String, i64, String, String, i64, i64);
+
 /// Ratio of means over problems `a / b` on the problems both have, with a percentile
 /// bootstrap over problems (paired: one draw picks a problem for both).
-fn ratio_boot(
-    a: &BTreeMap<u64, f64>,
-    b: &BTreeMap<u64, f64>,
-    level: f64,
-) -> Option<(f64, Option<(f64, f64)>, usize)> {
+fn ratio_boot(a: &BTreeMap<u64, f64>, b: &BTreeMap<u64, f64>, level: f64) -> Option<Ratio> {
     let common: Vec<(f64, f64)> = a
         .iter()
         .filter_map(|(p, x)| b.get(p).map(|y| (*x, *y)))
@@ -224,7 +228,7 @@ fn sig(x: f64) -> String {
     }
 }
 
-fn fmt_ratio(r: Option<(f64, Option<(f64, f64)>, usize)>) -> String {
+fn fmt_ratio(r: Option<Ratio>) -> String {
     match r {
         None => "no common problems".into(),
         Some((p, Some((lo, hi)), g)) if p.is_finite() => {
@@ -733,8 +737,7 @@ fn extra_sections(
             "| model | dtype | layer set | reproduced | immediate recovery | trajectory recovery |"
         );
         let _ = writeln!(r, "| --- | --- | --- | --- | --- | --- |");
-        let mut groups: BTreeMap<(String, String, bool, bool, i64, i64, String), Vec<&PatchRow>> =
-            BTreeMap::new();
+        let mut groups: BTreeMap<PatchKey, Vec<&PatchRow>> = BTreeMap::new();
         for p in patches {
             let wide = p.layers.1 - p.layers.0 > 1;
             groups
@@ -779,10 +782,7 @@ fn extra_sections(
             "| model | dtype | kind | chunk / transplant | rows | replica equal | follows LIVE | follows donor |"
         );
         let _ = writeln!(r, "| --- | --- | --- | --- | --- | --- | --- | --- |");
-        let mut groups: BTreeMap<
-            (String, String, String, i64, String, String, i64, i64),
-            Vec<&ReplayRow>,
-        > = BTreeMap::new();
+        let mut groups: BTreeMap<ReplayKey, Vec<&ReplayRow>> = BTreeMap::new();
         for x in replays {
             groups
                 .entry((
@@ -1054,8 +1054,7 @@ fn write_figures(
 ) -> Result<Vec<PathBuf>> {
     let mut bars = vec![];
     let mut ecdfs = vec![];
-    for ((m, s, d), c) in cells.iter().filter(|(k, _)| k.1 == "greedy") {
-        let _ = s;
+    for ((m, _, d), c) in cells.iter().filter(|(k, _)| k.1 == "greedy") {
         let (lo, hi) = wilson_ci(c.diverged, c.n, level)?.unwrap_or((0.0, 0.0));
         let rate = if c.n == 0 {
             0.0
