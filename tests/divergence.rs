@@ -670,6 +670,30 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         }
     }
     assert!(!run.join("drift.png").exists() && !run.join("drift.svg").exists());
+    // With a drift table: the drift figure, and the layer-0 / last-layer means in the seed row.
+    Table::new()
+        .with("model", s("m"))
+        .with("dtype", s("fp16"))
+        .with("layer", Column::I64(vec![0, 1, 0, 1]))
+        .with("resid_rel", Column::F64(vec![1e-3, 1e-2, 3e-3, 3e-2]))
+        .write(&run.join("drift.parquet"))?;
+    let out2 = dir.join("with-drift");
+    let (code, _, err) = kvcredit(&[
+        "divergence",
+        "analyze",
+        run.to_str().unwrap(),
+        "--out",
+        out2.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report = std::fs::read_to_string(out2.join("report.md")).unwrap();
+    assert!(
+        report.contains("| m fp16: layer-0 2.00e-3, last 2.00e-2 | see drift figure (no test) |"),
+        "{report}"
+    );
+    for ext in ["png", "svg"] {
+        assert!(out2.join(format!("drift.{ext}")).exists());
+    }
     assert!(
         report.contains("| hf-div.json | fp16 | greedy | 50.0% ["),
         "{report}"
