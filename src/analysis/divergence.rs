@@ -1121,4 +1121,18 @@ mod tests {
         assert!((mcnemar_exact(0, 5) - 0.0625).abs() < 1e-12);
         assert!((mcnemar_exact(3, 3) - 1.0).abs() < 1e-12);
     }
+
+    #[test]
+    fn ratio_bootstrap_is_paired_over_common_problems() {
+        // Problem 2 only in `a`: left out. Every problem has ratio 3 → a point interval.
+        let a: BTreeMap<u64, f64> = [(0, 3.0), (1, 9.0), (2, 100.0)].into();
+        let b: BTreeMap<u64, f64> = [(0, 1.0), (1, 3.0)].into();
+        let (p, ci, g) = ratio_boot(&a, &b, 0.95).unwrap();
+        assert_eq!(g, 2);
+        assert!((p - 3.0).abs() < 1e-12);
+        let (lo, hi) = ci.unwrap();
+        assert!((lo - 3.0).abs() < 1e-12 && (hi - 3.0).abs() < 1e-12);
+        assert!(ratio_boot(&a, &BTreeMap::new(), 0.95).is_none());
+        assert_eq!(fmt_ratio(None), "no common problems");
+    }
 }
