@@ -406,7 +406,7 @@ struct RateFigure {
 
 impl Figure for RateFigure {
     fn size(&self) -> (u32, u32) {
-        ((300 + 110 * self.bars.len() as u32).min(2400), 480)
+        ((300 + 160 * self.bars.len() as u32).min(2400), 480)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
@@ -415,7 +415,7 @@ impl Figure for RateFigure {
     {
         root.fill(&WHITE)?;
         let axis = CategoryAxis {
-            labels: self.bars.iter().map(|b| short(&b.0, 18)).collect(),
+            labels: self.bars.iter().map(|b| short(&b.0, 28)).collect(),
         };
         let mut chart = ChartBuilder::on(root)
             .caption(
@@ -1062,7 +1062,7 @@ fn write_figures(
             c.diverged as f64 / c.n as f64
         };
         bars.push((
-            format!("{} {d}", short(m, 12)),
+            format!("{} {d}", short(m, 20)),
             100.0 * rate,
             100.0 * lo,
             100.0 * hi,
