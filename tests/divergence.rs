@@ -583,11 +583,54 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         .with("correct_on", Column::Bool(vec![true, true, false, true]))
         .with("correct_off", Column::Bool(vec![false, false, false, true]))
         .write(&run.join("pairs.parquet"))?;
+    // Teacher-forced: fp16 problems 0 and 1 with per-problem means twice fp32's on every metric.
+    let s8 = |a: &str, b: &str| Column::Str([a, a, a, a, b, b, b, b].map(String::from).to_vec());
+    let f8 = |v: [f64; 8]| Column::F64(v.to_vec());
+    Table::new()
+        .with("model", s8("m", "m"))
+        .with("dtype", s8("fp16", "fp32"))
+        .with("problem", Column::U32(vec![0, 0, 1, 1, 0, 0, 1, 1]))
+        .with("max_abs", f8([1.0, 3.0, 4.0, 4.0, 1.0, 1.0, 2.0, 2.0]))
+        .with("mse", f8([2.0, 2.0, 8.0, 8.0, 1.0, 1.0, 4.0, 4.0]))
+        .with("kl_off_on", f8([1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5]))
+        .with(
+            "flip",
+            Column::Bool(vec![true, false, false, false, false, false, false, false]),
+        )
+        .write(&run.join("forced.parquet"))?;
+    // Patches: two reproduced problems; the all-layer patch recovers τ on both, the whole
+    // continuation (k = 3) on one.
+    let s4 = |v: [&str; 4]| Column::Str(v.map(String::from).to_vec());
     Table::new()
         .with("model", s("m"))
         .with("dtype", s("fp16"))
-        .with("flip", Column::Bool(vec![true, false, false, false]))
-        .write(&run.join("forced.parquet"))?;
+        .with("label", s4(["control", "all", "control", "all"]))
+        .with("layer_start", Column::I64(vec![0, 0, 0, 0]))
+        .with("layer_end", Column::I64(vec![0, 2, 0, 2]))
+        .with("reproduced", Column::Bool(vec![true; 4]))
+        .with("off_prefix", Column::I64(vec![0, 3, 0, 1]))
+        .with("continuation", Column::ListI64(vec![vec![1, 2, 3]; 4]))
+        .write(&run.join("patches.parquet"))?;
+    // Replay: one boundary where the one-shot REPLAY differs from LIVE; the all-layer K+V
+    // transplant into LIVE follows its donor (REPLAY).
+    Table::new()
+        .with("model", s("m"))
+        .with("dtype", s("fp16"))
+        .with("problem", Column::U32(vec![0; 4]))
+        .with("boundary", Column::I64(vec![4; 4]))
+        .with("kind", s4(["live", "replay", "replay", "transplant"]))
+        .with("chunk", Column::I64(vec![-1, 0, 1, -1]))
+        .with("direction", s4(["", "", "", "live<-replay"]))
+        .with("parts", s4(["", "", "", "kv"]))
+        .with("layer_start", Column::I64(vec![0; 4]))
+        .with("layer_end", Column::I64(vec![0, 0, 0, 2]))
+        .with("replica_equal", Column::Bool(vec![true; 4]))
+        .with("follows_live", Column::Bool(vec![true, false, true, false]))
+        .with(
+            "follows_replay",
+            Column::Bool(vec![true, true, false, true]),
+        )
+        .write(&run.join("replay.parquet"))?;
     std::fs::write(
         run.join("hf-div.json"),
         r#"{"runs": [{"dtype": "fp16", "strategy": "greedy", "problems": 4, "diverged": 2, "pairs": []}]}"#,
@@ -602,7 +645,82 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         "{report}"
     );
     assert!(report.contains("| 2 / 0 | 0.500 |"), "{report}");
-    assert!(report.contains("| m | fp16 | 25.0% ["), "{report}");
+    // Teacher-forced means over problems (0 and 1 weigh the same): max abs Δ = (2 + 4)/2.
+    assert!(
+        report.contains("| m | fp16 | 2 | 3.000e0 [-9.706e0, 1.571e1] | 5.000e0 [-3.312e1, 4.312e1] | 1.000e0 [1.000e0, 1.000e0] | 25.0% [4.6, 69.9] (1/4) |"),
+        "{report}"
+    );
+    assert!(report.contains("| m | fp32 | 2 |"), "{report}");
+    // Every bootstrap draw has the ratio 2; bf16 is absent.
+    assert!(
+        report.contains("| m | fp16/fp32 | 2.000 [2.000, 2.000] (G=2) | 2.000 [2.000, 2.000] (G=2) | 2.000 [2.000, 2.000] (G=2) |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("| m | bf16/fp32 | bf16 missing |"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "| m | fp16 | all | 2/2 | 100.0% [34.2, 100.0] (2/2) | 50.0% [9.5, 90.5] (1/2) |"
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains("| m | fp16 | replay | chunk 0 | 1 | 100.0% [20.7, 100.0] (1/1) | 0.0% [0.0, 79.3] (0/1) | - |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("| m | fp16 | transplant | live<-replay kv 0..2 | 1 | 100.0% [20.7, 100.0] (1/1) | 0.0% [0.0, 79.3] (0/1) | 100.0% [20.7, 100.0] (1/1) |"),
+        "{report}"
+    );
+    // Seed claims: one row each, with our number and a verdict.
+    for row in [
+        "| 100% fp16 divergence under every strategy, greedy included | m greedy: 75.0% [30.1, 95.4] (3/4) | does not replicate |",
+        "| cache-ON more accurate in 8 of 9 conditions | ON better in 1 of 1 conditions (OFF better 0, ties 0); sign test p = 1.000; conditions with McNemar p < 0.05: 0 | does not replicate |",
+        "| fp32 flip rate exactly 0.0% | m: 0.0% [0.0, 49.0] (0/4) | replicates |",
+        "| GQA models spike at the first layer; Gemma accumulates uniformly | drift.parquet absent | not measured |",
+        "| patching the entire residual stream fails to recover the cache-free trajectory | all-layer patch, trajectory recovered: 50.0% [9.5, 90.5] (1/2) | does not replicate |",
+        "all-layer K+V transplants following the donor at informative boundaries: 100.0% [20.7, 100.0] (1/1) | inconclusive (interval straddles 50%) |",
+    ] {
+        assert!(report.contains(row), "{row}\n{report}");
+    }
+    // Figures: PNG + SVG of the rate bars and the τ ECDF; no drift figure without drift.parquet.
+    for stem in ["divergence-rate", "tau-ecdf"] {
+        for ext in ["png", "svg"] {
+            let p = run.join(format!("{stem}.{ext}"));
+            assert!(
+                std::fs::metadata(&p).is_ok_and(|m| m.len() > 0),
+                "{}",
+                p.display()
+            );
+        }
+    }
+    assert!(!run.join("drift.png").exists() && !run.join("drift.svg").exists());
+    // With a drift table: the drift figure, and the layer-0 / last-layer means in the seed row.
+    Table::new()
+        .with("model", s("m"))
+        .with("dtype", s("fp16"))
+        .with("layer", Column::I64(vec![0, 1, 0, 1]))
+        .with("resid_rel", Column::F64(vec![1e-3, 1e-2, 3e-3, 3e-2]))
+        .write(&run.join("drift.parquet"))?;
+    let out2 = dir.join("with-drift");
+    let (code, _, err) = kvcredit(&[
+        "divergence",
+        "analyze",
+        run.to_str().unwrap(),
+        "--out",
+        out2.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report = std::fs::read_to_string(out2.join("report.md")).unwrap();
+    assert!(
+        report.contains("| m fp16: layer-0 2.00e-3, last 2.00e-2 | see drift figure (no test) |"),
+        "{report}"
+    );
+    for ext in ["png", "svg"] {
+        assert!(out2.join(format!("drift.{ext}")).exists());
+    }
     assert!(
         report.contains("| hf-div.json | fp16 | greedy | 50.0% ["),
         "{report}"

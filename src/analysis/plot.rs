@@ -20,10 +20,10 @@ use super::summary::{Comparison, Conditioning, ConfigSummary};
 
 static FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
 
-type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+pub(crate) type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
 /// Line colours per configuration (the matplotlib "tab10" cycle).
-const PALETTE: [RGBColor; 10] = [
+pub(crate) const PALETTE: [RGBColor; 10] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xff, 0x7f, 0x0e),
     RGBColor(0x2c, 0xa0, 0x2c),
@@ -52,7 +52,7 @@ fn register_font() -> Result<()> {
 }
 
 /// A figure that can be drawn on any plotters backend.
-trait Figure {
+pub(crate) trait Figure {
     fn size(&self) -> (u32, u32);
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
     where
@@ -64,7 +64,7 @@ fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 /// Write `stem.svg` and `stem.png`; returns both paths.
-fn render(fig: &impl Figure, stem: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn render(fig: &impl Figure, stem: &Path) -> Result<Vec<PathBuf>> {
     register_font()?;
     let (w, h) = fig.size();
     let svg = stem.with_extension("svg");
@@ -96,7 +96,7 @@ fn write_png(path: &Path, rgb: &[u8], w: u32, h: u32) -> Result<()> {
     writer.finish().map_err(|e| plot_err(path, e))
 }
 
-fn short(s: &str, n: usize) -> String {
+pub(crate) fn short(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
@@ -116,8 +116,8 @@ fn conditioning_title(c: Conditioning) -> &'static str {
 /// A category x axis: categories at 0, 1, …, n − 1 (ticks there only), values in between
 /// allowed so that grouped bars can sit beside each tick.
 #[derive(Clone)]
-struct CategoryAxis {
-    labels: Vec<String>,
+pub(crate) struct CategoryAxis {
+    pub(crate) labels: Vec<String>,
 }
 
 impl CategoryAxis {
