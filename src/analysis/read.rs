@@ -24,6 +24,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::{Error, Result};
 
+use crate::io::schema::col;
 pub use crate::io::schema::{
     CONTINUATIONS, ESTIMATES, MANIFEST, Manifest, PIVOTS, Pass, PassCost, ROLLOUTS,
 };
@@ -437,41 +438,41 @@ fn passes(frame: &Frame, col: &str) -> Result<Vec<Pass>> {
 pub fn read_estimates(run_dir: &Path) -> Result<Vec<EstimateRow>> {
     let path = run_dir.join(ESTIMATES);
     let cols = [
-        "config",
-        "model",
-        "dtype",
-        "policy",
-        "problem",
-        "pivot_pos",
-        "alt_rank",
-        "pass",
-        "estimate",
-        "orig_successes",
-        "alt_successes",
-        "k",
-        "informative",
-        "snapshot_verified",
+        col::CONFIG,
+        col::MODEL,
+        col::DTYPE,
+        col::POLICY,
+        col::PROBLEM,
+        col::PIVOT_POS,
+        col::ALT_RANK,
+        col::PASS,
+        col::ESTIMATE,
+        col::ORIG_SUCCESSES,
+        col::ALT_SUCCESSES,
+        col::K,
+        col::INFORMATIVE,
+        col::SNAPSHOT_VERIFIED,
     ];
     let f = Frame::read(&path, &cols)?;
     let (config, model, dtype, policy) = (
-        f.strings("config")?,
-        f.strings("model")?,
-        f.strings("dtype")?,
-        f.strings("policy")?,
+        f.strings(col::CONFIG)?,
+        f.strings(col::MODEL)?,
+        f.strings(col::DTYPE)?,
+        f.strings(col::POLICY)?,
     );
     let (problem, pivot_pos, alt_rank) = (
-        f.u32s("problem")?,
-        f.u32s("pivot_pos")?,
-        f.u32s("alt_rank")?,
+        f.u32s(col::PROBLEM)?,
+        f.u32s(col::PIVOT_POS)?,
+        f.u32s(col::ALT_RANK)?,
     );
-    let pass = passes(&f, "pass")?;
-    let estimate = f.f64s("estimate")?;
+    let pass = passes(&f, col::PASS)?;
+    let estimate = f.f64s(col::ESTIMATE)?;
     let (orig, alt, k) = (
-        f.u32s("orig_successes")?,
-        f.u32s("alt_successes")?,
-        f.u32s("k")?,
+        f.u32s(col::ORIG_SUCCESSES)?,
+        f.u32s(col::ALT_SUCCESSES)?,
+        f.u32s(col::K)?,
     );
-    let (informative, verified) = (f.bools("informative")?, f.bools("snapshot_verified")?);
+    let (informative, verified) = (f.bools(col::INFORMATIVE)?, f.bools(col::SNAPSHOT_VERIFIED)?);
     let mut rows = Vec::with_capacity(f.len());
     let mut strs = config.into_iter().zip(model).zip(dtype).zip(policy);
     for j in 0..f.len() {
@@ -515,40 +516,46 @@ pub fn read_estimates(run_dir: &Path) -> Result<Vec<EstimateRow>> {
 pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
     let path = run_dir.join(CONTINUATIONS);
     let mut cols = vec![
-        "problem",
-        "pivot_pos",
-        "alt_rank",
-        "branch",
-        "pass",
-        "sample",
-        "tokens",
-        "n_tokens",
-        "stop",
-        "answer",
-        "correct",
+        col::PROBLEM,
+        col::PIVOT_POS,
+        col::ALT_RANK,
+        col::BRANCH,
+        col::PASS,
+        col::SAMPLE,
+        col::TOKENS,
+        col::N_TOKENS,
+        col::STOP,
+        col::ANSWER,
+        col::CORRECT,
     ];
     let present = column_names(&path)?;
     let has = |c: &str| present.iter().any(|p| p == c);
-    let placed = ["chunk", "row", "batch_rows"].iter().all(|c| has(c));
+    let placed = [col::CHUNK, col::ROW, col::BATCH_ROWS]
+        .iter()
+        .all(|c| has(c));
     if placed {
-        cols.extend(["chunk", "row", "batch_rows"]);
+        cols.extend([col::CHUNK, col::ROW, col::BATCH_ROWS]);
     }
-    let verified = has("snapshot_verified");
+    let verified = has(col::SNAPSHOT_VERIFIED);
     if verified {
-        cols.push("snapshot_verified");
+        cols.push(col::SNAPSHOT_VERIFIED);
     }
     let f = Frame::read(&path, &cols)?;
     let (problem, pivot_pos, alt_rank, sample, n_tokens) = (
-        f.u32s("problem")?,
-        f.u32s("pivot_pos")?,
-        f.u32s("alt_rank")?,
-        f.u32s("sample")?,
-        f.u32s("n_tokens")?,
+        f.u32s(col::PROBLEM)?,
+        f.u32s(col::PIVOT_POS)?,
+        f.u32s(col::ALT_RANK)?,
+        f.u32s(col::SAMPLE)?,
+        f.u32s(col::N_TOKENS)?,
     );
-    let pass = passes(&f, "pass")?;
-    let correct = f.bools("correct")?;
+    let pass = passes(&f, col::PASS)?;
+    let correct = f.bools(col::CORRECT)?;
     let placements: Option<Vec<Placement>> = if placed {
-        let (c, r, b) = (f.u32s("chunk")?, f.u32s("row")?, f.u32s("batch_rows")?);
+        let (c, r, b) = (
+            f.u32s(col::CHUNK)?,
+            f.u32s(col::ROW)?,
+            f.u32s(col::BATCH_ROWS)?,
+        );
         Some(
             (0..f.len())
                 .map(|j| Placement {
@@ -562,14 +569,14 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
         None
     };
     let verified = if verified {
-        Some(f.bools("snapshot_verified")?)
+        Some(f.bools(col::SNAPSHOT_VERIFIED)?)
     } else {
         None
     };
-    let mut branch = f.strings("branch")?.into_iter();
-    let mut tokens = f.int_lists("tokens")?.into_iter();
-    let mut stop = f.strings("stop")?.into_iter();
-    let mut answer = f.opt_strings("answer")?.into_iter();
+    let mut branch = f.strings(col::BRANCH)?.into_iter();
+    let mut tokens = f.int_lists(col::TOKENS)?.into_iter();
+    let mut stop = f.strings(col::STOP)?.into_iter();
+    let mut answer = f.opt_strings(col::ANSWER)?.into_iter();
     let mut rows = Vec::with_capacity(f.len());
     for j in 0..f.len() {
         rows.push(ContinuationRow {
@@ -593,8 +600,8 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
 
 /// Read the `problem` and `n_pivots` columns of `RUN_DIR/rollouts.parquet`.
 pub fn read_rollouts(run_dir: &Path) -> Result<Vec<RolloutRow>> {
-    let f = Frame::read(&run_dir.join(ROLLOUTS), &["problem", "n_pivots"])?;
-    let (problem, n_pivots) = (f.u32s("problem")?, f.u32s("n_pivots")?);
+    let f = Frame::read(&run_dir.join(ROLLOUTS), &[col::PROBLEM, col::N_PIVOTS])?;
+    let (problem, n_pivots) = (f.u32s(col::PROBLEM)?, f.u32s(col::N_PIVOTS)?);
     Ok(problem
         .into_iter()
         .zip(n_pivots)
@@ -604,11 +611,14 @@ pub fn read_rollouts(run_dir: &Path) -> Result<Vec<RolloutRow>> {
 
 /// Read the row identities of `RUN_DIR/pivots.parquet`.
 pub fn read_pivots(run_dir: &Path) -> Result<Vec<PivotRow>> {
-    let f = Frame::read(&run_dir.join(PIVOTS), &["problem", "pivot_pos", "alt_rank"])?;
+    let f = Frame::read(
+        &run_dir.join(PIVOTS),
+        &[col::PROBLEM, col::PIVOT_POS, col::ALT_RANK],
+    )?;
     let (problem, pivot_pos, alt_rank) = (
-        f.u32s("problem")?,
-        f.u32s("pivot_pos")?,
-        f.u32s("alt_rank")?,
+        f.u32s(col::PROBLEM)?,
+        f.u32s(col::PIVOT_POS)?,
+        f.u32s(col::ALT_RANK)?,
     );
     Ok((0..f.len())
         .map(|j| PivotRow {
@@ -653,14 +663,14 @@ impl OutputCounts {
 pub const ROLLOUT: &str = "rollout";
 
 /// Name of the optional extraction-rule column of continuations and rollouts.
-pub const EXTRACTION_RULE: &str = "extraction_rule";
+pub const EXTRACTION_RULE: &str = col::EXTRACTION_RULE;
 
 fn count_outputs(
     f: &Frame,
     labels: Vec<String>,
     out: &mut BTreeMap<String, OutputCounts>,
 ) -> Result<()> {
-    let stop = f.strings("stop")?;
+    let stop = f.strings(col::STOP)?;
     let rules = if f.has(EXTRACTION_RULE) {
         Some(f.opt_strings(EXTRACTION_RULE)?)
     } else {
@@ -687,15 +697,15 @@ fn count_outputs(
 pub fn read_output_counts(run_dir: &Path) -> Result<BTreeMap<String, OutputCounts>> {
     let mut out = BTreeMap::new();
     let path = run_dir.join(CONTINUATIONS);
-    let f = Frame::read_optional(&path, &["pass", "stop"], &[EXTRACTION_RULE])?;
-    let labels = passes(&f, "pass")?
+    let f = Frame::read_optional(&path, &[col::PASS, col::STOP], &[EXTRACTION_RULE])?;
+    let labels = passes(&f, col::PASS)?
         .into_iter()
         .map(|p| p.as_str().to_string())
         .collect();
     count_outputs(&f, labels, &mut out)?;
     let path = run_dir.join(ROLLOUTS);
     if path.exists() {
-        let f = Frame::read_optional(&path, &["stop"], &[EXTRACTION_RULE])?;
+        let f = Frame::read_optional(&path, &[col::STOP], &[EXTRACTION_RULE])?;
         count_outputs(&f, vec![ROLLOUT.to_string(); f.len()], &mut out)?;
     }
     Ok(out)

@@ -22,6 +22,185 @@ pub const ESTIMATES: &str = "estimates.parquet";
 /// The four tables of a campaign (file stems), in write order.
 pub const TABLES: [&str; 4] = ["rollouts", "pivots", "continuations", "estimates"];
 
+/// Column names of the four tables, shared by the writer (`credit::records`) and the reader
+/// (`analysis::read`).
+pub mod col {
+    /// `config`.
+    pub const CONFIG: &str = "config";
+    /// `model`.
+    pub const MODEL: &str = "model";
+    /// `dtype`.
+    pub const DTYPE: &str = "dtype";
+    /// `policy`.
+    pub const POLICY: &str = "policy";
+    /// `problem`.
+    pub const PROBLEM: &str = "problem";
+    /// `prompt_len`.
+    pub const PROMPT_LEN: &str = "prompt_len";
+    /// `n_tokens`.
+    pub const N_TOKENS: &str = "n_tokens";
+    /// `tokens`.
+    pub const TOKENS: &str = "tokens";
+    /// `logprobs`.
+    pub const LOGPROBS: &str = "logprobs";
+    /// `margins`.
+    pub const MARGINS: &str = "margins";
+    /// `stop`.
+    pub const STOP: &str = "stop";
+    /// `text`.
+    pub const TEXT: &str = "text";
+    /// `answer`.
+    pub const ANSWER: &str = "answer";
+    /// `extraction_rule`.
+    pub const EXTRACTION_RULE: &str = "extraction_rule";
+    /// `correct`.
+    pub const CORRECT: &str = "correct";
+    /// `n_candidates`.
+    pub const N_CANDIDATES: &str = "n_candidates";
+    /// `n_pivots`.
+    pub const N_PIVOTS: &str = "n_pivots";
+    /// `pivot_pos`.
+    pub const PIVOT_POS: &str = "pivot_pos";
+    /// `abs_pos`.
+    pub const ABS_POS: &str = "abs_pos";
+    /// `token`.
+    pub const TOKEN: &str = "token";
+    /// `token_text`.
+    pub const TOKEN_TEXT: &str = "token_text";
+    /// `margin`.
+    pub const MARGIN: &str = "margin";
+    /// `margin_at_temperature`.
+    pub const MARGIN_AT_TEMPERATURE: &str = "margin_at_temperature";
+    /// `logprob`.
+    pub const LOGPROB: &str = "logprob";
+    /// `alt_rank`.
+    pub const ALT_RANK: &str = "alt_rank";
+    /// `alt_token`.
+    pub const ALT_TOKEN: &str = "alt_token";
+    /// `alt_text`.
+    pub const ALT_TEXT: &str = "alt_text";
+    /// `fingerprint`.
+    pub const FINGERPRINT: &str = "fingerprint";
+    /// `branch`.
+    pub const BRANCH: &str = "branch";
+    /// `pass`.
+    pub const PASS: &str = "pass";
+    /// `sample`.
+    pub const SAMPLE: &str = "sample";
+    /// `chunk`.
+    pub const CHUNK: &str = "chunk";
+    /// `row`.
+    pub const ROW: &str = "row";
+    /// `batch_rows`.
+    pub const BATCH_ROWS: &str = "batch_rows";
+    /// `snapshot_verified`.
+    pub const SNAPSHOT_VERIFIED: &str = "snapshot_verified";
+    /// `estimate`.
+    pub const ESTIMATE: &str = "estimate";
+    /// `orig_successes`.
+    pub const ORIG_SUCCESSES: &str = "orig_successes";
+    /// `alt_successes`.
+    pub const ALT_SUCCESSES: &str = "alt_successes";
+    /// `k`.
+    pub const K: &str = "k";
+    /// `informative`.
+    pub const INFORMATIVE: &str = "informative";
+    /// `orig_token`.
+    pub const ORIG_TOKEN: &str = "orig_token";
+    /// `orig_text`.
+    pub const ORIG_TEXT: &str = "orig_text";
+}
+
+/// The columns every table starts with.
+pub const COMMON_COLUMNS: [&str; 5] = [
+    col::CONFIG,
+    col::MODEL,
+    col::DTYPE,
+    col::POLICY,
+    col::PROBLEM,
+];
+
+/// Columns of `rollouts` (one row per problem) after [`COMMON_COLUMNS`], in file order.
+pub const ROLLOUT_COLUMNS: [&str; 12] = [
+    col::PROMPT_LEN,
+    col::N_TOKENS,
+    col::TOKENS,
+    col::LOGPROBS,
+    col::MARGINS,
+    col::STOP,
+    col::TEXT,
+    col::ANSWER,
+    col::EXTRACTION_RULE,
+    col::CORRECT,
+    col::N_CANDIDATES,
+    col::N_PIVOTS,
+];
+
+/// Columns of `pivots` (one row per pivot × alternative) after [`COMMON_COLUMNS`], in file order.
+pub const PIVOT_COLUMNS: [&str; 11] = [
+    col::PIVOT_POS,
+    col::ABS_POS,
+    col::TOKEN,
+    col::TOKEN_TEXT,
+    col::MARGIN,
+    col::MARGIN_AT_TEMPERATURE,
+    col::LOGPROB,
+    col::ALT_RANK,
+    col::ALT_TOKEN,
+    col::ALT_TEXT,
+    col::FINGERPRINT,
+];
+
+/// Columns of `continuations` (one row per continuation) after [`COMMON_COLUMNS`], in file order.
+pub const CONTINUATION_COLUMNS: [&str; 15] = [
+    col::PIVOT_POS,
+    col::ALT_RANK,
+    col::BRANCH,
+    col::PASS,
+    col::SAMPLE,
+    col::TOKENS,
+    col::N_TOKENS,
+    col::STOP,
+    col::ANSWER,
+    col::EXTRACTION_RULE,
+    col::CORRECT,
+    col::CHUNK,
+    col::ROW,
+    col::BATCH_ROWS,
+    col::SNAPSHOT_VERIFIED,
+];
+
+/// Columns of `estimates` (one row per pivot × alternative × pass) after [`COMMON_COLUMNS`], in file order.
+pub const ESTIMATE_COLUMNS: [&str; 15] = [
+    col::PIVOT_POS,
+    col::ABS_POS,
+    col::ALT_RANK,
+    col::PASS,
+    col::ESTIMATE,
+    col::ORIG_SUCCESSES,
+    col::ALT_SUCCESSES,
+    col::K,
+    col::INFORMATIVE,
+    col::MARGIN,
+    col::ORIG_TOKEN,
+    col::ALT_TOKEN,
+    col::ORIG_TEXT,
+    col::ALT_TEXT,
+    col::SNAPSHOT_VERIFIED,
+];
+
+/// The columns of a table (by file stem, see [`TABLES`]) in file order, common ones first.
+pub fn columns(table: &str) -> Option<Vec<&'static str>> {
+    let rest: &[&str] = match table {
+        "rollouts" => &ROLLOUT_COLUMNS,
+        "pivots" => &PIVOT_COLUMNS,
+        "continuations" => &CONTINUATION_COLUMNS,
+        "estimates" => &ESTIMATE_COLUMNS,
+        _ => return None,
+    };
+    Some(COMMON_COLUMNS.iter().chain(rest).copied().collect())
+}
+
 /// One of the three ways the pivot state is obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
