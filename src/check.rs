@@ -38,6 +38,8 @@ use crate::analysis::read::{
     self, ContinuationRow, EstimateRow, Key, Manifest, Pass, PivotRow, RolloutRow,
     read_continuations, read_estimates, read_manifest, read_pivots, read_rollouts,
 };
+use crate::exec::ExecPolicy;
+use crate::io::schema::ReplicaSchedule;
 
 /// A `kvcredit check` rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -224,16 +226,13 @@ impl Checker<'_> {
                     m.snapshot_hits, m.snapshot_checks
                 ),
             );
-        } else if m.snapshot_hits < m.snapshot_checks
-            || m.snapshot_hit_rate.is_some_and(|r| r < 1.0)
-        {
+        } else if m.snapshot_hits < m.snapshot_checks || m.snapshot_hit_rate < 1.0 {
             self.push(
                 Rule::SnapshotHitRate,
                 manifest(),
                 format!(
-                    "snapshot hit rate {} ({}/{}), must be 100%",
-                    m.snapshot_hit_rate
-                        .map_or_else(|| "—".into(), |r| format!("{:.4}%", 100.0 * r)),
+                    "snapshot hit rate {:.4}% ({}/{}), must be 100%",
+                    100.0 * m.snapshot_hit_rate,
                     m.snapshot_hits,
                     m.snapshot_checks
                 ),
@@ -324,17 +323,14 @@ impl Checker<'_> {
         let m = self.manifest;
         let mut found: Vec<(String, String)> = Vec::new();
         let manifest = || "manifest".to_string();
-        match (m.problems_done, m.problems_total) {
-            (Some(done), Some(total)) if done != total => found.push((
+        let (done, total) = (m.problems_done, m.problems_total);
+        if done != total {
+            found.push((
                 manifest(),
                 format!("problems_done {done} ≠ problems_total {total}"),
-            )),
-            (Some(_), Some(_)) => {}
-            _ => found.push((manifest(), "problems_done or problems_total missing".into())),
+            ));
         }
-        if let Some(done) = m.problems_done
-            && rollouts.len() as u64 != done
-        {
+        if rollouts.len() != done {
             found.push((
                 read::ROLLOUTS.into(),
                 format!("{} rows but problems_done = {done}", rollouts.len()),
@@ -732,17 +728,18 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
     ck.consistent(&estimates, &conts);
     ck.counts(&rollouts, &pivots, &estimates, &conts);
     let groupings = ck.placement(&conts);
-    if manifest.replica_schedule == "same" {
+    if manifest.replica_schedule == ReplicaSchedule::Same {
         rules.push(Rule::ReplicaSame);
         ck.identical(Rule::ReplicaSame, Pass::Replica);
     }
-    if manifest.replica_schedule == "shuffled" && ck.passes.contains(&Pass::Replica) {
+    if manifest.replica_schedule == ReplicaSchedule::Shuffled && ck.passes.contains(&Pass::Replica)
+    {
         rules.push(Rule::ReplicaGrouping);
         if let Some(g) = &groupings {
             ck.replica_grouping(g);
         }
     }
-    if read::is_batch_invariant(&manifest.policy) {
+    if manifest.policy == ExecPolicy::BatchInvariant {
         rules.push(Rule::BatchInvariant);
         ck.identical(Rule::BatchInvariant, Pass::Replica);
         ck.identical(Rule::BatchInvariant, Pass::Refeed);

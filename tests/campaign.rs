@@ -9,6 +9,7 @@ use kvcredit::credit::spec::PivotSpec;
 use kvcredit::credit::{CampaignSpec, RunOptions, run_campaign};
 use kvcredit::decode::engine::{self, Decoding, Job, Start};
 use kvcredit::io::parquet::read_batches;
+use kvcredit::io::schema;
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
 use kvcredit::sampling::{NoiseKey, Sampling};
 use kvcredit::{Error, ExecPolicy};
@@ -347,6 +348,14 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
         let a = std::fs::read(reference.join(format!("{table}.parquet"))).unwrap();
         let b = std::fs::read(interrupted.join(format!("{table}.parquet"))).unwrap();
         assert!(a == b, "{table}.parquet differs after resume");
+        let batches = read_batches(&reference.join(format!("{table}.parquet"))).unwrap();
+        let names: Vec<String> = batches[0]
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, schema::columns(table).unwrap(), "{table} columns");
     }
     let manifest = std::fs::read_to_string(interrupted.join("manifest.json")).unwrap();
     assert!(manifest.contains("resumed_at"));

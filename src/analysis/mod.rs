@@ -93,7 +93,7 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             model: first.model.clone(),
             dtype: first.dtype.clone(),
             policy: first.policy.clone(),
-            replica_schedule: runs[0].manifest.replica_schedule.clone(),
+            replica_schedule: runs[0].manifest.replica_schedule.to_string(),
             k: first.k,
             run_dirs: Vec::new(),
             n_problems: 0,
@@ -111,9 +111,9 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
                 "replica_schedule",
                 cfg,
                 &meta.replica_schedule,
-                &m.replica_schedule,
+                m.replica_schedule.as_str(),
             )?;
-            same("policy", cfg, &meta.policy, &m.policy)?;
+            same("policy", cfg, &meta.policy, &m.policy.to_string())?;
             for r in &run.estimates {
                 same("model", cfg, &meta.model, &r.model)?;
                 same("dtype", cfg, &meta.dtype, &r.dtype)?;

@@ -21,154 +21,13 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use serde::Deserialize;
 
 use crate::{Error, Result};
 
-/// File names inside a run dir.
-pub const MANIFEST: &str = "manifest.json";
-/// One row per problem × pivot × alternative × pass.
-pub const ESTIMATES: &str = "estimates.parquet";
-/// One row per continuation.
-pub const CONTINUATIONS: &str = "continuations.parquet";
-/// One row per problem.
-pub const ROLLOUTS: &str = "rollouts.parquet";
-/// One row per pivot × alternative.
-pub const PIVOTS: &str = "pivots.parquet";
-
-/// How the decode-time state was obtained for a row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Pass {
-    /// The rollout's own KV snapshot.
-    Exact,
-    /// The same snapshot and noise under another batch schedule (the noise floor).
-    Replica,
-    /// A fresh prefill of the prefix token ids.
-    Refeed,
-}
-
-impl Pass {
-    /// All passes, in column order.
-    pub const ALL: [Pass; 3] = [Pass::Exact, Pass::Replica, Pass::Refeed];
-
-    /// The label used in the Parquet files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pass::Exact => "exact",
-            Pass::Replica => "replica",
-            Pass::Refeed => "refeed",
-        }
-    }
-
-    /// The pass a label names (`exact`, `replica`, `refeed`).
-    pub fn parse(s: &str) -> Option<Pass> {
-        match s {
-            "exact" => Some(Pass::Exact),
-            "replica" => Some(Pass::Replica),
-            "refeed" => Some(Pass::Refeed),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Pass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Device time and work of one pass, from the manifest's `cost` map.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
-pub struct PassCost {
-    /// Seconds of device time spent in the pass.
-    #[serde(default)]
-    pub device_seconds: f64,
-    /// Tokens processed (prefill + decode).
-    #[serde(default)]
-    pub tokens: u64,
-    /// Continuations sampled.
-    #[serde(default)]
-    pub continuations: u64,
-}
-
-/// The fields of `manifest.json` the analysis and the gate use; others are ignored.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Manifest {
-    /// Campaign name (the `config` label of its estimates).
-    pub name: String,
-    /// Model name.
-    #[serde(default)]
-    pub model: Option<String>,
-    /// Weights/activations dtype.
-    #[serde(default)]
-    pub dtype: Option<String>,
-    /// Device the campaign ran on.
-    #[serde(default)]
-    pub device: Option<String>,
-    /// Execution policy: `stock` or `batch_invariant`.
-    pub policy: String,
-    /// Replica batch schedule: `same` or `shuffled`.
-    pub replica_schedule: String,
-    /// Continuations per branch and pass.
-    pub k: u32,
-    /// Campaign seed.
-    #[serde(default)]
-    pub seed: Option<u64>,
-    /// Exact/replica continuations whose starting KV had a fingerprint to check.
-    pub snapshot_checks: u64,
-    /// Of those, the ones whose KV matched the decode-time fingerprint.
-    pub snapshot_hits: u64,
-    /// Distinct snapshots (pivot × pass) checked in the exact and replica passes (absent in
-    /// runs written before they were counted).
-    #[serde(default)]
-    pub snapshot_checks_pivots: Option<u64>,
-    /// Of those, the snapshots all of whose continuations matched.
-    #[serde(default)]
-    pub snapshot_hits_pivots: Option<u64>,
-    /// `snapshot_hits / snapshot_checks` as written by the campaign.
-    #[serde(default)]
-    pub snapshot_hit_rate: Option<f64>,
-    /// Cost per pass (`exact`, `replica`, `refeed`, and e.g. `rollout`).
-    #[serde(default)]
-    pub cost: BTreeMap<String, PassCost>,
-    /// Problems finished.
-    #[serde(default)]
-    pub problems_done: Option<u64>,
-    /// Problems in the spec.
-    #[serde(default)]
-    pub problems_total: Option<u64>,
-    /// The spec as parsed (only its passes are read).
-    #[serde(default)]
-    pub spec: Option<ManifestSpec>,
-    /// kvcredit version that wrote the run.
-    #[serde(default)]
-    pub kvcredit_version: Option<String>,
-}
-
-/// The part of the manifest's `spec` the gate uses.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ManifestSpec {
-    /// `[passes]` of the spec.
-    pub passes: ManifestPasses,
-}
-
-/// `[passes]` of a spec.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ManifestPasses {
-    /// Passes run, by name.
-    pub run: Vec<String>,
-}
-
-impl Manifest {
-    /// The passes the spec ran, in order (all three when the manifest has no spec); unknown
-    /// names are dropped.
-    pub fn passes(&self) -> Vec<Pass> {
-        match &self.spec {
-            Some(s) => s.passes.run.iter().filter_map(|p| Pass::parse(p)).collect(),
-            None => Pass::ALL.to_vec(),
-        }
-    }
-}
+use crate::io::schema::col;
+pub use crate::io::schema::{
+    CONTINUATIONS, ESTIMATES, MANIFEST, Manifest, PIVOTS, Pass, PassCost, ROLLOUTS,
+};
 
 /// Whether a policy label names the batch-invariant execution policy (`batch_invariant`, also
 /// accepted as `batch-invariant`).
@@ -579,41 +438,41 @@ fn passes(frame: &Frame, col: &str) -> Result<Vec<Pass>> {
 pub fn read_estimates(run_dir: &Path) -> Result<Vec<EstimateRow>> {
     let path = run_dir.join(ESTIMATES);
     let cols = [
-        "config",
-        "model",
-        "dtype",
-        "policy",
-        "problem",
-        "pivot_pos",
-        "alt_rank",
-        "pass",
-        "estimate",
-        "orig_successes",
-        "alt_successes",
-        "k",
-        "informative",
-        "snapshot_verified",
+        col::CONFIG,
+        col::MODEL,
+        col::DTYPE,
+        col::POLICY,
+        col::PROBLEM,
+        col::PIVOT_POS,
+        col::ALT_RANK,
+        col::PASS,
+        col::ESTIMATE,
+        col::ORIG_SUCCESSES,
+        col::ALT_SUCCESSES,
+        col::K,
+        col::INFORMATIVE,
+        col::SNAPSHOT_VERIFIED,
     ];
     let f = Frame::read(&path, &cols)?;
     let (config, model, dtype, policy) = (
-        f.strings("config")?,
-        f.strings("model")?,
-        f.strings("dtype")?,
-        f.strings("policy")?,
+        f.strings(col::CONFIG)?,
+        f.strings(col::MODEL)?,
+        f.strings(col::DTYPE)?,
+        f.strings(col::POLICY)?,
     );
     let (problem, pivot_pos, alt_rank) = (
-        f.u32s("problem")?,
-        f.u32s("pivot_pos")?,
-        f.u32s("alt_rank")?,
+        f.u32s(col::PROBLEM)?,
+        f.u32s(col::PIVOT_POS)?,
+        f.u32s(col::ALT_RANK)?,
     );
-    let pass = passes(&f, "pass")?;
-    let estimate = f.f64s("estimate")?;
+    let pass = passes(&f, col::PASS)?;
+    let estimate = f.f64s(col::ESTIMATE)?;
     let (orig, alt, k) = (
-        f.u32s("orig_successes")?,
-        f.u32s("alt_successes")?,
-        f.u32s("k")?,
+        f.u32s(col::ORIG_SUCCESSES)?,
+        f.u32s(col::ALT_SUCCESSES)?,
+        f.u32s(col::K)?,
     );
-    let (informative, verified) = (f.bools("informative")?, f.bools("snapshot_verified")?);
+    let (informative, verified) = (f.bools(col::INFORMATIVE)?, f.bools(col::SNAPSHOT_VERIFIED)?);
     let mut rows = Vec::with_capacity(f.len());
     let mut strs = config.into_iter().zip(model).zip(dtype).zip(policy);
     for j in 0..f.len() {
@@ -657,40 +516,46 @@ pub fn read_estimates(run_dir: &Path) -> Result<Vec<EstimateRow>> {
 pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
     let path = run_dir.join(CONTINUATIONS);
     let mut cols = vec![
-        "problem",
-        "pivot_pos",
-        "alt_rank",
-        "branch",
-        "pass",
-        "sample",
-        "tokens",
-        "n_tokens",
-        "stop",
-        "answer",
-        "correct",
+        col::PROBLEM,
+        col::PIVOT_POS,
+        col::ALT_RANK,
+        col::BRANCH,
+        col::PASS,
+        col::SAMPLE,
+        col::TOKENS,
+        col::N_TOKENS,
+        col::STOP,
+        col::ANSWER,
+        col::CORRECT,
     ];
     let present = column_names(&path)?;
     let has = |c: &str| present.iter().any(|p| p == c);
-    let placed = ["chunk", "row", "batch_rows"].iter().all(|c| has(c));
+    let placed = [col::CHUNK, col::ROW, col::BATCH_ROWS]
+        .iter()
+        .all(|c| has(c));
     if placed {
-        cols.extend(["chunk", "row", "batch_rows"]);
+        cols.extend([col::CHUNK, col::ROW, col::BATCH_ROWS]);
     }
-    let verified = has("snapshot_verified");
+    let verified = has(col::SNAPSHOT_VERIFIED);
     if verified {
-        cols.push("snapshot_verified");
+        cols.push(col::SNAPSHOT_VERIFIED);
     }
     let f = Frame::read(&path, &cols)?;
     let (problem, pivot_pos, alt_rank, sample, n_tokens) = (
-        f.u32s("problem")?,
-        f.u32s("pivot_pos")?,
-        f.u32s("alt_rank")?,
-        f.u32s("sample")?,
-        f.u32s("n_tokens")?,
+        f.u32s(col::PROBLEM)?,
+        f.u32s(col::PIVOT_POS)?,
+        f.u32s(col::ALT_RANK)?,
+        f.u32s(col::SAMPLE)?,
+        f.u32s(col::N_TOKENS)?,
     );
-    let pass = passes(&f, "pass")?;
-    let correct = f.bools("correct")?;
+    let pass = passes(&f, col::PASS)?;
+    let correct = f.bools(col::CORRECT)?;
     let placements: Option<Vec<Placement>> = if placed {
-        let (c, r, b) = (f.u32s("chunk")?, f.u32s("row")?, f.u32s("batch_rows")?);
+        let (c, r, b) = (
+            f.u32s(col::CHUNK)?,
+            f.u32s(col::ROW)?,
+            f.u32s(col::BATCH_ROWS)?,
+        );
         Some(
             (0..f.len())
                 .map(|j| Placement {
@@ -704,14 +569,14 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
         None
     };
     let verified = if verified {
-        Some(f.bools("snapshot_verified")?)
+        Some(f.bools(col::SNAPSHOT_VERIFIED)?)
     } else {
         None
     };
-    let mut branch = f.strings("branch")?.into_iter();
-    let mut tokens = f.int_lists("tokens")?.into_iter();
-    let mut stop = f.strings("stop")?.into_iter();
-    let mut answer = f.opt_strings("answer")?.into_iter();
+    let mut branch = f.strings(col::BRANCH)?.into_iter();
+    let mut tokens = f.int_lists(col::TOKENS)?.into_iter();
+    let mut stop = f.strings(col::STOP)?.into_iter();
+    let mut answer = f.opt_strings(col::ANSWER)?.into_iter();
     let mut rows = Vec::with_capacity(f.len());
     for j in 0..f.len() {
         rows.push(ContinuationRow {
@@ -735,8 +600,8 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
 
 /// Read the `problem` and `n_pivots` columns of `RUN_DIR/rollouts.parquet`.
 pub fn read_rollouts(run_dir: &Path) -> Result<Vec<RolloutRow>> {
-    let f = Frame::read(&run_dir.join(ROLLOUTS), &["problem", "n_pivots"])?;
-    let (problem, n_pivots) = (f.u32s("problem")?, f.u32s("n_pivots")?);
+    let f = Frame::read(&run_dir.join(ROLLOUTS), &[col::PROBLEM, col::N_PIVOTS])?;
+    let (problem, n_pivots) = (f.u32s(col::PROBLEM)?, f.u32s(col::N_PIVOTS)?);
     Ok(problem
         .into_iter()
         .zip(n_pivots)
@@ -746,11 +611,14 @@ pub fn read_rollouts(run_dir: &Path) -> Result<Vec<RolloutRow>> {
 
 /// Read the row identities of `RUN_DIR/pivots.parquet`.
 pub fn read_pivots(run_dir: &Path) -> Result<Vec<PivotRow>> {
-    let f = Frame::read(&run_dir.join(PIVOTS), &["problem", "pivot_pos", "alt_rank"])?;
+    let f = Frame::read(
+        &run_dir.join(PIVOTS),
+        &[col::PROBLEM, col::PIVOT_POS, col::ALT_RANK],
+    )?;
     let (problem, pivot_pos, alt_rank) = (
-        f.u32s("problem")?,
-        f.u32s("pivot_pos")?,
-        f.u32s("alt_rank")?,
+        f.u32s(col::PROBLEM)?,
+        f.u32s(col::PIVOT_POS)?,
+        f.u32s(col::ALT_RANK)?,
     );
     Ok((0..f.len())
         .map(|j| PivotRow {
@@ -795,14 +663,14 @@ impl OutputCounts {
 pub const ROLLOUT: &str = "rollout";
 
 /// Name of the optional extraction-rule column of continuations and rollouts.
-pub const EXTRACTION_RULE: &str = "extraction_rule";
+pub const EXTRACTION_RULE: &str = col::EXTRACTION_RULE;
 
 fn count_outputs(
     f: &Frame,
     labels: Vec<String>,
     out: &mut BTreeMap<String, OutputCounts>,
 ) -> Result<()> {
-    let stop = f.strings("stop")?;
+    let stop = f.strings(col::STOP)?;
     let rules = if f.has(EXTRACTION_RULE) {
         Some(f.opt_strings(EXTRACTION_RULE)?)
     } else {
@@ -829,15 +697,15 @@ fn count_outputs(
 pub fn read_output_counts(run_dir: &Path) -> Result<BTreeMap<String, OutputCounts>> {
     let mut out = BTreeMap::new();
     let path = run_dir.join(CONTINUATIONS);
-    let f = Frame::read_optional(&path, &["pass", "stop"], &[EXTRACTION_RULE])?;
-    let labels = passes(&f, "pass")?
+    let f = Frame::read_optional(&path, &[col::PASS, col::STOP], &[EXTRACTION_RULE])?;
+    let labels = passes(&f, col::PASS)?
         .into_iter()
         .map(|p| p.as_str().to_string())
         .collect();
     count_outputs(&f, labels, &mut out)?;
     let path = run_dir.join(ROLLOUTS);
     if path.exists() {
-        let f = Frame::read_optional(&path, &["stop"], &[EXTRACTION_RULE])?;
+        let f = Frame::read_optional(&path, &[col::STOP], &[EXTRACTION_RULE])?;
         count_outputs(&f, vec![ROLLOUT.to_string(); f.len()], &mut out)?;
     }
     Ok(out)

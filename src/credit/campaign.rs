@@ -11,6 +11,7 @@ use crate::decode::engine::{
 use crate::decode::schedule;
 use crate::exec::ExecPolicy;
 use crate::io::parquet::Table;
+use crate::io::schema::RecordedSpec;
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
@@ -26,19 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::Tensor;
 
-/// The four tables of a campaign, in write order.
-pub const TABLES: [&str; 4] = ["rollouts", "pivots", "continuations", "estimates"];
-
-/// Work and time spent in one pass.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct PassCost {
-    /// Wall seconds on the device (synchronized).
-    pub device_seconds: f64,
-    /// Tokens decoded (continuations) or prefilled (refeed prefixes are counted too).
-    pub tokens: u64,
-    /// Continuations run.
-    pub continuations: u64,
-}
+pub use crate::io::schema::{Manifest, PassCost, TABLES};
 
 /// Per-shard bookkeeping, stored next to the shard's tables.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -57,66 +46,6 @@ pub struct ShardInfo {
     pub snapshot_hits_pivots: u64,
     /// Pivots in this problem.
     pub pivots: u64,
-}
-
-/// What a run records about itself.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// Campaign (configuration) label.
-    pub name: String,
-    /// SHA-256 of the spec file's bytes, recorded before anything ran.
-    pub spec_sha256: String,
-    /// The spec as parsed.
-    pub spec: CampaignSpec,
-    /// Model name.
-    pub model: String,
-    /// SHA-256 of the model file, when known.
-    pub model_sha256: Option<String>,
-    /// Run dtype.
-    pub dtype: String,
-    /// Run device.
-    pub device: String,
-    /// Execution policy.
-    pub policy: String,
-    /// Replica schedule.
-    pub replica_schedule: String,
-    /// Continuations per branch.
-    pub k: usize,
-    /// Campaign seed.
-    pub seed: u64,
-    /// kvcredit version.
-    pub kvcredit_version: String,
-    /// libtorch version the binary was built against.
-    pub libtorch_version: String,
-    /// Continuation engine (`eager`, `static`, `graph`; see `decode::engine::EngineMode`):
-    /// under the stock policy it decides rounding, so a stock run resumes only with the same one.
-    #[serde(default)]
-    pub engine: String,
-    /// When the run first started (UTC, RFC 3339).
-    pub started_at: String,
-    /// When each later invocation resumed it.
-    #[serde(default)]
-    pub resumed_at: Vec<String>,
-    /// When it finished, if it has.
-    pub finished_at: Option<String>,
-    /// Problems in the spec.
-    pub problems_total: usize,
-    /// Problems with a finished shard.
-    pub problems_done: usize,
-    /// Exact/replica continuations whose starting K/V had a decode-time fingerprint to verify.
-    pub snapshot_checks: u64,
-    /// Of those, the verified ones (counted after the comparison matched).
-    pub snapshot_hits: u64,
-    /// `snapshot_hits / snapshot_checks` (1 when there were none).
-    pub snapshot_hit_rate: f64,
-    /// Distinct snapshots (one per pivot and pass) verified in the exact and replica passes.
-    #[serde(default)]
-    pub snapshot_checks_pivots: u64,
-    /// Of those, the snapshots every continuation of which was verified.
-    #[serde(default)]
-    pub snapshot_hits_pivots: u64,
-    /// Cost per pass.
-    pub cost: BTreeMap<String, PassCost>,
 }
 
 /// Where a campaign writes and how it reports.
@@ -147,7 +76,7 @@ pub fn run_campaign(
     check_positions(spec, model, &task)?;
     let out = &opts.out_dir;
     let manifest_path = out.join("manifest.json");
-    let engine = EngineMode::Auto.resolve(model.decoder.device()).to_string();
+    let engine = EngineMode::Auto.resolve(model.decoder.device());
     let mut manifest = if manifest_path.exists() {
         let mut m: Manifest = read_json(&manifest_path)?;
         if m.spec_sha256 != spec_sha256 {
@@ -157,16 +86,15 @@ pub fn run_campaign(
                 &m.spec_sha256[..12]
             )));
         }
-        if spec.policy == ExecPolicy::Stock && !m.engine.is_empty() && m.engine != engine {
-            return Err(Error::Spec(format!(
-                "{} was run with the {} engine and would resume with {engine} (stock numerics differ between them); set KVCREDIT_ENGINE={} to resume",
-                out.display(),
-                m.engine,
-                m.engine
-            )));
-        }
-        if m.engine.is_empty() {
-            m.engine = engine.clone();
+        match m.engine {
+            Some(was) if spec.policy == ExecPolicy::Stock && was != engine => {
+                return Err(Error::Spec(format!(
+                    "{} was run with the {was} engine and would resume with {engine} (stock numerics differ between them); set KVCREDIT_ENGINE={was} to resume",
+                    out.display(),
+                )));
+            }
+            Some(_) => {}
+            None => m.engine = Some(engine),
         }
         m.resumed_at.push(now_rfc3339());
         m
@@ -174,18 +102,19 @@ pub fn run_campaign(
         Manifest {
             name: spec.name.clone(),
             spec_sha256: spec_sha256.to_string(),
-            spec: spec.clone(),
+            spec: RecordedSpec::Full(Box::new(spec.clone())),
             model: model.name.clone(),
             model_sha256: model.sha256.clone(),
-            dtype: spec.dtype.to_string(),
+            dtype: spec.dtype,
             device: spec.device.clone(),
-            policy: spec.policy.to_string(),
-            replica_schedule: spec.passes.replica_schedule.as_str().to_string(),
-            k: spec.continuations.k,
+            policy: spec.policy,
+            replica_schedule: spec.passes.replica_schedule,
+            k: u32::try_from(spec.continuations.k)
+                .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
             seed: spec.seed,
             kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
             libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
-            engine,
+            engine: Some(engine),
             started_at: now_rfc3339(),
             resumed_at: vec![],
             finished_at: None,
@@ -194,8 +123,8 @@ pub fn run_campaign(
             snapshot_checks: 0,
             snapshot_hits: 0,
             snapshot_hit_rate: 1.0,
-            snapshot_checks_pivots: 0,
-            snapshot_hits_pivots: 0,
+            snapshot_checks_pivots: Some(0),
+            snapshot_hits_pivots: Some(0),
             cost: BTreeMap::new(),
         }
     };
@@ -286,17 +215,14 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
         pivot_checks += info.snapshot_checks_pivots;
         pivot_hits += info.snapshot_hits_pivots;
         for (pass, c) in info.cost {
-            let e = cost.entry(pass).or_default();
-            e.device_seconds += c.device_seconds;
-            e.tokens += c.tokens;
-            e.continuations += c.continuations;
+            cost.entry(pass).or_default().add(&c);
         }
     }
     m.problems_done = done;
     m.snapshot_checks = checks;
     m.snapshot_hits = hits;
-    m.snapshot_checks_pivots = pivot_checks;
-    m.snapshot_hits_pivots = pivot_hits;
+    m.snapshot_checks_pivots = Some(pivot_checks);
+    m.snapshot_hits_pivots = Some(pivot_hits);
     m.snapshot_hit_rate = if checks == 0 {
         1.0
     } else {

@@ -7,6 +7,7 @@ use crate::Result;
 use crate::decode::engine::Outcome;
 use crate::io::hex;
 use crate::io::parquet::{Column, Table};
+use crate::io::schema::col;
 use crate::runtime::LoadedModel;
 use crate::tasks::Grade;
 use std::collections::BTreeMap;
@@ -27,11 +28,11 @@ pub struct Context<'a> {
 
 fn common(ctx: &Context, n: usize) -> Table {
     Table::new()
-        .with("config", Column::Str(vec![ctx.config.to_string(); n]))
-        .with("model", Column::Str(vec![ctx.model.to_string(); n]))
-        .with("dtype", Column::Str(vec![ctx.dtype.to_string(); n]))
-        .with("policy", Column::Str(vec![ctx.policy.to_string(); n]))
-        .with("problem", Column::U32(vec![ctx.problem; n]))
+        .with(col::CONFIG, Column::Str(vec![ctx.config.to_string(); n]))
+        .with(col::MODEL, Column::Str(vec![ctx.model.to_string(); n]))
+        .with(col::DTYPE, Column::Str(vec![ctx.dtype.to_string(); n]))
+        .with(col::POLICY, Column::Str(vec![ctx.policy.to_string(); n]))
+        .with(col::PROBLEM, Column::U32(vec![ctx.problem; n]))
 }
 
 /// `rollouts`: one row per problem.
@@ -49,24 +50,27 @@ pub fn rollouts(
         .filter(|s| s.fingerprint.is_some())
         .count();
     Ok(common(ctx, 1)
-        .with("prompt_len", Column::U32(vec![roll.prompt.len() as u32]))
-        .with("n_tokens", Column::U32(vec![roll.steps.len() as u32]))
-        .with("tokens", Column::ListI64(vec![roll.tokens()]))
+        .with(col::PROMPT_LEN, Column::U32(vec![roll.prompt.len() as u32]))
+        .with(col::N_TOKENS, Column::U32(vec![roll.steps.len() as u32]))
+        .with(col::TOKENS, Column::ListI64(vec![roll.tokens()]))
         .with(
-            "logprobs",
+            col::LOGPROBS,
             Column::ListF64(vec![roll.steps.iter().map(|s| s.logprob).collect()]),
         )
         .with(
-            "margins",
+            col::MARGINS,
             Column::ListF64(vec![roll.steps.iter().map(|s| s.margin).collect()]),
         )
-        .with("stop", Column::Str(vec![roll.stop.as_str().into()]))
-        .with("text", Column::Str(vec![text.to_string()]))
-        .with("answer", Column::OptStr(vec![grade.predicted.clone()]))
-        .with("extraction_rule", Column::OptStr(vec![grade.rule.clone()]))
-        .with("correct", Column::Bool(vec![grade.correct]))
-        .with("n_candidates", Column::U32(vec![candidates as u32]))
-        .with("n_pivots", Column::U32(vec![n_pivots as u32])))
+        .with(col::STOP, Column::Str(vec![roll.stop.as_str().into()]))
+        .with(col::TEXT, Column::Str(vec![text.to_string()]))
+        .with(col::ANSWER, Column::OptStr(vec![grade.predicted.clone()]))
+        .with(
+            col::EXTRACTION_RULE,
+            Column::OptStr(vec![grade.rule.clone()]),
+        )
+        .with(col::CORRECT, Column::Bool(vec![grade.correct]))
+        .with(col::N_CANDIDATES, Column::U32(vec![candidates as u32]))
+        .with(col::N_PIVOTS, Column::U32(vec![n_pivots as u32])))
 }
 
 /// `pivots`: one row per pivot × alternative.
@@ -94,17 +98,17 @@ pub fn pivots(
     }
     let n = c.pos.len();
     Ok(common(ctx, n)
-        .with("pivot_pos", Column::U32(c.pos))
-        .with("abs_pos", Column::U32(c.abs))
-        .with("token", Column::I64(c.token))
-        .with("token_text", Column::Str(c.token_text))
-        .with("margin", Column::F64(c.margin))
-        .with("margin_at_temperature", Column::OptF64(c.margin_t))
-        .with("logprob", Column::F64(c.logprob))
-        .with("alt_rank", Column::U32(c.rank))
-        .with("alt_token", Column::I64(c.alt))
-        .with("alt_text", Column::Str(c.alt_text))
-        .with("fingerprint", Column::Str(c.fp)))
+        .with(col::PIVOT_POS, Column::U32(c.pos))
+        .with(col::ABS_POS, Column::U32(c.abs))
+        .with(col::TOKEN, Column::I64(c.token))
+        .with(col::TOKEN_TEXT, Column::Str(c.token_text))
+        .with(col::MARGIN, Column::F64(c.margin))
+        .with(col::MARGIN_AT_TEMPERATURE, Column::OptF64(c.margin_t))
+        .with(col::LOGPROB, Column::F64(c.logprob))
+        .with(col::ALT_RANK, Column::U32(c.rank))
+        .with(col::ALT_TOKEN, Column::I64(c.alt))
+        .with(col::ALT_TEXT, Column::Str(c.alt_text))
+        .with(col::FINGERPRINT, Column::Str(c.fp)))
 }
 
 #[derive(Default)]
@@ -160,21 +164,21 @@ pub(crate) fn continuations(
         }
     }
     common(ctx, pos.len())
-        .with("pivot_pos", Column::U32(pos))
-        .with("alt_rank", Column::U32(rank))
-        .with("branch", Column::Str(branch))
-        .with("pass", Column::Str(pass_col))
-        .with("sample", Column::U32(sample))
-        .with("tokens", Column::ListI64(tokens))
-        .with("n_tokens", Column::U32(n_tokens))
-        .with("stop", Column::Str(stop))
-        .with("answer", Column::OptStr(answer))
-        .with("extraction_rule", Column::OptStr(rule))
-        .with("correct", Column::Bool(correct))
-        .with("chunk", Column::U32(chunk))
-        .with("row", Column::U32(row))
-        .with("batch_rows", Column::U32(batch_rows))
-        .with("snapshot_verified", Column::Bool(verified))
+        .with(col::PIVOT_POS, Column::U32(pos))
+        .with(col::ALT_RANK, Column::U32(rank))
+        .with(col::BRANCH, Column::Str(branch))
+        .with(col::PASS, Column::Str(pass_col))
+        .with(col::SAMPLE, Column::U32(sample))
+        .with(col::TOKENS, Column::ListI64(tokens))
+        .with(col::N_TOKENS, Column::U32(n_tokens))
+        .with(col::STOP, Column::Str(stop))
+        .with(col::ANSWER, Column::OptStr(answer))
+        .with(col::EXTRACTION_RULE, Column::OptStr(rule))
+        .with(col::CORRECT, Column::Bool(correct))
+        .with(col::CHUNK, Column::U32(chunk))
+        .with(col::ROW, Column::U32(row))
+        .with(col::BATCH_ROWS, Column::U32(batch_rows))
+        .with(col::SNAPSHOT_VERIFIED, Column::Bool(verified))
 }
 
 /// `estimates`: one row per pivot × alternative × pass.
@@ -196,11 +200,11 @@ pub fn estimates(
     let alt_text = texts(&alt)?;
     Ok(common(ctx, rows.len())
         .with(
-            "pivot_pos",
+            col::PIVOT_POS,
             Column::U32(rows.iter().map(|e| p(e).pos as u32).collect()),
         )
         .with(
-            "abs_pos",
+            col::ABS_POS,
             Column::U32(
                 rows.iter()
                     .map(|e| (roll.prompt.len() + p(e).pos) as u32)
@@ -208,46 +212,46 @@ pub fn estimates(
             ),
         )
         .with(
-            "alt_rank",
+            col::ALT_RANK,
             Column::U32(rows.iter().map(|e| e.alt_rank as u32).collect()),
         )
         .with(
-            "pass",
+            col::PASS,
             Column::Str(rows.iter().map(|e| e.pass.as_str().to_string()).collect()),
         )
         .with(
-            "estimate",
+            col::ESTIMATE,
             Column::F64(rows.iter().map(|e| e.value).collect()),
         )
         .with(
-            "orig_successes",
+            col::ORIG_SUCCESSES,
             Column::U32(rows.iter().map(|e| e.orig_successes).collect()),
         )
         .with(
-            "alt_successes",
+            col::ALT_SUCCESSES,
             Column::U32(rows.iter().map(|e| e.alt_successes).collect()),
         )
-        .with("k", Column::U32(rows.iter().map(|e| e.k).collect()))
+        .with(col::K, Column::U32(rows.iter().map(|e| e.k).collect()))
         .with(
-            "informative",
+            col::INFORMATIVE,
             Column::Bool(rows.iter().map(|e| e.informative).collect()),
         )
         .with(
-            "margin",
+            col::MARGIN,
             Column::F64(rows.iter().map(|e| p(e).margin).collect()),
         )
         .with(
-            "orig_token",
+            col::ORIG_TOKEN,
             Column::I64(rows.iter().map(|e| p(e).token).collect()),
         )
         .with(
-            "alt_token",
+            col::ALT_TOKEN,
             Column::I64(rows.iter().map(|e| alt(e)).collect()),
         )
-        .with("orig_text", Column::Str(orig_text))
-        .with("alt_text", Column::Str(alt_text))
+        .with(col::ORIG_TEXT, Column::Str(orig_text))
+        .with(col::ALT_TEXT, Column::Str(alt_text))
         .with(
-            "snapshot_verified",
+            col::SNAPSHOT_VERIFIED,
             Column::Bool(rows.iter().map(|e| e.snapshot_verified).collect()),
         ))
 }

@@ -8,6 +8,8 @@ use crate::tasks::gsm8k::{self, PromptFormat, Rule};
 use crate::tasks::{Grade, Gsm8k, Problem, Task};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
+
+pub use crate::io::schema::{Pass, ReplicaSchedule};
 use std::path::Path;
 
 /// A whole campaign.
@@ -166,51 +168,6 @@ impl Truncated {
                         .is_some_and(Rule::is_final_answer)
             }
             Truncated::LastNumber => grade.correct,
-        }
-    }
-}
-
-/// One of the three ways the pivot state is obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Pass {
-    /// Resume from the rollout's own (verified) decode-time KV.
-    Exact,
-    /// The exact pass again under another batch schedule: the noise floor.
-    Replica,
-    /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt.
-    Refeed,
-}
-
-impl Pass {
-    /// The pass's name in records.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pass::Exact => "exact",
-            Pass::Replica => "replica",
-            Pass::Refeed => "refeed",
-        }
-    }
-}
-
-/// How the replica pass is scheduled relative to exact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplicaSchedule {
-    /// Exactly the exact pass's batches (must then be bitwise identical to it).
-    Same,
-    /// Jobs in reverse order, at most `replica_batch_size` at a time, grouped so that the
-    /// batches' memberships differ from exact's (see `decode::schedule`), as a serving engine
-    /// might.
-    Shuffled,
-}
-
-impl ReplicaSchedule {
-    /// The schedule's name in records.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplicaSchedule::Same => "same",
-            ReplicaSchedule::Shuffled => "shuffled",
         }
     }
 }

@@ -33,6 +33,7 @@ pub enum ExecPolicy {
     /// Fixed-shape, fixed-order reductions: a token's logits and KV rows do not depend on
     /// how many tokens or sequences share the forward pass.
     #[value(name = "batch_invariant", alias = "batch-invariant")]
+    #[serde(alias = "batch-invariant")]
     BatchInvariant,
 }
 

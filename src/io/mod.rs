@@ -1,5 +1,6 @@
-//! Output plumbing: atomic file writes and Parquet tables.
+//! Output plumbing: atomic file writes, Parquet tables, and the shared record schema.
 pub mod parquet;
+pub mod schema;
 
 use crate::{Error, Result};
 use std::path::Path;

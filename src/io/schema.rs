@@ -1,0 +1,467 @@
+//! The records a campaign writes and the analysis reads, defined once: pass names, per-pass
+//! cost, the manifest, and the file names of a run dir. Policy, dtype, engine and replica
+//! schedule are enums that serialize to the same strings earlier runs hold.
+use crate::credit::spec::CampaignSpec;
+use crate::decode::engine::EngineMode;
+use crate::exec::ExecPolicy;
+use crate::runtime::Dtype;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// File names inside a run dir.
+pub const MANIFEST: &str = "manifest.json";
+/// One row per problem.
+pub const ROLLOUTS: &str = "rollouts.parquet";
+/// One row per pivot × alternative.
+pub const PIVOTS: &str = "pivots.parquet";
+/// One row per continuation.
+pub const CONTINUATIONS: &str = "continuations.parquet";
+/// One row per problem × pivot × alternative × pass.
+pub const ESTIMATES: &str = "estimates.parquet";
+/// The four tables of a campaign (file stems), in write order.
+pub const TABLES: [&str; 4] = ["rollouts", "pivots", "continuations", "estimates"];
+
+/// Column names of the four tables, shared by the writer (`credit::records`) and the reader
+/// (`analysis::read`).
+pub mod col {
+    /// `config`.
+    pub const CONFIG: &str = "config";
+    /// `model`.
+    pub const MODEL: &str = "model";
+    /// `dtype`.
+    pub const DTYPE: &str = "dtype";
+    /// `policy`.
+    pub const POLICY: &str = "policy";
+    /// `problem`.
+    pub const PROBLEM: &str = "problem";
+    /// `prompt_len`.
+    pub const PROMPT_LEN: &str = "prompt_len";
+    /// `n_tokens`.
+    pub const N_TOKENS: &str = "n_tokens";
+    /// `tokens`.
+    pub const TOKENS: &str = "tokens";
+    /// `logprobs`.
+    pub const LOGPROBS: &str = "logprobs";
+    /// `margins`.
+    pub const MARGINS: &str = "margins";
+    /// `stop`.
+    pub const STOP: &str = "stop";
+    /// `text`.
+    pub const TEXT: &str = "text";
+    /// `answer`.
+    pub const ANSWER: &str = "answer";
+    /// `extraction_rule`.
+    pub const EXTRACTION_RULE: &str = "extraction_rule";
+    /// `correct`.
+    pub const CORRECT: &str = "correct";
+    /// `n_candidates`.
+    pub const N_CANDIDATES: &str = "n_candidates";
+    /// `n_pivots`.
+    pub const N_PIVOTS: &str = "n_pivots";
+    /// `pivot_pos`.
+    pub const PIVOT_POS: &str = "pivot_pos";
+    /// `abs_pos`.
+    pub const ABS_POS: &str = "abs_pos";
+    /// `token`.
+    pub const TOKEN: &str = "token";
+    /// `token_text`.
+    pub const TOKEN_TEXT: &str = "token_text";
+    /// `margin`.
+    pub const MARGIN: &str = "margin";
+    /// `margin_at_temperature`.
+    pub const MARGIN_AT_TEMPERATURE: &str = "margin_at_temperature";
+    /// `logprob`.
+    pub const LOGPROB: &str = "logprob";
+    /// `alt_rank`.
+    pub const ALT_RANK: &str = "alt_rank";
+    /// `alt_token`.
+    pub const ALT_TOKEN: &str = "alt_token";
+    /// `alt_text`.
+    pub const ALT_TEXT: &str = "alt_text";
+    /// `fingerprint`.
+    pub const FINGERPRINT: &str = "fingerprint";
+    /// `branch`.
+    pub const BRANCH: &str = "branch";
+    /// `pass`.
+    pub const PASS: &str = "pass";
+    /// `sample`.
+    pub const SAMPLE: &str = "sample";
+    /// `chunk`.
+    pub const CHUNK: &str = "chunk";
+    /// `row`.
+    pub const ROW: &str = "row";
+    /// `batch_rows`.
+    pub const BATCH_ROWS: &str = "batch_rows";
+    /// `snapshot_verified`.
+    pub const SNAPSHOT_VERIFIED: &str = "snapshot_verified";
+    /// `estimate`.
+    pub const ESTIMATE: &str = "estimate";
+    /// `orig_successes`.
+    pub const ORIG_SUCCESSES: &str = "orig_successes";
+    /// `alt_successes`.
+    pub const ALT_SUCCESSES: &str = "alt_successes";
+    /// `k`.
+    pub const K: &str = "k";
+    /// `informative`.
+    pub const INFORMATIVE: &str = "informative";
+    /// `orig_token`.
+    pub const ORIG_TOKEN: &str = "orig_token";
+    /// `orig_text`.
+    pub const ORIG_TEXT: &str = "orig_text";
+}
+
+/// The columns every table starts with.
+pub const COMMON_COLUMNS: [&str; 5] = [
+    col::CONFIG,
+    col::MODEL,
+    col::DTYPE,
+    col::POLICY,
+    col::PROBLEM,
+];
+
+/// Columns of `rollouts` (one row per problem) after [`COMMON_COLUMNS`], in file order.
+pub const ROLLOUT_COLUMNS: [&str; 12] = [
+    col::PROMPT_LEN,
+    col::N_TOKENS,
+    col::TOKENS,
+    col::LOGPROBS,
+    col::MARGINS,
+    col::STOP,
+    col::TEXT,
+    col::ANSWER,
+    col::EXTRACTION_RULE,
+    col::CORRECT,
+    col::N_CANDIDATES,
+    col::N_PIVOTS,
+];
+
+/// Columns of `pivots` (one row per pivot × alternative) after [`COMMON_COLUMNS`], in file order.
+pub const PIVOT_COLUMNS: [&str; 11] = [
+    col::PIVOT_POS,
+    col::ABS_POS,
+    col::TOKEN,
+    col::TOKEN_TEXT,
+    col::MARGIN,
+    col::MARGIN_AT_TEMPERATURE,
+    col::LOGPROB,
+    col::ALT_RANK,
+    col::ALT_TOKEN,
+    col::ALT_TEXT,
+    col::FINGERPRINT,
+];
+
+/// Columns of `continuations` (one row per continuation) after [`COMMON_COLUMNS`], in file order.
+pub const CONTINUATION_COLUMNS: [&str; 15] = [
+    col::PIVOT_POS,
+    col::ALT_RANK,
+    col::BRANCH,
+    col::PASS,
+    col::SAMPLE,
+    col::TOKENS,
+    col::N_TOKENS,
+    col::STOP,
+    col::ANSWER,
+    col::EXTRACTION_RULE,
+    col::CORRECT,
+    col::CHUNK,
+    col::ROW,
+    col::BATCH_ROWS,
+    col::SNAPSHOT_VERIFIED,
+];
+
+/// Columns of `estimates` (one row per pivot × alternative × pass) after [`COMMON_COLUMNS`], in file order.
+pub const ESTIMATE_COLUMNS: [&str; 15] = [
+    col::PIVOT_POS,
+    col::ABS_POS,
+    col::ALT_RANK,
+    col::PASS,
+    col::ESTIMATE,
+    col::ORIG_SUCCESSES,
+    col::ALT_SUCCESSES,
+    col::K,
+    col::INFORMATIVE,
+    col::MARGIN,
+    col::ORIG_TOKEN,
+    col::ALT_TOKEN,
+    col::ORIG_TEXT,
+    col::ALT_TEXT,
+    col::SNAPSHOT_VERIFIED,
+];
+
+/// The columns of a table (by file stem, see [`TABLES`]) in file order, common ones first.
+pub fn columns(table: &str) -> Option<Vec<&'static str>> {
+    let rest: &[&str] = match table {
+        "rollouts" => &ROLLOUT_COLUMNS,
+        "pivots" => &PIVOT_COLUMNS,
+        "continuations" => &CONTINUATION_COLUMNS,
+        "estimates" => &ESTIMATE_COLUMNS,
+        _ => return None,
+    };
+    Some(COMMON_COLUMNS.iter().chain(rest).copied().collect())
+}
+
+/// One of the three ways the pivot state is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    /// Resume from the rollout's own (verified) decode-time KV.
+    Exact,
+    /// The exact pass again under another batch schedule: the noise floor.
+    Replica,
+    /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt.
+    Refeed,
+}
+
+impl Pass {
+    /// All passes, in column order.
+    pub const ALL: [Pass; 3] = [Pass::Exact, Pass::Replica, Pass::Refeed];
+
+    /// The pass's name in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::Exact => "exact",
+            Pass::Replica => "replica",
+            Pass::Refeed => "refeed",
+        }
+    }
+
+    /// The pass a name denotes (`exact`, `replica`, `refeed`).
+    pub fn parse(s: &str) -> Option<Pass> {
+        Pass::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for Pass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the replica pass is scheduled relative to exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaSchedule {
+    /// Exactly the exact pass's batches (must then be bitwise identical to it).
+    Same,
+    /// Jobs in reverse order, at most `replica_batch_size` at a time, grouped so that the
+    /// batches' memberships differ from exact's (see `decode::schedule`), as a serving engine
+    /// might.
+    Shuffled,
+}
+
+impl ReplicaSchedule {
+    /// The schedule's name in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaSchedule::Same => "same",
+            ReplicaSchedule::Shuffled => "shuffled",
+        }
+    }
+}
+
+impl fmt::Display for ReplicaSchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Work and time spent in one pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PassCost {
+    /// Wall seconds on the device (synchronized).
+    #[serde(default)]
+    pub device_seconds: f64,
+    /// Tokens decoded (continuations) or prefilled (refeed prefixes are counted too).
+    #[serde(default)]
+    pub tokens: u64,
+    /// Continuations run.
+    #[serde(default)]
+    pub continuations: u64,
+}
+
+impl PassCost {
+    /// Add another cost to this one.
+    pub fn add(&mut self, other: &PassCost) {
+        self.device_seconds += other.device_seconds;
+        self.tokens += other.tokens;
+        self.continuations += other.continuations;
+    }
+}
+
+/// The spec a manifest records: the whole campaign spec as parsed, or (in hand-built run dirs)
+/// only its passes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RecordedSpec {
+    /// The spec as parsed.
+    Full(Box<CampaignSpec>),
+    /// Only `[passes]`.
+    Passes {
+        /// `[passes]` of the spec.
+        passes: RecordedPasses,
+    },
+}
+
+/// The passes of a partial recorded spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedPasses {
+    /// Passes run.
+    pub run: Vec<Pass>,
+    /// Every other key of `[passes]`, kept as written.
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, serde_json::Value>,
+}
+
+impl RecordedSpec {
+    /// The passes the spec ran, in order.
+    pub fn passes(&self) -> &[Pass] {
+        match self {
+            RecordedSpec::Full(s) => &s.passes.run,
+            RecordedSpec::Passes { passes } => &passes.run,
+        }
+    }
+}
+
+/// What a campaign run records about itself (`manifest.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Campaign (configuration) label; the `config` column of its tables.
+    pub name: String,
+    /// SHA-256 of the spec file's bytes, recorded before anything ran.
+    pub spec_sha256: String,
+    /// The spec as parsed.
+    pub spec: RecordedSpec,
+    /// Model name.
+    pub model: String,
+    /// SHA-256 of the model file, when known.
+    pub model_sha256: Option<String>,
+    /// Run dtype.
+    pub dtype: Dtype,
+    /// Run device.
+    pub device: String,
+    /// Execution policy.
+    pub policy: ExecPolicy,
+    /// Replica schedule.
+    pub replica_schedule: ReplicaSchedule,
+    /// Continuations per branch.
+    pub k: u32,
+    /// Campaign seed.
+    pub seed: u64,
+    /// kvcredit version.
+    pub kvcredit_version: String,
+    /// libtorch version the binary was built against.
+    pub libtorch_version: String,
+    /// Continuation engine as resolved (never `auto`); absent in runs written before it was
+    /// recorded. Under the stock policy it decides rounding, so a stock run resumes only with
+    /// the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineMode>,
+    /// When the run first started (UTC, RFC 3339).
+    pub started_at: String,
+    /// When each later invocation resumed it.
+    #[serde(default)]
+    pub resumed_at: Vec<String>,
+    /// When it finished, if it has.
+    pub finished_at: Option<String>,
+    /// Problems in the spec.
+    pub problems_total: usize,
+    /// Problems with a finished shard.
+    pub problems_done: usize,
+    /// Exact/replica continuations whose starting K/V had a decode-time fingerprint to verify.
+    pub snapshot_checks: u64,
+    /// Of those, the verified ones (counted after the comparison matched).
+    pub snapshot_hits: u64,
+    /// `snapshot_hits / snapshot_checks` (1 when there were none).
+    pub snapshot_hit_rate: f64,
+    /// Distinct snapshots (one per pivot and pass) verified in the exact and replica passes;
+    /// absent in runs written before they were counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_checks_pivots: Option<u64>,
+    /// Of those, the snapshots every continuation of which was verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_hits_pivots: Option<u64>,
+    /// Cost per pass name (plus `rollout`).
+    pub cost: BTreeMap<String, PassCost>,
+}
+
+impl Manifest {
+    /// The passes the spec ran, in order.
+    pub fn passes(&self) -> Vec<Pass> {
+        self.spec.passes().to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn load(path: &Path) -> (Manifest, serde_json::Value) {
+        let text = std::fs::read_to_string(path).unwrap();
+        let m: Manifest = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} does not load: {e}", path.display()));
+        (m, serde_json::from_str(&text).unwrap())
+    }
+
+    /// Every campaign manifest in the repository loads through the shared type and writes back
+    /// as it reads; gpu-trust's (written by the current writer) writes back the same JSON value.
+    #[test]
+    fn every_recorded_manifest_loads_and_round_trips() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let trust_path = root.join("docs/runs/gpu-trust/manifest.json");
+        let mut paths: Vec<PathBuf> = [
+            "docs/runs/bf16-cpu/manifest.json",
+            "docs/runs/gpu-engines-bi/manifest-eager.json",
+            "docs/runs/gpu-engines-bi/manifest-graph.json",
+        ]
+        .iter()
+        .map(|p| root.join(p))
+        .collect();
+        let n_docs = paths.len();
+        for entry in std::fs::read_dir(root.join("tests/fixtures/analysis/runs")).unwrap() {
+            let m = entry.unwrap().path().join(MANIFEST);
+            if m.is_file() {
+                paths.push(m);
+            }
+        }
+        assert!(paths.len() > n_docs, "no fixture manifests found");
+        for path in &paths {
+            // Older specs gain the defaults of keys added since, so compare parsed values.
+            let (m, _) = load(path);
+            let again: Manifest =
+                serde_json::from_value(serde_json::to_value(&m).unwrap()).unwrap();
+            assert_eq!(again, m, "{} does not round-trip", path.display());
+        }
+        let (trust, value) = load(&trust_path);
+        assert_eq!(serde_json::to_value(&trust).unwrap(), value);
+        assert!(matches!(trust.spec, RecordedSpec::Full(_)));
+        assert_eq!(
+            (trust.policy, trust.dtype, trust.engine),
+            (ExecPolicy::Stock, Dtype::Bf16, Some(EngineMode::Graph))
+        );
+        assert_eq!(trust.replica_schedule, ReplicaSchedule::Shuffled);
+        assert_eq!(trust.passes(), Pass::ALL);
+    }
+
+    #[test]
+    fn enums_serialize_to_the_recorded_strings() {
+        let s = |v: serde_json::Value| v.as_str().unwrap().to_string();
+        assert_eq!(
+            s(serde_json::to_value(ExecPolicy::BatchInvariant).unwrap()),
+            "batch_invariant"
+        );
+        let alias: ExecPolicy = serde_json::from_str("\"batch-invariant\"").unwrap();
+        assert_eq!(alias, ExecPolicy::BatchInvariant);
+        for d in [Dtype::Fp32, Dtype::Fp16, Dtype::Bf16] {
+            assert_eq!(s(serde_json::to_value(d).unwrap()), d.to_string());
+        }
+        for e in [EngineMode::Eager, EngineMode::Static, EngineMode::Graph] {
+            assert_eq!(s(serde_json::to_value(e).unwrap()), e.to_string());
+        }
+        for p in Pass::ALL {
+            assert_eq!(s(serde_json::to_value(p).unwrap()), p.as_str());
+            assert_eq!(Pass::parse(p.as_str()), Some(p));
+        }
+    }
+}
