@@ -363,6 +363,7 @@ fn refresh(
 type ShardTables = (Vec<(&'static str, Table)>, ShardInfo);
 
 /// Everything of one batch; one shard's tables per problem.
+#[allow(clippy::too_many_arguments)]
 fn run_batch(
     spec: &DivergenceSpec,
     dtype: Dtype,
