@@ -763,7 +763,7 @@ fn an_fp16_overflow_stops_that_dtype_only_and_keeps_the_others() {
         out.to_str().unwrap(),
         "--quiet",
     ]);
-    assert_ne!(code, 0, "fp16 overflow reported: {err}");
+    assert_eq!(code, 2, "fp16 overflow reported: {err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     for needle in [
         "numerics: fp16, problems 0..=0: free/greedy",
