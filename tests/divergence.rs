@@ -385,6 +385,18 @@ count = 1
 format = "zero-shot-chat"
 "#;
 
+/// `kvcredit divergence run SPEC --out OUT --quiet`.
+fn run_study(spec: &std::path::Path, out: &std::path::Path) -> (i32, String, String) {
+    kvcredit(&[
+        "divergence",
+        "run",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ])
+}
+
 /// Write a spec (SPEC_HEAD with the fixture model + `rest`), run it, and require a one-line
 /// error containing `needle` and no output folder.
 fn assert_bad_spec(name: &str, rest: &str, needle: &str) {
@@ -394,14 +406,7 @@ fn assert_bad_spec(name: &str, rest: &str, needle: &str) {
     let text = SPEC_HEAD.replace("MODEL", &model.display().to_string()) + rest;
     std::fs::write(&spec, text).unwrap();
     let out = dir.join("out");
-    let (code, _, err) = kvcredit(&[
-        "divergence",
-        "run",
-        spec.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let (code, _, err) = run_study(&spec, &out);
     assert_ne!(code, 0, "{name}: expected failure");
     assert_eq!(
         err.trim().lines().count(),
@@ -755,14 +760,7 @@ fn an_fp16_overflow_stops_that_dtype_only_and_keeps_the_others() {
         + "[[strategies]]\nkind = \"greedy\"\n[steps]\nteacher_forced = false\n";
     std::fs::write(&spec, text).unwrap();
     let out = dir.join("out");
-    let (code, _, err) = kvcredit(&[
-        "divergence",
-        "run",
-        spec.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let (code, _, err) = run_study(&spec, &out);
     assert_eq!(code, 2, "fp16 overflow reported: {err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     for needle in [
@@ -798,13 +796,6 @@ fn an_fp16_overflow_stops_that_dtype_only_and_keeps_the_others() {
             .replace(&model.display().to_string(), &clean.display().to_string()),
     )
     .unwrap();
-    let (code, _, err) = kvcredit(&[
-        "divergence",
-        "run",
-        spec2.to_str().unwrap(),
-        "--out",
-        dir.join("clean-out").to_str().unwrap(),
-        "--quiet",
-    ]);
+    let (code, _, err) = run_study(&spec2, &dir.join("clean-out"));
     assert_eq!(code, 0, "{err}");
 }

@@ -230,19 +230,29 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
             out.display()
         )));
     }
-    let dirs: Vec<PathBuf> = spec
-        .dtypes
+    merge_tables(out, spec, &problems, &spec.dtypes)?;
+    refresh(&mut m, out, spec, &problems)?;
+    m.merged_dtypes = None;
+    m.finished_at = Some(now_rfc3339());
+    write_json(&manifest_path, &m)?;
+    Ok(m)
+}
+
+/// The study's tables from the shards of `dtypes` (every problem of each).
+fn merge_tables(
+    out: &Path,
+    spec: &DivergenceSpec,
+    problems: &[Problem],
+    dtypes: &[Dtype],
+) -> Result<()> {
+    let dirs: Vec<PathBuf> = dtypes
         .iter()
         .flat_map(|&d| problems.iter().map(move |p| shard_dir(out, d, p.index)))
         .collect();
     for name in tables_of(spec) {
         merge_table(&dirs, name, out)?;
     }
-    refresh(&mut m, out, spec, &problems)?;
-    m.merged_dtypes = None;
-    m.finished_at = Some(now_rfc3339());
-    write_json(&manifest_path, &m)?;
-    Ok(m)
+    Ok(())
 }
 
 fn tables_of(spec: &DivergenceSpec) -> Vec<&'static str> {
@@ -319,13 +329,7 @@ pub fn merge_finished(out: &Path) -> Result<Manifest> {
             problems.len()
         )));
     }
-    let dirs: Vec<PathBuf> = complete
-        .iter()
-        .flat_map(|&d| problems.iter().map(move |p| shard_dir(out, d, p.index)))
-        .collect();
-    for name in tables_of(&spec) {
-        merge_table(&dirs, name, out)?;
-    }
+    merge_tables(out, &spec, &problems, &complete)?;
     refresh(&mut m, out, &spec, &problems)?;
     m.merged_dtypes = if complete.len() == spec.dtypes.len() {
         None
