@@ -48,11 +48,22 @@ fn quantizer_style(q: &str) -> (bool, Marker) {
     }
 }
 
-/// One legend row: a line (dashed or not) with a marker, or a filled swatch.
+/// How a legend row shows its series.
+#[derive(Clone, Copy)]
+enum Key {
+    /// A line, dashed or not, with its marker.
+    Line(bool, Marker),
+    /// A marker alone (a series of one point).
+    Marker(Marker),
+    /// A filled swatch (a bar segment).
+    Swatch,
+}
+
+/// One legend row.
 pub(crate) struct LegendEntry {
     label: String,
     color: RGBColor,
-    line: Option<(bool, Marker)>,
+    key: Key,
 }
 
 fn draw_marker<DB: DrawingBackend>(
@@ -92,8 +103,8 @@ where
     ))?;
     for (i, e) in entries.iter().enumerate() {
         let y = 68 + 22 * i as i32;
-        match e.line {
-            Some((dashed, marker)) => {
+        match e.key {
+            Key::Line(dashed, marker) => {
                 let style = e.color.stroke_width(2);
                 if dashed {
                     area.draw(&PathElement::new([(8, y), (17, y)], style))?;
@@ -103,7 +114,8 @@ where
                 }
                 draw_marker(area, (20, y), marker, e.color)?;
             }
-            None => {
+            Key::Marker(marker) => draw_marker(area, (20, y), marker, e.color)?,
+            Key::Swatch => {
                 area.draw(&Rectangle::new(
                     [(10, y - 7), (30, y + 7)],
                     e.color.filled(),
@@ -150,10 +162,15 @@ impl PplFigure {
         for s in self.panels.iter().flat_map(|p| &p.series) {
             let label = format!("{} {}", s.policy, s.quantizer);
             if !out.iter().any(|e| e.label == label) {
+                let (dashed, marker) = quantizer_style(&s.quantizer);
                 out.push(LegendEntry {
                     label,
                     color: policy_color(&s.policy),
-                    line: Some(quantizer_style(&s.quantizer)),
+                    key: if s.line {
+                        Key::Line(dashed, marker)
+                    } else {
+                        Key::Marker(marker)
+                    },
                 });
             }
         }
@@ -240,17 +257,33 @@ impl Figure for PplFigure {
                         chart.draw_series(LineSeries::new(pts.clone(), style))?;
                     }
                 }
-                chart.draw_series(s.points.iter().filter_map(|&(x, y, ci)| {
+                // An interval cut at the panel's edge has no cap there.
+                let inside = |&&(_, _, ci): &&(f64, f64, Option<(f64, f64)>)| {
+                    ci.is_some_and(|(lo, hi)| lo >= ylo && hi <= yhi)
+                };
+                chart.draw_series(s.points.iter().filter(inside).filter_map(|&(x, y, ci)| {
                     let (lo, hi) = ci?;
                     Some(ErrorBar::new_vertical(
                         x + dx,
-                        lo.max(ylo),
+                        lo,
                         y,
-                        hi.min(yhi),
+                        hi,
                         color.stroke_width(1),
                         6,
                     ))
                 }))?;
+                chart.draw_series(
+                    s.points
+                        .iter()
+                        .filter(|p| p.2.is_some() && !inside(p))
+                        .filter_map(|&(x, _, ci)| {
+                            let (lo, hi) = ci?;
+                            Some(PathElement::new(
+                                [(x + dx, lo.max(ylo)), (x + dx, hi.min(yhi))],
+                                color.stroke_width(1),
+                            ))
+                        }),
+                )?;
                 match marker {
                     Marker::Circle => {
                         chart.draw_series(pts.iter().map(|&c| Circle::new(c, 4, color.filled())))?
@@ -437,7 +470,7 @@ impl Figure for TtftFigure {
             .map(|(i, s)| LegendEntry {
                 label: s.to_string(),
                 color: stage_color(i),
-                line: None,
+                key: Key::Swatch,
             })
             .collect();
         draw_legend(&legend, "stage (top to bottom)", &entries)?;

@@ -74,11 +74,15 @@ fn variants<'a>(
     keys
 }
 
+/// A journal's settings line.
+fn journal_header(path: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(text.lines().next()?).ok()
+}
+
 /// The `model` of a journal's settings line.
 fn journal_model(path: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let head: serde_json::Value = serde_json::from_str(text.lines().next()?).ok()?;
-    head["model"].as_str().map(str::to_string)
+    journal_header(path)?["model"].as_str().map(str::to_string)
 }
 
 /// Files of `dir` named `{prefix}*.parquet`, sorted, without those starting with one of `not`.
@@ -462,8 +466,20 @@ fn ppl_panel(title: String, ppl: &[PplRow]) -> Result<PplPanel> {
     Ok(PplPanel { title, series })
 }
 
-fn niah_panel(model: &str, niah: &[NiahRow]) -> NiahPanel {
+/// `grid_depths`: the depth count of the grid's settings, so that the depths a cut-short grid
+/// has not reached show as empty cells.
+fn niah_panel(model: &str, niah: &[NiahRow], grid_depths: Option<u64>) -> NiahPanel {
     let mut depths: Vec<f64> = niah.iter().map(|r| r.depth).collect();
+    if let Some(n) = grid_depths.filter(|&n| (1..=64).contains(&n)) {
+        // The depths of `spectrum niah`: i / (n − 1), or 0.5 alone.
+        depths.extend((0..n).map(|i| {
+            if n == 1 {
+                0.5
+            } else {
+                i as f64 / (n - 1) as f64
+            }
+        }));
+    }
     depths.sort_by(f64::total_cmp);
     depths.dedup();
     let mut seeds: Vec<u64> = niah.iter().map(|r| r.seed).collect();
@@ -635,7 +651,8 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                     mine[0].prompt_format
                 );
             }
-            niah_panels.push(niah_panel(&model, &niah));
+            let grid_depths = journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64());
+            niah_panels.push(niah_panel(&model, &niah, grid_depths));
         }
         probe_tables(&mut md, &parquet_files(dir, "probe", &["probe-trials"])?)?;
         let ttft_files = parquet_files(dir, "ttft", &[])?;
