@@ -137,12 +137,15 @@ fn grid(n: usize, max_cols: usize) -> (usize, usize) {
     (n.div_ceil(cols).max(1), cols)
 }
 
+/// A PPL point: `(x, mean Δ%, 95% t-interval)`.
+pub(crate) type PplPoint = (f64, f64, Option<(f64, f64)>);
+
 /// One policy × quantizer of a PPL panel: points `(x, mean Δ%, t-interval)`; `line` joins them
 /// (a budgeted policy over b), otherwise one marker at its real budget (uniform tiers).
 pub(crate) struct PplSeries {
     pub(crate) policy: String,
     pub(crate) quantizer: String,
-    pub(crate) points: Vec<(f64, f64, Option<(f64, f64)>)>,
+    pub(crate) points: Vec<PplPoint>,
     pub(crate) line: bool,
 }
 
@@ -258,9 +261,8 @@ impl Figure for PplFigure {
                     }
                 }
                 // An interval cut at the panel's edge has no cap there.
-                let inside = |&&(_, _, ci): &&(f64, f64, Option<(f64, f64)>)| {
-                    ci.is_some_and(|(lo, hi)| lo >= ylo && hi <= yhi)
-                };
+                let inside =
+                    |&&(_, _, ci): &&PplPoint| ci.is_some_and(|(lo, hi)| lo >= ylo && hi <= yhi);
                 chart.draw_series(s.points.iter().filter(inside).filter_map(|&(x, y, ci)| {
                     let (lo, hi) = ci?;
                     Some(ErrorBar::new_vertical(
@@ -302,12 +304,15 @@ impl Figure for PplFigure {
     }
 }
 
+/// A NIAH row: its label and per depth `(correct, trials)`.
+pub(crate) type NiahRowCells = (String, Vec<Option<(u64, u64)>>);
+
 /// One model's NIAH heatmap: rows are variants (top first), columns depths; a cell holds
 /// `(correct, trials)` over the seeds, `None` where the grid has no trial.
 pub(crate) struct NiahPanel {
     pub(crate) title: String,
     pub(crate) depths: Vec<f64>,
-    pub(crate) rows: Vec<(String, Vec<Option<(u64, u64)>>)>,
+    pub(crate) rows: Vec<NiahRowCells>,
 }
 
 pub(crate) struct NiahFigure {

@@ -568,10 +568,12 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                 n.strip_prefix("spectrum-")
                     .map_or(n.clone(), str::to_string)
             });
-        if (!ppl.is_empty() || !niah.is_empty()) && models.contains(&model) {
-            model = format!("{model} ({})", dir.display());
+        if !ppl.is_empty() || !niah.is_empty() {
+            if models.contains(&model) {
+                model = format!("{model} ({})", dir.display());
+            }
+            models.push(model.clone());
         }
-        models.push(model.clone());
         let _ = writeln!(md, "\n## {}\n", dir.display());
         if !ppl.is_empty() {
             md.push_str("| variant | windows | Δ% pooled | mean per-window Δ% | 95% t-interval | b_real | shared |\n| --- | --- | --- | --- | --- | --- | --- |\n");
