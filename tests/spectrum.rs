@@ -772,8 +772,10 @@ fn variants_with_one_plan_are_measured_once_and_sharing_is_exact() -> Result<()>
 }
 
 #[test]
-fn report_reads_journals_and_pairs_every_number_with_an_interval() -> Result<()> {
-    use kvcredit::spectrum::eval::PplRow;
+fn report_pairs_every_number_with_an_interval_and_draws_the_figures_it_has_data_for() -> Result<()>
+{
+    use kvcredit::io::parquet::{Column, Table};
+    use kvcredit::spectrum::eval::{NiahRow, PplRow};
     use kvcredit::spectrum::report;
     let root =
         std::env::temp_dir().join(format!("kvcredit-spectrum-report-{}", std::process::id()));
@@ -807,12 +809,127 @@ fn report_reads_journals_and_pairs_every_number_with_an_interval() -> Result<()>
     }
     text.push_str("{\"torn");
     std::fs::write(run.join("ppl.rows.jsonl"), text).unwrap();
-    let md = report::report(&[run], &root.join("out"))?;
+    let md = report::report(std::slice::from_ref(&run), &root.join("out"))?;
     assert!(root.join("out/report.md").exists());
     // Window 1 of spectrum: exp(0.5 / 10) − 1 = +5.13%; pooled over both: exp(0.5 / 20) − 1.
     assert!((report::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
     assert!(md.contains("| spectrum kivi b=0.5 | 2 | +2.53 |"), "{md}");
     assert!(md.contains("Tiered (kivi) − PDTrim at b = 0.5, paired over windows"));
+    // PPL rows alone: its figure only.
+    let exists = |f: &str| root.join("out").join(f).exists();
+    assert!(exists("ppl-delta.png") && exists("ppl-delta.svg"));
+    assert!(!exists("niah-depth.png") && !exists("ttft-stages.png"));
+    assert!(md.contains("[`ppl-delta.png`](ppl-delta.png)"), "{md}");
+
+    // With NIAH rows, a probe verdict and TTFT rows, every figure and table.
+    let niah = |policy: &str, b: Option<f64>, depth: f64, seed: u64, correct: bool| NiahRow {
+        policy: policy.into(),
+        quantizer: "kivi".into(),
+        b,
+        b_real: b,
+        depth,
+        seed,
+        prompt_len: 100,
+        value: "42".into(),
+        answer: if correct { "42" } else { "7" }.into(),
+        correct,
+        prompt_format: "text".into(),
+        shared_with: None,
+    };
+    let mut text = String::from("{\"section\":\"niah\",\"grid\":{\"depths\":3}}\n");
+    for (depth, seed) in [(0.0, 0), (0.5, 0), (0.0, 1)] {
+        let rows = vec![
+            niah("full", None, depth, seed, true),
+            niah("spectrum", Some(0.5), depth, seed, seed == 0),
+        ];
+        text.push_str(
+            &serde_json::json!({"unit": format!("depth {depth} seed {seed}"), "rows": rows})
+                .to_string(),
+        );
+        text.push('\n');
+    }
+    std::fs::write(run.join("niah.rows.jsonl"), text).unwrap();
+    Table::new()
+        .with("model", Column::Str(vec!["tiny".into()]))
+        .with("quantizer", Column::Str(vec!["kivi".into()]))
+        .with("b", Column::F64(vec![0.3]))
+        .with("context", Column::U32(vec![64]))
+        .with("trials_passed", Column::U32(vec![3]))
+        .with("probe_int4", Column::Bool(vec![true]))
+        .with("selected_policy", Column::Str(vec!["spectrum".into()]))
+        .with("gate_ppl_ratio", Column::F64(vec![1.01]))
+        .with("gate_kl", Column::F64(vec![0.004]))
+        .with("gate_max_ppl_ratio", Column::F64(vec![1.05]))
+        .with("gate_int4", Column::Bool(vec![true]))
+        .write(&run.join("probe.parquet"))?;
+    // Repeat 0 is the warm-up: the medians are over repeats 1 and 2.
+    let ttft = [(1000.0, 900.0), (100.0, 80.0), (120.0, 90.0)];
+    let n = 2 * ttft.len();
+    let col = |f: &dyn Fn(usize, bool) -> f64| {
+        Column::F64((0..n).map(|i| f(i / 2, i % 2 == 0)).collect())
+    };
+    let mut t = Table::new()
+        .with("model", Column::Str(vec!["tiny".into(); n]))
+        .with(
+            "transfer",
+            Column::Str((0..n).map(|i| ["tiered", "fp16"][i % 2].into()).collect()),
+        )
+        .with("tier_policy", Column::Str(vec!["spectrum".into(); n]))
+        .with("quantizer", Column::Str(vec!["kivi".into(); n]))
+        .with("b", Column::F64(vec![0.5; n]))
+        .with("b_real", col(&|_, tiered| if tiered { 0.5 } else { 1.0 }))
+        .with("bytes", Column::I64(vec![1000; n]))
+        .with("context", Column::U32(vec![64; n]))
+        .with("bandwidth_mbps", Column::OptF64(vec![None; n]))
+        .with(
+            "repeat",
+            Column::U32((0..n).map(|i| (i / 2) as u32).collect()),
+        )
+        .with("first_token", Column::I64(vec![1; n]));
+    for c in [
+        "prefill_ms",
+        "scoring_ms",
+        "pack_ms",
+        "send_ms",
+        "receive_ms",
+        "unpack_ms",
+        "first_step_ms",
+        "round_trip_ms",
+    ] {
+        t = t.with(c, col(&|_, _| 10.0));
+    }
+    t.with(
+        "ttft_ms",
+        col(&|r, tiered| if tiered { ttft[r].1 } else { ttft[r].0 }),
+    )
+    .write(&run.join("ttft.parquet"))?;
+    let r = report::write_report(std::slice::from_ref(&run), &root.join("out"))?;
+    for stem in ["ppl-delta", "niah-depth", "ttft-stages"] {
+        for ext in ["png", "svg"] {
+            let f = root.join("out").join(format!("{stem}.{ext}"));
+            assert!(f.exists() && r.figures.contains(&f), "{}", f.display());
+            assert!(std::fs::metadata(&f).unwrap().len() > 1000);
+        }
+        assert!(
+            r.markdown.contains(&format!("[`{stem}.png`]({stem}.png)")),
+            "{}",
+            r.markdown
+        );
+    }
+    let md = r.markdown;
+    assert!(md.contains("kivi → **spectrum** (INT4 on)"), "{md}");
+    assert!(md.contains("| fp16 | 2 of 3 |"), "{md}");
+    // Stages 10 ms each (send and receive overlap: one of them counts), other = TTFT − 60.
+    assert!(
+        md.contains("| spectrum kivi b=0.5 | 2 of 3 | 0.5000 | 0.0 | 10.0 | 10.0 | 10.0 | 10.0 | 10.0 | 10.0 | 10.0 | 25.0 | 85.0 | +22.7% |"),
+        "{md}"
+    );
+    assert!(md.contains("| NIAH variant |"));
+    // Data gone: its figure goes too.
+    std::fs::remove_file(run.join("ttft.parquet")).unwrap();
+    report::report(&[run], &root.join("out"))?;
+    assert!(!exists("ttft-stages.png") && !exists("ttft-stages.svg"));
+    assert!(exists("niah-depth.png"));
     std::fs::remove_dir_all(&root).unwrap();
     Ok(())
 }

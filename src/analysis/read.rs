@@ -328,6 +328,19 @@ impl Frame {
         Ok(out)
     }
 
+    /// A Float64 column that may hold nulls.
+    pub(crate) fn opt_f64s(&self, col: &str) -> Result<Vec<Option<f64>>> {
+        let mut out = Vec::with_capacity(self.rows);
+        for a in self.arrays(col) {
+            let a = a?;
+            match a.data_type() {
+                DataType::Float64 => out.extend(a.as_primitive::<Float64Type>().iter()),
+                t => return Err(self.err(col, format_args!("type {t}, expected Float64"))),
+            }
+        }
+        Ok(out)
+    }
+
     /// A Boolean column.
     pub(crate) fn bools(&self, col: &str) -> Result<Vec<bool>> {
         let mut out = Vec::with_capacity(self.rows);

@@ -28,16 +28,17 @@ pub enum Cmd {
     /// Prefill worker: prefill a WikiText context, compress, send; TTFT by stage vs FP16.
     Send(SendArgs),
     /// Markdown report over run folders (one per model): PPL Δ% with t-intervals, NIAH with
-    /// Wilson intervals.
+    /// Wilson intervals, probe verdicts, TTFT stage medians; figures as PNG and SVG.
     Report(ReportArgs),
 }
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
-    /// Run folders (one per model) holding ppl.rows.jsonl / niah.rows.jsonl.
+    /// Run folders (one per model) holding ppl.rows.jsonl / niah.rows.jsonl / probe*.parquet /
+    /// ttft*.parquet.
     #[arg(required = true)]
     dirs: Vec<PathBuf>,
-    /// Output folder of report.md.
+    /// Output folder of report.md and the figures.
     #[arg(long, default_value = "runs/spectrum-report")]
     out: PathBuf,
 }
@@ -140,8 +141,11 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Serve(a) => serve(a),
         Cmd::Send(a) => send(a),
         Cmd::Report(a) => {
-            kvcredit::spectrum::report::report(&a.dirs, &a.out)?;
-            println!("report: {}", a.out.join("report.md").display());
+            let r = kvcredit::spectrum::report::write_report(&a.dirs, &a.out)?;
+            println!("report: {}", r.path.display());
+            for f in &r.figures {
+                println!("figure: {}", f.display());
+            }
             Ok(())
         }
     }

@@ -12,6 +12,7 @@
 //! - [`eval`]: perplexity, NIAH and the INT4 probe.
 pub mod allocate;
 pub mod eval;
+pub mod figures;
 pub mod importance;
 pub mod quant;
 pub mod report;

@@ -1,8 +1,17 @@
 //! `kvcredit spectrum report`: one Markdown report over run folders (one per model) from the
-//! grids' journals (`ppl.rows.jsonl`, `niah.rows.jsonl`): PPL Δ% per variant with a t-interval
-//! over windows, the paired tiered − PDTrim difference at b = 0.5, and NIAH accuracy with
-//! Wilson intervals.
+//! grids' journals (`ppl.rows.jsonl`, `niah.rows.jsonl`), the probe verdicts (`probe*.parquet`)
+//! and the TTFT rows of `spectrum send` (`ttft*.parquet`): PPL Δ% per variant with a t-interval
+//! over windows, the paired tiered − PDTrim difference at b = 0.5, NIAH accuracy with Wilson
+//! intervals, the probe and gate per quantizer, and the TTFT stage medians with the cut vs
+//! FP16; plus three figures as PNG and SVG ([`super::figures`]): PPL Δ% vs b, NIAH accuracy
+//! by depth, TTFT stage stacks. A figure without data is not drawn.
 use super::eval::{NiahRow, PplRow};
+use super::figures::{
+    NIAH_STEM, NiahFigure, NiahPanel, PPL_STEM, PplFigure, PplPanel, PplSeries, TTFT_STAGES,
+    TTFT_STEM, TtftBar, TtftFigure, TtftPanel,
+};
+use crate::analysis::plot::render;
+use crate::analysis::read::Frame;
 use crate::stats;
 use crate::{Error, Result};
 use std::fmt::Write;
@@ -28,21 +37,512 @@ pub fn window_delta(r: &PplRow) -> f64 {
     100.0 * (((r.nll - r.nll_base) / r.tokens as f64).exp() - 1.0)
 }
 
+/// Mean per-window Δ% of `rows` and its 95% t-interval over windows (`None` with one window).
+fn delta_stats(rows: &[&PplRow]) -> Result<(f64, Option<(f64, f64)>)> {
+    let d: Vec<f64> = rows.iter().map(|r| window_delta(r)).collect();
+    let w: Vec<u64> = rows.iter().map(|r| r.window as u64).collect();
+    let t = stats::cluster_mean_t(&d, &w)?;
+    Ok((t.estimate, t.confidence_interval(0.95)?))
+}
+
 fn interval(values: &[f64], windows: &[u64]) -> Result<String> {
     let t = stats::cluster_mean_t(values, windows)?;
-    Ok(match t.confidence_interval(0.95)? {
+    Ok(fmt_interval(t.confidence_interval(0.95)?))
+}
+
+fn fmt_interval(ci: Option<(f64, f64)>) -> String {
+    match ci {
         Some((lo, hi)) => format!("[{lo:+.2}, {hi:+.2}]"),
         None => "n/a (1 window)".into(),
-    })
+    }
 }
 
 fn key(policy: &str, q: &str, b: Option<f64>) -> String {
     format!("{policy} {q} b={}", b.map_or("-".into(), |b| b.to_string()))
 }
 
-/// The report of `dirs` as Markdown; written to `out/report.md`.
+/// Policy × quantizer × b of `rows`, in order of first appearance.
+fn variants<'a>(
+    rows: impl IntoIterator<Item = (&'a str, &'a str, Option<f64>)>,
+) -> Vec<(String, String, Option<f64>)> {
+    let mut keys: Vec<(String, String, Option<f64>)> = Vec::new();
+    for (p, q, b) in rows {
+        if !keys.iter().any(|k| k.0 == p && k.1 == q && k.2 == b) {
+            keys.push((p.to_string(), q.to_string(), b));
+        }
+    }
+    keys
+}
+
+/// A journal's settings line.
+fn journal_header(path: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(text.lines().next()?).ok()
+}
+
+/// The `model` of a journal's settings line.
+fn journal_model(path: &Path) -> Option<String> {
+    journal_header(path)?["model"].as_str().map(str::to_string)
+}
+
+/// Files of `dir` named `{prefix}*.parquet`, sorted, without those starting with one of `not`.
+fn parquet_files(dir: &Path, prefix: &str, not: &[&str]) -> Result<Vec<PathBuf>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| Error::io(dir, e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix)
+            && name.ends_with(".parquet")
+            && !not.iter().any(|n| name.starts_with(n))
+        {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// One row of a `ttft*.parquet` (`kvcredit spectrum send`).
+#[derive(Debug, Clone)]
+struct TtftRow {
+    model: String,
+    transfer: String,
+    tier_policy: String,
+    quantizer: String,
+    b: f64,
+    b_real: f64,
+    bytes: f64,
+    context: u32,
+    bandwidth_mbps: Option<f64>,
+    repeat: u32,
+    /// prefill, scoring, pack, send, receive, unpack, first step (ms).
+    ms: [f64; 7],
+    ttft: f64,
+    /// The file's name.
+    file: String,
+}
+
+const TTFT_MS: [&str; 7] = [
+    "prefill_ms",
+    "scoring_ms",
+    "pack_ms",
+    "send_ms",
+    "receive_ms",
+    "unpack_ms",
+    "first_step_ms",
+];
+
+fn read_ttft(path: &Path) -> Result<Vec<TtftRow>> {
+    let mut cols = vec![
+        "model",
+        "transfer",
+        "tier_policy",
+        "quantizer",
+        "b",
+        "b_real",
+        "bytes",
+        "context",
+        "bandwidth_mbps",
+        "repeat",
+        "ttft_ms",
+    ];
+    cols.extend(TTFT_MS);
+    let f = Frame::read(path, &cols)?;
+    let (model, transfer) = (f.strings("model")?, f.strings("transfer")?);
+    let (tp, q) = (f.strings("tier_policy")?, f.strings("quantizer")?);
+    let (b, b_real, bytes) = (f.f64s("b")?, f.f64s("b_real")?, f.i64s("bytes")?);
+    let (context, repeat) = (f.u32s("context")?, f.u32s("repeat")?);
+    let bw = f.opt_f64s("bandwidth_mbps")?;
+    let ttft = f.f64s("ttft_ms")?;
+    let ms: Vec<Vec<f64>> = TTFT_MS.iter().map(|c| f.f64s(c)).collect::<Result<_>>()?;
+    let file = path
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    Ok((0..f.len())
+        .map(|j| TtftRow {
+            model: model[j].clone(),
+            transfer: transfer[j].clone(),
+            tier_policy: tp[j].clone(),
+            quantizer: q[j].clone(),
+            b: b[j],
+            b_real: b_real[j],
+            bytes: bytes[j] as f64,
+            context: context[j],
+            bandwidth_mbps: bw[j].filter(|m| m.is_finite() && *m > 0.0),
+            repeat: repeat[j],
+            ms: std::array::from_fn(|k| ms[k][j]),
+            ttft: ttft[j],
+            file: file.clone(),
+        })
+        .collect())
+}
+
+fn link(mbps: Option<f64>) -> String {
+    match mbps {
+        None => "unlimited".into(),
+        Some(m) if m >= 1000.0 => format!("{} Gbit/s", m / 1000.0),
+        Some(m) => format!("{m} Mbit/s"),
+    }
+}
+
+fn transfer_label(r: &TtftRow) -> String {
+    if r.transfer == "fp16" {
+        "fp16".into()
+    } else if r.tier_policy == "pdtrim" {
+        format!("pdtrim b={}", r.b)
+    } else {
+        format!("{} {} b={}", r.tier_policy, r.quantizer, r.b)
+    }
+}
+
+/// Medians of one transfer over its measured repeats.
+struct TtftMedian {
+    label: String,
+    used: usize,
+    of: usize,
+    b_real: f64,
+    bytes: f64,
+    ms: [f64; 7],
+    ttft: f64,
+}
+
+impl TtftMedian {
+    /// Repeat 0 is also the warm-up: it is left out when later repeats exist.
+    fn of(label: String, rows: &[&TtftRow]) -> TtftMedian {
+        let warm: Vec<&&TtftRow> = rows.iter().filter(|r| r.repeat > 0).collect();
+        let used: Vec<&TtftRow> = if warm.is_empty() {
+            rows.to_vec()
+        } else {
+            warm.into_iter().copied().collect()
+        };
+        let med = |f: &dyn Fn(&TtftRow) -> f64| {
+            median(&mut used.iter().map(|r| f(r)).collect::<Vec<_>>())
+        };
+        TtftMedian {
+            label,
+            used: used.len(),
+            of: rows.len(),
+            b_real: med(&|r| r.b_real),
+            bytes: med(&|r| r.bytes),
+            ms: std::array::from_fn(|k| med(&|r| r.ms[k])),
+            ttft: med(&|r| r.ttft),
+        }
+    }
+
+    /// Stages of the stack ([`TTFT_STAGES`]): send and receive overlap on the wire, so the
+    /// longer of the two stands for both; "other" is the rest of the median TTFT.
+    fn stages(&self) -> [f64; 7] {
+        let m = &self.ms;
+        let mut s = [m[0], m[1], m[2], m[3].max(m[4]), m[5], m[6], 0.0];
+        s[6] = (self.ttft - s[..6].iter().sum::<f64>()).max(0.0);
+        s
+    }
+}
+
+/// The transfers of one model × context × link (FP16 first).
+struct TtftGroup {
+    files: Vec<String>,
+    model: String,
+    context: u32,
+    bandwidth_mbps: Option<f64>,
+    transfers: Vec<TtftMedian>,
+}
+
+impl TtftGroup {
+    fn fp16(&self) -> Option<f64> {
+        self.transfers
+            .iter()
+            .find(|t| t.label == "fp16")
+            .map(|t| t.ttft)
+    }
+
+    /// `100 · (FP16 − this) / FP16`: positive when this transfer is faster.
+    fn cut(&self, t: &TtftMedian) -> Option<f64> {
+        let f = self.fp16()?;
+        (t.label != "fp16" && f > 0.0).then(|| 100.0 * (f - t.ttft) / f)
+    }
+}
+
+/// Groups by model, then context, then link (unlimited first, then the fastest).
+fn ttft_groups(rows: &[TtftRow]) -> Vec<TtftGroup> {
+    let mut keys: Vec<(String, u32, Option<f64>)> = Vec::new();
+    for r in rows {
+        let k = (r.model.clone(), r.context, r.bandwidth_mbps);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.sort_by(|a, b| {
+        let bw = |m: Option<f64>| -m.unwrap_or(f64::INFINITY);
+        (&a.0, a.1)
+            .cmp(&(&b.0, b.1))
+            .then(bw(a.2).total_cmp(&bw(b.2)))
+    });
+    keys.into_iter()
+        .map(|(model, context, bw)| {
+            let mine: Vec<&TtftRow> = rows
+                .iter()
+                .filter(|r| r.model == model && r.context == context && r.bandwidth_mbps == bw)
+                .collect();
+            let mut labels: Vec<String> = vec!["fp16".into()];
+            for r in &mine {
+                let l = transfer_label(r);
+                if !labels.contains(&l) {
+                    labels.push(l);
+                }
+            }
+            let mut files: Vec<String> = mine.iter().map(|r| r.file.clone()).collect();
+            files.sort();
+            files.dedup();
+            let transfers = labels
+                .into_iter()
+                .filter_map(|l| {
+                    let rs: Vec<&TtftRow> = mine
+                        .iter()
+                        .copied()
+                        .filter(|r| transfer_label(r) == l)
+                        .collect();
+                    (!rs.is_empty()).then(|| TtftMedian::of(l, &rs))
+                })
+                .collect();
+            TtftGroup {
+                files,
+                model,
+                context,
+                bandwidth_mbps: bw,
+                transfers,
+            }
+        })
+        .collect()
+}
+
+fn ttft_table(md: &mut String, g: &TtftGroup) {
+    let _ = writeln!(
+        md,
+        "\nTTFT, {} at {} context tokens, link {} ({}): median ms over the repeats after the first (a warm-up; kept only when alone). Send and receive overlap on the wire; other = TTFT − (prefill + scoring + pack + max(send, receive) + unpack + first step), mostly the worker's KV hash and the reply; cut = (FP16 − this) / FP16, positive when faster.\n",
+        g.model,
+        g.context,
+        link(g.bandwidth_mbps),
+        g.files.join(", ")
+    );
+    md.push_str("| transfer | repeats | b_real | MB | prefill | scoring | quantize/pack | send | receive | unpack/dequantize | first step | other | TTFT | cut vs fp16 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for t in &g.transfers {
+        let s = t.stages();
+        let _ = write!(
+            md,
+            "| {} | {} of {} | {:.4} | {:.1} |",
+            t.label,
+            t.used,
+            t.of,
+            t.b_real,
+            t.bytes / 1e6
+        );
+        for v in t.ms.iter().chain([&s[6], &t.ttft]) {
+            let _ = write!(md, " {v:.1} |");
+        }
+        let _ = writeln!(
+            md,
+            " {} |",
+            g.cut(t).map_or("—".into(), |c| format!("{c:+.1}%"))
+        );
+    }
+}
+
+fn probe_tables(md: &mut String, files: &[PathBuf]) -> Result<()> {
+    for path in files {
+        let f = Frame::read(
+            path,
+            &[
+                "model",
+                "quantizer",
+                "b",
+                "context",
+                "trials_passed",
+                "probe_int4",
+                "selected_policy",
+                "gate_ppl_ratio",
+                "gate_kl",
+                "gate_max_ppl_ratio",
+                "gate_int4",
+            ],
+        )?;
+        let (model, q, sel) = (
+            f.strings("model")?,
+            f.strings("quantizer")?,
+            f.strings("selected_policy")?,
+        );
+        let (b, ctx, passed) = (f.f64s("b")?, f.u32s("context")?, f.u32s("trials_passed")?);
+        let (p4, g4) = (f.bools("probe_int4")?, f.bools("gate_int4")?);
+        let (ratio, kl, max) = (
+            f.f64s("gate_ppl_ratio")?,
+            f.f64s("gate_kl")?,
+            f.f64s("gate_max_ppl_ratio")?,
+        );
+        let on = |x: bool| if x { "on" } else { "off" };
+        let name = path
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        let mut models: Vec<&String> = model.iter().collect();
+        models.dedup();
+        let verdicts: Vec<String> = (0..f.len())
+            .map(|j| format!("{} → **{}** (INT4 {})", q[j], sel[j], on(p4[j])))
+            .collect();
+        let _ = writeln!(
+            md,
+            "\nProbe verdict ({name}, {}): {}.\n",
+            models
+                .iter()
+                .map(|m| m.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            verdicts.join("; ")
+        );
+        md.push_str("| quantizer | probe b | context | NIAH trials passed | probe INT4 | selected policy | gate PPL ratio | gate limit | gate KL | gate INT4 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        for j in 0..f.len() {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {:.4} | {} | {:.5} | {} |",
+                q[j],
+                b[j],
+                ctx[j],
+                passed[j],
+                on(p4[j]),
+                sel[j],
+                ratio[j],
+                max[j],
+                kl[j],
+                on(g4[j])
+            );
+        }
+    }
+    Ok(())
+}
+
+fn ppl_panel(title: String, ppl: &[PplRow]) -> Result<PplPanel> {
+    let keys = variants(
+        ppl.iter()
+            .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+    );
+    let mut series: Vec<PplSeries> = Vec::new();
+    for (p, q, b) in &keys {
+        let mine: Vec<&PplRow> = ppl
+            .iter()
+            .filter(|r| &r.policy == p && &r.quantizer == q && r.b == *b)
+            .collect();
+        let (mean, ci) = delta_stats(&mine)?;
+        let x = b.unwrap_or_else(|| mine.iter().map(|r| r.b_real).sum::<f64>() / mine.len() as f64);
+        let line = b.is_some();
+        match series
+            .iter_mut()
+            .find(|s| &s.policy == p && &s.quantizer == q && s.line == line)
+        {
+            Some(s) => s.points.push((x, mean, ci)),
+            None => series.push(PplSeries {
+                policy: p.clone(),
+                quantizer: q.clone(),
+                points: vec![(x, mean, ci)],
+                line,
+            }),
+        }
+    }
+    for s in &mut series {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    Ok(PplPanel { title, series })
+}
+
+/// `grid_depths`: the depth count of the grid's settings, so that the depths a cut-short grid
+/// has not reached show as empty cells.
+fn niah_panel(model: &str, niah: &[NiahRow], grid_depths: Option<u64>) -> NiahPanel {
+    let mut depths: Vec<f64> = niah.iter().map(|r| r.depth).collect();
+    if let Some(n) = grid_depths.filter(|&n| (1..=64).contains(&n)) {
+        // The depths of `spectrum niah`: i / (n − 1), or 0.5 alone.
+        depths.extend((0..n).map(|i| {
+            if n == 1 {
+                0.5
+            } else {
+                i as f64 / (n - 1) as f64
+            }
+        }));
+    }
+    depths.sort_by(f64::total_cmp);
+    depths.dedup();
+    let mut seeds: Vec<u64> = niah.iter().map(|r| r.seed).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let mut formats: Vec<&str> = niah.iter().map(|r| r.prompt_format.as_str()).collect();
+    formats.sort_unstable();
+    formats.dedup();
+    let keys = variants(
+        niah.iter()
+            .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+    );
+    let rows = keys
+        .iter()
+        .map(|(p, q, b)| {
+            let cells = depths
+                .iter()
+                .map(|&d| {
+                    let mine = niah.iter().filter(|r| {
+                        &r.policy == p && &r.quantizer == q && r.b == *b && r.depth == d
+                    });
+                    let (ok, n) = mine.fold((0, 0), |(k, n), r| (k + u64::from(r.correct), n + 1));
+                    (n > 0).then_some((ok, n))
+                })
+                .collect();
+            (key(p, q, *b), cells)
+        })
+        .collect();
+    NiahPanel {
+        title: format!(
+            "{model}: NIAH correct/trials by needle depth ({} prompt, {} seed{})",
+            formats.join("+"),
+            seeds.len(),
+            if seeds.len() == 1 { "" } else { "s" }
+        ),
+        depths,
+        rows,
+    }
+}
+
+/// What [`write_report`] wrote.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The Markdown of `report.md`.
+    pub markdown: String,
+    /// `out/report.md`.
+    pub path: PathBuf,
+    /// The figures, PNG and SVG of each (absent data: no figure).
+    pub figures: Vec<PathBuf>,
+}
+
+/// The report of `dirs` as Markdown; written to `out/report.md` with its figures.
 pub fn report(dirs: &[PathBuf], out: &Path) -> Result<String> {
+    Ok(write_report(dirs, out)?.markdown)
+}
+
+/// Write `out/report.md` and the figures over `dirs` (one run folder per model).
+pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     let mut md = String::from("# SpectrumKV report\n");
+    let mut ppl_panels: Vec<PplPanel> = Vec::new();
+    let mut niah_panels: Vec<NiahPanel> = Vec::new();
+    let mut ttft_panels: Vec<TtftPanel> = Vec::new();
+    let mut models: Vec<String> = Vec::new();
     for dir in dirs {
         let ppl_path = dir.join("ppl.rows.jsonl");
         let ppl: Vec<PplRow> = if ppl_path.exists() {
@@ -56,31 +556,44 @@ pub fn report(dirs: &[PathBuf], out: &Path) -> Result<String> {
         } else {
             Vec::new()
         };
+        // The model of the panels: the journals' settings, else the folder's name; a name
+        // already used gets its folder appended.
+        let mut model = journal_model(&ppl_path)
+            .or_else(|| journal_model(&niah_path))
+            .unwrap_or_else(|| {
+                let n = dir.file_name().map_or_else(
+                    || dir.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                );
+                n.strip_prefix("spectrum-")
+                    .map_or(n.clone(), str::to_string)
+            });
+        if !ppl.is_empty() || !niah.is_empty() {
+            if models.contains(&model) {
+                model = format!("{model} ({})", dir.display());
+            }
+            models.push(model.clone());
+        }
         let _ = writeln!(md, "\n## {}\n", dir.display());
         if !ppl.is_empty() {
             md.push_str("| variant | windows | Δ% pooled | mean per-window Δ% | 95% t-interval | b_real | shared |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-            let mut keys: Vec<(String, String, Option<f64>)> = Vec::new();
-            for r in &ppl {
-                let k = (r.policy.clone(), r.quantizer.clone(), r.b);
-                if !keys.contains(&k) {
-                    keys.push(k);
-                }
-            }
+            let keys = variants(
+                ppl.iter()
+                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+            );
             for (p, q, b) in &keys {
                 let mine: Vec<&PplRow> = ppl
                     .iter()
                     .filter(|r| &r.policy == p && &r.quantizer == q && r.b == *b)
                     .collect();
                 let (_, _, pooled, _, b_real) = super::eval::ppl_summary(&mine);
-                let d: Vec<f64> = mine.iter().map(|r| window_delta(r)).collect();
-                let w: Vec<u64> = mine.iter().map(|r| r.window as u64).collect();
+                let (mean, ci) = delta_stats(&mine)?;
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {pooled:+.2} | {:+.2} | {} | {b_real:.4} | {} |",
+                    "| {} | {} | {pooled:+.2} | {mean:+.2} | {} | {b_real:.4} | {} |",
                     key(p, q, *b),
                     mine.len(),
-                    d.iter().sum::<f64>() / d.len() as f64,
-                    interval(&d, &w)?,
+                    fmt_interval(ci),
                     mine.iter().filter(|r| r.shared_with.is_some()).count()
                 );
             }
@@ -106,16 +619,22 @@ pub fn report(dirs: &[PathBuf], out: &Path) -> Result<String> {
                     t.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
                 );
             }
+            let mut windows: Vec<u32> = ppl.iter().map(|r| r.window).collect();
+            windows.sort_unstable();
+            windows.dedup();
+            let title = format!(
+                "{model}: {} window{}",
+                windows.len(),
+                if windows.len() == 1 { "" } else { "s" }
+            );
+            ppl_panels.push(ppl_panel(title, &ppl)?);
         }
         if !niah.is_empty() {
             md.push_str("\n| NIAH variant | correct | n | accuracy | 95% Wilson | prompt |\n| --- | --- | --- | --- | --- | --- |\n");
-            let mut keys: Vec<(String, String, Option<f64>)> = Vec::new();
-            for r in &niah {
-                let k = (r.policy.clone(), r.quantizer.clone(), r.b);
-                if !keys.contains(&k) {
-                    keys.push(k);
-                }
-            }
+            let keys = variants(
+                niah.iter()
+                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+            );
             for (p, q, b) in &keys {
                 let mine: Vec<&NiahRow> = niah
                     .iter()
@@ -134,9 +653,108 @@ pub fn report(dirs: &[PathBuf], out: &Path) -> Result<String> {
                     mine[0].prompt_format
                 );
             }
+            let grid_depths = journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64());
+            niah_panels.push(niah_panel(&model, &niah, grid_depths));
+        }
+        probe_tables(&mut md, &parquet_files(dir, "probe", &["probe-trials"])?)?;
+        let ttft_files = parquet_files(dir, "ttft", &[])?;
+        let mut ttft = Vec::new();
+        for f in &ttft_files {
+            ttft.extend(read_ttft(f)?);
+        }
+        for g in ttft_groups(&ttft) {
+            ttft_table(&mut md, &g);
+            let used = g.transfers.iter().map(|t| t.used).max().unwrap_or(0);
+            ttft_panels.push(TtftPanel {
+                title: format!(
+                    "{}, {} tokens, link {}",
+                    g.model,
+                    g.context,
+                    link(g.bandwidth_mbps)
+                ),
+                y_desc: format!(
+                    "TTFT ms (median of {used} repeat{})",
+                    if used == 1 { "" } else { "s" }
+                ),
+                bars: g
+                    .transfers
+                    .iter()
+                    .map(|t| TtftBar {
+                        label: t.label.clone(),
+                        stages: t.stages(),
+                        total: t.ttft,
+                        cut: g.cut(t),
+                    })
+                    .collect(),
+            });
         }
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    crate::io::write_atomic(&out.join("report.md"), md.as_bytes())?;
-    Ok(md)
+    let mut figures = Vec::new();
+    let mut listed: Vec<String> = Vec::new();
+    let mut figure = |stem: &str, drawn: Option<Result<Vec<PathBuf>>>, what: &str| -> Result<()> {
+        match drawn {
+            Some(files) => {
+                figures.extend(files?);
+                listed.push(format!(
+                    "- [`{stem}.png`]({stem}.png) ([SVG]({stem}.svg)): {what}\n\n  ![{stem}]({stem}.png)\n"
+                ));
+            }
+            None => {
+                // No data: no figure, and none left from an earlier report in `out`.
+                for ext in ["png", "svg"] {
+                    let _ = std::fs::remove_file(out.join(stem).with_extension(ext));
+                }
+            }
+        }
+        Ok(())
+    };
+    figure(
+        PPL_STEM,
+        (!ppl_panels.is_empty())
+            .then(|| render(&PplFigure { panels: ppl_panels }, &out.join(PPL_STEM))),
+        "PPL Δ% vs budget b, one panel per model; a line per policy × quantizer (colour: policy; dashed/triangles: lab-compat, squares: PDTrim), single markers for the uniform tiers at their real budget; error bars: 95% t-interval over windows (none with one window).",
+    )?;
+    figure(
+        NIAH_STEM,
+        (!niah_panels.is_empty()).then(|| {
+            render(
+                &NiahFigure {
+                    panels: niah_panels,
+                },
+                &out.join(NIAH_STEM),
+            )
+        }),
+        "NIAH accuracy by needle depth × variant (policy, quantizer, b), one heatmap per model; a cell is correct/trials over the seeds (red 0% → green 100%).",
+    )?;
+    figure(
+        TTFT_STEM,
+        (!ttft_panels.is_empty()).then(|| {
+            render(
+                &TtftFigure {
+                    panels: ttft_panels,
+                },
+                &out.join(TTFT_STEM),
+            )
+        }),
+        &format!(
+            "TTFT stage stacks (median ms) per model × context × link: FP16 vs each tiered transfer; stages {}.",
+            TTFT_STAGES.join(", ")
+        ),
+    )?;
+    md.push_str("\n## Figures\n\n");
+    if listed.is_empty() {
+        md.push_str("None: no PPL, NIAH or TTFT rows.\n");
+    }
+    for l in &listed {
+        md.push_str(l);
+        md.push('\n');
+    }
+    let path = out.join("report.md");
+    crate::io::write_atomic(&path, md.as_bytes())?;
+    Ok(Report {
+        markdown: md,
+        path,
+        figures,
+    })
 }
