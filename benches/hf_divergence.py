@@ -14,7 +14,8 @@ both with the same per-step Gumbel noise (a ``torch.Generator`` seeded from
 smallest prefix of the sorted distribution whose mass reaches p (the top token always). Records
 diverged, first divergence step tau, and while the prefixes agree the max |dlogit| and argmax
 flips in fp64. Stops at the model's EOS tokens or the cap (kvcredit also stops at text stops,
-so compare rates, not lengths). Writes JSON (``--out``) and prints a table of divergence rates.
+so compare rates, not lengths). Writes JSON (``--out``, rewritten after each dtype × strategy, so a run cut short keeps what
+finished) and prints a table of divergence rates.
 
     python benches/hf_divergence.py --gguf ~/.cache/kvcredit/models/smollm2-135m-instruct/smollm2-135m-instruct.gguf \\
         --pairs runs/divergence-gpu-smollm2/pairs.parquet --dtypes fp16,bf16,fp32 --out $OUT/hf-div.json
@@ -104,11 +105,18 @@ def main():
             results["runs"].append(summary)
             print(f"{dname:5} {label:22} diverged {div:3}/{len(rows)}  flips {summary['flips']:4}  "
                   f"max|dlogit| {summary['max_abs']:.3e}  ({summary['seconds']:.1f} s)", flush=True)
+            # Written after every (dtype, strategy): a run cut short keeps what finished.
+            if a.out:
+                write_atomic(a.out, results)
         del model
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(results, f)
     return 0
+
+
+def write_atomic(path, value):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
 
 
 def choose(torch, logits, strategy, gen):

@@ -32,6 +32,8 @@ pub struct Cell {
     pub on_only: u64,
     /// Problems correct OFF only (McNemar's c).
     pub off_only: u64,
+    /// Per problem: whether its pair diverged.
+    pub by_problem: BTreeMap<u64, bool>,
 }
 
 /// Two-sided exact McNemar p-value from the discordant counts `b` and `c`.
@@ -69,6 +71,7 @@ pub fn read_cells(dir: &Path) -> Result<BTreeMap<(String, String, String), Cell>
         "model",
         "dtype",
         "strategy",
+        "problem",
         "tokens_on",
         "tokens_off",
         "correct_on",
@@ -80,6 +83,7 @@ pub fn read_cells(dir: &Path) -> Result<BTreeMap<(String, String, String), Cell>
         f.strings("dtype")?,
         f.strings("strategy")?,
     );
+    let problem = f.u32s("problem")?;
     let (on, off) = (f.int_lists("tokens_on")?, f.int_lists("tokens_off")?);
     let (ok_on, ok_off) = (f.bools("correct_on")?, f.bools("correct_off")?);
     let mut cells: BTreeMap<(String, String, String), Cell> = BTreeMap::new();
@@ -94,12 +98,15 @@ pub fn read_cells(dir: &Path) -> Result<BTreeMap<(String, String, String), Cell>
                 correct_off: 0,
                 on_only: 0,
                 off_only: 0,
+                by_problem: BTreeMap::new(),
             });
         c.n += 1;
-        if let Some(t) = first_difference(&on[j], &off[j]) {
+        let tau = first_difference(&on[j], &off[j]);
+        if let Some(t) = tau {
             c.diverged += 1;
             c.taus.push(t);
         }
+        c.by_problem.insert(u64::from(problem[j]), tau.is_some());
         c.correct_on += u64::from(ok_on[j]);
         c.correct_off += u64::from(ok_off[j]);
         c.on_only += u64::from(ok_on[j] && !ok_off[j]);
@@ -549,9 +556,12 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
     let mut cells = BTreeMap::new();
     let mut forced = Forced::new();
     let (mut patches, mut replays, mut drift) = (vec![], vec![], BTreeMap::new());
-    let mut hf: Vec<(PathBuf, String)> = Vec::new();
+    let mut hf: Vec<(PathBuf, String, Vec<String>)> = Vec::new();
     for d in run_dirs {
-        cells.extend(read_cells(d)?);
+        let dir_cells = read_cells(d)?;
+        let mut models: Vec<String> = dir_cells.keys().map(|k| k.0.clone()).collect();
+        models.dedup();
+        cells.extend(dir_cells);
         forced.extend(read_forced(d)?);
         patches.extend(read_patches(d)?);
         replays.extend(read_replay(d)?);
@@ -568,7 +578,7 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
         names.sort();
         for p in names {
             let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-            hf.push((p, text));
+            hf.push((p, text, models.clone()));
         }
     }
     let pct = 100.0 * level;
@@ -610,15 +620,26 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
     }
     extra_sections(&mut r, &cells, &forced, &patches, &replays, &drift, level)?;
     if !hf.is_empty() {
-        let _ = writeln!(r, "\n## Hugging Face reference (same GPU call)\n");
-        let _ = writeln!(r, "| file | dtype | strategy | diverged (transformers) |");
-        let _ = writeln!(r, "| --- | --- | --- | --- |");
-        for (p, text) in &hf {
+        let _ = writeln!(r, "\n## Hugging Face reference\n");
+        let _ = writeln!(
+            r,
+            "transformers loading the same GGUF, batch 1, on the same prompt ids (`benches/hf_divergence.py`); kvcredit's rate is over the same problems, read from this report's pairs.\n"
+        );
+        let _ = writeln!(
+            r,
+            "| file | model | dtype | strategy | problems | diverged (transformers) | diverged (kvcredit, same problems) |"
+        );
+        let _ = writeln!(r, "| --- | --- | --- | --- | --- | --- | --- |");
+        for (p, text, models) in &hf {
             let file = p
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into());
             let json: serde_json::Value = serde_json::from_str(text)
                 .map_err(|e| Error::Output(format!("{}: {e}", p.display())))?;
+            let problems: Vec<u64> = json["problems"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+                .unwrap_or_default();
             let runs = json["runs"].as_array().cloned().unwrap_or_default();
             for run in runs {
                 let (k, n) = (run["diverged"].as_u64(), run["problems"].as_u64());
@@ -628,13 +649,29 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
                         p.display()
                     )));
                 };
-                let _ = writeln!(
-                    r,
-                    "| {file} | {} | {} | {} |",
+                let (dtype, strategy) = (
                     run["dtype"].as_str().unwrap_or("?"),
                     run["strategy"].as_str().unwrap_or("?"),
-                    rate(k, n, level)?
                 );
+                for m in models {
+                    let key = (m.clone(), strategy.to_string(), dtype.to_string());
+                    let ours = match cells.get(&key) {
+                        Some(c) if !problems.is_empty() => {
+                            let flags: Vec<bool> = problems
+                                .iter()
+                                .filter_map(|q| c.by_problem.get(q).copied())
+                                .collect();
+                            let d = flags.iter().filter(|&&x| x).count() as u64;
+                            rate(d, flags.len() as u64, level)?
+                        }
+                        _ => "not in these runs".into(),
+                    };
+                    let _ = writeln!(
+                        r,
+                        "| {file} | {m} | {dtype} | {strategy} | {n} | {} | {ours} |",
+                        rate(k, n, level)?
+                    );
+                }
             }
         }
     }
