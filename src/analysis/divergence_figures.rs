@@ -132,6 +132,17 @@ struct HPanel {
     /// Text right of each category's bars.
     notes: Vec<String>,
     xmax: f64,
+    /// x tick labels above this are left blank (room kept for the legend).
+    tick_cap: f64,
+    /// Legend: none, upper right, lower right.
+    legend: Legend,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Legend {
+    None,
+    Upper,
+    Lower,
 }
 
 struct HBarFigure {
@@ -206,7 +217,13 @@ where
                 String::new()
             }
         })
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&|x| {
+            if *x <= p.tick_cap + 1e-9 {
+                format!("{x:.0}")
+            } else {
+                String::new()
+            }
+        })
         .x_desc(&p.x_desc)
         .label_style(("sans-serif", 12))
         .draw()?;
@@ -263,13 +280,19 @@ where
             .enumerate()
             .map(|(i, t)| Text::new(t.clone(), (ends[i] + p.xmax * 0.01, pos(i)), font.clone())),
     )?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 12))
-        .draw()?;
+    if p.legend != Legend::None {
+        chart
+            .configure_series_labels()
+            .position(if p.legend == Legend::Upper {
+                SeriesLabelPosition::UpperRight
+            } else {
+                SeriesLabelPosition::LowerRight
+            })
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()?;
+    }
     Ok(())
 }
 
@@ -350,6 +373,8 @@ fn accuracy(cells: &Cells, level: f64) -> Result<Option<HBarFigure>> {
                 stacked: false,
                 notes: vec![],
                 xmax: xa,
+                tick_cap: f64::INFINITY,
+                legend: Legend::Upper,
             },
             HPanel {
                 title: "Churn: correct under one path only".into(),
@@ -358,6 +383,8 @@ fn accuracy(cells: &Cells, level: f64) -> Result<Option<HBarFigure>> {
                 stacked: true,
                 notes,
                 xmax: xc,
+                tick_cap: f64::INFINITY,
+                legend: Legend::Upper,
             },
         ],
         widths: vec![560, 520],
@@ -478,6 +505,7 @@ impl Figure for LogitFigure {
             .bold_line_style(BLACK.mix(0.12))
             .light_line_style(TRANSPARENT)
             .x_label_formatter(&|x| axis.format_ext(x))
+            .y_labels((hi - lo) as usize + 1)
             .y_label_formatter(&|y| format!("{y:.0}"))
             .y_desc("log10 max |Δlogit| (box: quartiles; whiskers: 2.5–97.5%)")
             .label_style(("sans-serif", 13))
@@ -530,7 +558,7 @@ impl Figure for LogitFigure {
                 ])?;
                 let mut t = format!("n={}", b.n);
                 if b.zeros > 0 {
-                    t.push_str(&format!(", {} =0", b.zeros));
+                    t.push_str(&format!(" (+{} exactly 0)", b.zeros));
                 }
                 chart.draw_series(std::iter::once(Text::new(
                     t,
@@ -565,6 +593,7 @@ fn draw_points<'a, DB, X>(
     chart: &mut ChartContext<'a, DB, Cartesian2d<X, RangedCoordf64>>,
     series: &[PSeries],
     dx: f64,
+    ymax: f64,
 ) -> DrawResult
 where
     DB: DrawingBackend + 'a,
@@ -587,7 +616,14 @@ where
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
         chart.draw_series(pts.iter().map(|&c| Circle::new(c, 3, color.filled())))?;
         chart.draw_series(s.points.iter().map(|&(x, (v, lo, hi))| {
-            ErrorBar::new_vertical(x + off, lo, v, hi, color.stroke_width(1), 6)
+            ErrorBar::new_vertical(
+                x + off,
+                lo,
+                v,
+                hi.min(ymax),
+                color.mix(0.6).stroke_width(1),
+                6,
+            )
         }))?;
     }
     chart
@@ -600,11 +636,13 @@ where
     Ok(())
 }
 
-fn ymax_of(series: &[PSeries]) -> f64 {
+/// Top of the y range: above every interval, or (`points_only`) 1.8 × the highest point, the
+/// intervals cut there.
+fn ymax_of(series: &[PSeries], points_only: bool) -> f64 {
     let top = series
         .iter()
         .flat_map(|s| &s.points)
-        .map(|p| p.1.2)
+        .map(|p| if points_only { 1.4 * p.1.0 } else { p.1.2 })
         .fold(1.0_f64, f64::max);
     (top * 1.3).min(105.0)
 }
@@ -614,15 +652,18 @@ struct FlipFigure {
     series: Vec<PSeries>,
 }
 
-/// Bins of generated-token positions with fewer rows than this are not drawn.
-const MIN_BIN_ROWS: u64 = 20;
+/// Bins of generated-token positions with fewer rows than this (or a quarter of the fullest
+/// bin's, if less) are not drawn.
+const MIN_BIN_ROWS: u64 = 50;
+/// About this many position bins over the longest reference sequence.
+const FLIP_BINS: f64 = 10.0;
 
 fn flip_position(forced: &Forced, level: f64) -> Result<Option<FlipFigure>> {
     let max_step = forced.values().flat_map(|c| &c.flip_at).map(|s| s.0).max();
     let Some(max_step) = max_step else {
         return Ok(None);
     };
-    let bin = ((max_step + 1) as f64 / 16.0).ceil().max(1.0) as i64;
+    let bin = ((max_step + 1) as f64 / FLIP_BINS).ceil().max(1.0) as i64;
     let mut series = vec![];
     for (i, ((m, d), c)) in forced.iter().enumerate() {
         let mut acc: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
@@ -631,9 +672,12 @@ fn flip_position(forced: &Forced, level: f64) -> Result<Option<FlipFigure>> {
             e.0 += u64::from(f);
             e.1 += 1;
         }
+        // Sparse tail bins (few sequences reach them) are left out, unless every bin is small.
+        let fullest = acc.values().map(|v| v.1).max().unwrap_or(0);
+        let need = MIN_BIN_ROWS.min(fullest / 4).max(1);
         let mut points = vec![];
         for (b, (k, n)) in acc {
-            if n < MIN_BIN_ROWS {
+            if n < need {
                 continue;
             }
             if let Some(p) = pct(k, n, level)? {
@@ -661,6 +705,7 @@ impl Figure for FlipFigure {
         DB::ErrorType: 'static,
     {
         root.fill(&WHITE)?;
+        let ymax = ymax_of(&self.series, true);
         let xmax = self
             .series
             .iter()
@@ -679,18 +724,18 @@ impl Figure for FlipFigure {
             .margin(12)
             .x_label_area_size(44)
             .y_label_area_size(70)
-            .build_cartesian_2d(0.0..xmax, 0.0..ymax_of(&self.series))?;
+            .build_cartesian_2d(0.0..xmax, 0.0..ymax)?;
         chart
             .configure_mesh()
             .bold_line_style(BLACK.mix(0.12))
             .light_line_style(TRANSPARENT)
             .x_desc("generated-token position (step of the reference sequence; bin centre)")
-            .y_desc("steps whose argmax flips (%, Wilson)")
+            .y_desc("steps whose argmax flips (%; Wilson, cut at the top)")
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| format!("{y:.1}"))
             .label_style(("sans-serif", 13))
             .draw()?;
-        draw_points(&mut chart, &self.series, self.bin as f64 * 0.06)
+        draw_points(&mut chart, &self.series, self.bin as f64 * 0.06, ymax)
     }
 }
 
@@ -725,6 +770,7 @@ fn chunk_divergence(replays: &[ReplayRow], level: f64) -> Result<Option<ChunkFig
     let mut series = vec![];
     for (i, ((m, d), by)) in groups.iter().enumerate() {
         let mut points = vec![];
+        let n = by.values().map(|v| v.1).max().unwrap_or(0);
         for (ci, c) in chunks.iter().enumerate() {
             if let Some(&(k, n)) = by.get(c)
                 && let Some(p) = pct(k, n, level)?
@@ -733,7 +779,7 @@ fn chunk_divergence(replays: &[ReplayRow], level: f64) -> Result<Option<ChunkFig
             }
         }
         series.push(PSeries {
-            name: model_dtype(m, d),
+            name: format!("{} (n={n})", model_dtype(m, d)),
             color: PALETTE[i % PALETTE.len()],
             points,
         });
@@ -764,6 +810,7 @@ impl Figure for ChunkFigure {
         let axis = CategoryAxis {
             labels: self.chunks.clone(),
         };
+        let ymax = ymax_of(&self.series, false);
         let mut chart = ChartBuilder::on(root)
             .caption(
                 "REPLAY (re-prefilled prefix) vs LIVE (decode-built cache) by prefill chunk size",
@@ -772,7 +819,7 @@ impl Figure for ChunkFigure {
             .margin(12)
             .x_label_area_size(44)
             .y_label_area_size(70)
-            .build_cartesian_2d(axis.clone(), 0.0..ymax_of(&self.series))?;
+            .build_cartesian_2d(axis.clone(), 0.0..ymax)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -784,7 +831,7 @@ impl Figure for ChunkFigure {
             .y_desc("boundaries: continuation ≠ LIVE's (%, Wilson)")
             .label_style(("sans-serif", 13))
             .draw()?;
-        draw_points(&mut chart, &self.series, 0.05)
+        draw_points(&mut chart, &self.series, 0.05, ymax)
     }
 }
 
@@ -904,12 +951,14 @@ fn transplant(replays: &[ReplayRow], level: f64) -> Result<Option<HBarFigure>> {
             series,
             stacked: false,
             notes: vec![],
-            xmax: 100.0,
+            // Room right of 100% for the legend.
+            xmax: 178.0,
+            tick_cap: 100.0,
+            legend: Legend::None,
         });
     }
-    // Room for the legend under 100%.
-    for p in &mut panels {
-        p.xmax = 145.0;
+    if let Some(p) = panels.last_mut() {
+        p.legend = Legend::Lower;
     }
     let widths = vec![620; panels.len()];
     Ok(Some(HBarFigure {
