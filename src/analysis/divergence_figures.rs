@@ -39,6 +39,12 @@ pub(super) struct Tables<'a> {
 
 /// A rate and its Wilson interval, in percent.
 type Pt = (f64, f64, f64);
+/// (model, dtype).
+type Md<'a> = (&'a str, &'a str);
+/// Successes and rows.
+type Count = (u64, u64);
+/// Patch rows of one model × dtype by (layer start, layer end, label).
+type PatchSets<'a> = BTreeMap<(i64, i64, &'a str), Vec<&'a PatchRow>>;
 
 fn pct(k: u64, n: u64, level: f64) -> Result<Option<Pt>> {
     if n == 0 {
@@ -663,7 +669,7 @@ fn flip_position(forced: &Forced, level: f64) -> Result<Option<FlipFigure>> {
     let Some(max_step) = max_step else {
         return Ok(None);
     };
-    let bin = ((max_step + 1) as f64 / FLIP_BINS).ceil().max(1.0) as i64;
+    let bin = nice_bin((max_step + 1) as f64 / FLIP_BINS);
     let mut series = vec![];
     for (i, ((m, d), c)) in forced.iter().enumerate() {
         let mut acc: BTreeMap<i64, (u64, u64)> = BTreeMap::new();
@@ -693,6 +699,19 @@ fn flip_position(forced: &Forced, level: f64) -> Result<Option<FlipFigure>> {
         }
     }
     Ok((!series.is_empty()).then_some(FlipFigure { bin, series }))
+}
+
+/// The smallest of 1, 2, 4, 5, 8 × 10^k at least `raw` (and at least 1).
+fn nice_bin(raw: f64) -> i64 {
+    let mut scale = 1_i64;
+    loop {
+        for m in [1, 2, 4, 5, 8] {
+            if (m * scale) as f64 >= raw {
+                return m * scale;
+            }
+        }
+        scale *= 10;
+    }
 }
 
 impl Figure for FlipFigure {
@@ -757,7 +776,7 @@ fn chunk_divergence(replays: &[ReplayRow], level: f64) -> Result<Option<ChunkFig
     if chunks.is_empty() {
         return Ok(None);
     }
-    let mut groups: BTreeMap<(&str, &str), BTreeMap<i64, (u64, u64)>> = BTreeMap::new();
+    let mut groups: BTreeMap<Md<'_>, BTreeMap<i64, Count>> = BTreeMap::new();
     for x in &rows {
         let e = groups
             .entry((x.model.as_str(), x.dtype.as_str()))
@@ -881,7 +900,7 @@ fn transplant(replays: &[ReplayRow], level: f64) -> Result<Option<HBarFigure>> {
     // Category: (parts rank, range rank, name); counts per direction × model/dtype × category.
     type Cat = (usize, usize, String);
     let mut cats: BTreeSet<Cat> = BTreeSet::new();
-    let mut counts: BTreeMap<(&str, (&str, &str), Cat), (u64, u64)> = BTreeMap::new();
+    let mut counts: BTreeMap<(&str, Md<'_>, Cat), Count> = BTreeMap::new();
     for x in &rows {
         let (pr, pn) = parts_name(&x.parts);
         let (rr, rn) = range_name(
@@ -1013,8 +1032,7 @@ const HEAT_EXTRA: u32 = 100;
 const HEAT_BAR: u32 = 120;
 
 fn patch_recovery(patches: &[PatchRow]) -> Option<PatchFigure> {
-    let mut groups: BTreeMap<(&str, &str), BTreeMap<(i64, i64, &str), Vec<&PatchRow>>> =
-        BTreeMap::new();
+    let mut groups: BTreeMap<Md<'_>, PatchSets<'_>> = BTreeMap::new();
     for p in patches {
         groups
             .entry((&p.model, &p.dtype))
@@ -1139,7 +1157,7 @@ impl PatchFigure {
 impl Figure for PatchFigure {
     fn size(&self) -> (u32, u32) {
         let h: u32 = self.panels.iter().map(Self::panel_height).sum();
-        (1200, (h + 40).min(4000))
+        (1200, (h + 40).clamp(360, 4000))
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
@@ -1147,7 +1165,7 @@ impl Figure for PatchFigure {
         DB::ErrorType: 'static,
     {
         root.fill(&WHITE)?;
-        let (w, _) = root.dim_in_pixel();
+        let (w, h) = root.dim_in_pixel();
         let (head, body) = root.split_vertically(40);
         head.draw(&Text::new(
             "Residual-stream patching at τ: share of reproduced problems recovered",
@@ -1163,8 +1181,8 @@ impl Figure for PatchFigure {
         }
         // Colour bar.
         let mut cb = ChartBuilder::on(&bar)
-            .margin_top(60)
-            .margin_bottom(60)
+            .margin_top((h / 8).min(60))
+            .margin_bottom((h / 8).min(60))
             .margin_right(50)
             .y_label_area_size(40)
             .caption("recovered (%)", ("sans-serif", 12))
@@ -1201,7 +1219,14 @@ where
         .configure_mesh()
         .disable_mesh()
         .y_label_formatter(&|y| axis.format_ext(y))
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_labels((p.layers as usize + 1).min(16))
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() < 1e-6 {
+                format!("{x:.0}")
+            } else {
+                String::new()
+            }
+        })
         .x_desc("layer (a cell spans the patched layers [start, end))")
         .label_style(("sans-serif", 12))
         .draw()?;
@@ -1234,4 +1259,32 @@ where
             }),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transplant_ranges_are_named_relative_to_the_depth() {
+        assert_eq!(range_name(0, 30, 30), (0, "all layers".into()));
+        assert_eq!(range_name(15, 30, 30), (2, "second half".into()));
+        assert_eq!(range_name(7, 15, 30), (4, "2nd quarter".into()));
+        assert_eq!(range_name(3, 5, 30).1, "layers 3..5");
+    }
+
+    #[test]
+    fn flip_bins_are_round_numbers() {
+        assert_eq!(nice_bin(0.3), 1);
+        assert_eq!(nice_bin(12.9), 20);
+        assert_eq!(nice_bin(3.0), 4);
+        assert_eq!(nice_bin(81.0), 100);
+    }
+
+    #[test]
+    fn the_colour_map_runs_dark_to_light() {
+        assert_eq!(viridis(0.0), RGBColor(68, 1, 84));
+        assert_eq!(viridis(1.0), RGBColor(253, 231, 37));
+        assert_eq!(viridis(f64::NAN), viridis(0.0));
+    }
 }
