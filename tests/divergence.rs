@@ -720,10 +720,16 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
     }
     assert!(!run.join("drift.png").exists() && !run.join("drift.svg").exists());
     assert!(!report.contains("`drift.png`"), "{report}");
-    // A run dir with pairs.parquet only: the figures of the other tables are skipped, not errors.
+    // A run dir with pairs.parquet only: the figures of the other tables are skipped, not errors,
+    // and a stale one from an earlier analysis there is removed.
     let bare = dir.join("pairs-only");
     std::fs::create_dir_all(&bare).unwrap();
     std::fs::copy(run.join("pairs.parquet"), bare.join("pairs.parquet")).unwrap();
+    std::fs::copy(
+        run.join("patch-recovery.png"),
+        bare.join("patch-recovery.png"),
+    )
+    .unwrap();
     let (code, _, err) = kvcredit(&["divergence", "analyze", bare.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     let bare_report = std::fs::read_to_string(bare.join("report.md")).unwrap();

@@ -2,8 +2,10 @@
 //! dtype, the divergence rate with its Wilson interval, the τ quartiles, accuracy ON/OFF with
 //! Wilson intervals and an exact McNemar test, the teacher-forced flip rate with its interval,
 //! and any Hugging Face reference (`hf-*.json` in a run dir) listed beside it. Reads the
-//! `pairs.parquet` and `forced.parquet` of `kvcredit divergence run`; writes `report.md`
-//! atomically.
+//! `pairs.parquet` and `forced.parquet` of `kvcredit divergence run` (and `patches.parquet`,
+//! `replay.parquet`, `drift.parquet` where present); writes the figures (PNG + SVG: rate bars,
+//! τ ECDF and drift here, the others in `divergence_figures.rs`), then `report.md` atomically,
+//! with a "Figures" section listing the ones written.
 use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, render, short};
 use super::read::Frame;
 use crate::stats::wilson;
@@ -670,6 +672,19 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
         replays: &replays,
     };
     figures.extend(super::divergence_figures::write_all(&tables, out, level)?);
+    // A figure skipped this time must not survive from an earlier analysis into this one.
+    for stem in [RATE_STEM, TAU_STEM, DRIFT_STEM]
+        .into_iter()
+        .chain(super::divergence_figures::STEMS)
+        .filter(|s| figures.iter().all(|f| f.0 != *s))
+    {
+        for ext in ["png", "svg"] {
+            let p = out.join(format!("{stem}.{ext}"));
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+            }
+        }
+    }
     let _ = writeln!(r, "\n## Figures\n");
     let _ = writeln!(
         r,

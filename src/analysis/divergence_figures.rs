@@ -29,6 +29,16 @@ pub const TRANSPLANT_STEM: &str = "transplant-donor";
 /// REPLAY's divergence from LIVE vs prefill chunk size.
 pub const CHUNK_STEM: &str = "chunk-divergence";
 
+/// Stems of every figure drawn here.
+pub(super) const STEMS: [&str; 6] = [
+    ACCURACY_STEM,
+    LOGIT_STEM,
+    FLIP_STEM,
+    PATCH_STEM,
+    TRANSPLANT_STEM,
+    CHUNK_STEM,
+];
+
 /// The reduced tables of the run dirs.
 pub(super) struct Tables<'a> {
     pub(super) cells: &'a Cells,
