@@ -111,7 +111,7 @@ pub(super) fn write_all(
         render(&f, &out.join(PATCH_STEM))?;
         done.push((
             PATCH_STEM,
-            "residual-stream patching at τ: share of reproduced problems whose next token (immediate) or whole continuation (trajectory) follows cache-OFF, per patched layer set drawn over the layers it spans, one panel per model × dtype.".into(),
+            "residual-stream patching at τ: share of reproduced problems whose next token (immediate) or whole continuation (trajectory) follows cache-OFF, per patched layer set drawn over the layers it spans, one panel per model × dtype with a reproduced problem (others omitted).".into(),
         ));
     }
     if let Some(f) = transplant(t.replays, level)? {
