@@ -595,6 +595,7 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         .with("model", s8("m", "m"))
         .with("dtype", s8("fp16", "fp32"))
         .with("problem", Column::U32(vec![0, 0, 1, 1, 0, 0, 1, 1]))
+        .with("step", Column::I64(vec![0, 1, 0, 1, 0, 1, 0, 1]))
         .with("max_abs", f8([1.0, 3.0, 4.0, 4.0, 1.0, 1.0, 2.0, 2.0]))
         .with("mse", f8([2.0, 2.0, 8.0, 8.0, 1.0, 1.0, 4.0, 4.0]))
         .with("kl_off_on", f8([1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5]))
@@ -690,8 +691,20 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
     ] {
         assert!(report.contains(row), "{row}\n{report}");
     }
-    // Figures: PNG + SVG of the rate bars and the τ ECDF; no drift figure without drift.parquet.
-    for stem in ["divergence-rate", "tau-ecdf"] {
+    // Figures: PNG + SVG of each figure whose table is present, each listed in report.md; no
+    // drift figure without drift.parquet.
+    let figures = [
+        "divergence-rate",
+        "tau-ecdf",
+        "accuracy-churn",
+        "logit-delta",
+        "flip-position",
+        "patch-recovery",
+        "transplant-donor",
+        "chunk-divergence",
+    ];
+    assert!(report.contains("\n## Figures\n"), "{report}");
+    for stem in figures {
         for ext in ["png", "svg"] {
             let p = run.join(format!("{stem}.{ext}"));
             assert!(
@@ -700,8 +713,41 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
                 p.display()
             );
         }
+        assert!(
+            report.contains(&format!("- [`{stem}.png`]({stem}.png) (`{stem}.svg`): ")),
+            "{stem}\n{report}"
+        );
     }
     assert!(!run.join("drift.png").exists() && !run.join("drift.svg").exists());
+    assert!(!report.contains("`drift.png`"), "{report}");
+    // A run dir with pairs.parquet only: the figures of the other tables are skipped, not errors,
+    // and a stale one from an earlier analysis there is removed.
+    let bare = dir.join("pairs-only");
+    std::fs::create_dir_all(&bare).unwrap();
+    std::fs::copy(run.join("pairs.parquet"), bare.join("pairs.parquet")).unwrap();
+    std::fs::copy(
+        run.join("patch-recovery.png"),
+        bare.join("patch-recovery.png"),
+    )
+    .unwrap();
+    let (code, _, err) = kvcredit(&["divergence", "analyze", bare.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let bare_report = std::fs::read_to_string(bare.join("report.md")).unwrap();
+    for stem in figures {
+        let present = ["divergence-rate", "tau-ecdf", "accuracy-churn"].contains(&stem);
+        for ext in ["png", "svg"] {
+            assert_eq!(
+                bare.join(format!("{stem}.{ext}")).exists(),
+                present,
+                "{stem}.{ext}"
+            );
+        }
+        assert_eq!(
+            bare_report.contains(&format!("`{stem}.png`")),
+            present,
+            "{stem}\n{bare_report}"
+        );
+    }
     // With a drift table: the drift figure, and the layer-0 / last-layer means in the seed row.
     Table::new()
         .with("model", s("m"))
@@ -726,6 +772,10 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
     for ext in ["png", "svg"] {
         assert!(out2.join(format!("drift.{ext}")).exists());
     }
+    assert!(
+        report.contains("- [`drift.png`](drift.png) (`drift.svg`): "),
+        "{report}"
+    );
     assert!(
         report.contains("| hf-div.json | fp16 | greedy | 50.0% ["),
         "{report}"

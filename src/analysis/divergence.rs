@@ -2,8 +2,10 @@
 //! dtype, the divergence rate with its Wilson interval, the τ quartiles, accuracy ON/OFF with
 //! Wilson intervals and an exact McNemar test, the teacher-forced flip rate with its interval,
 //! and any Hugging Face reference (`hf-*.json` in a run dir) listed beside it. Reads the
-//! `pairs.parquet` and `forced.parquet` of `kvcredit divergence run`; writes `report.md`
-//! atomically.
+//! `pairs.parquet` and `forced.parquet` of `kvcredit divergence run` (and `patches.parquet`,
+//! `replay.parquet`, `drift.parquet` where present); writes the figures (PNG + SVG: rate bars,
+//! τ ECDF and drift here, the others in `divergence_figures.rs`), then `report.md` atomically,
+//! with a "Figures" section listing the ones written.
 use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, render, short};
 use super::read::Frame;
 use crate::stats::wilson;
@@ -116,15 +118,18 @@ pub fn read_cells(dir: &Path) -> Result<BTreeMap<(String, String, String), Cell>
 }
 
 /// Per-problem teacher-forced metrics of one (model, dtype): problem → (max|Δ|, MSE, KL) means.
-type Forced = BTreeMap<(String, String), ForcedCell>;
+pub(super) type Forced = BTreeMap<(String, String), ForcedCell>;
 
 /// Teacher-forced rows of one model × dtype.
 #[derive(Debug, Clone, Default)]
-struct ForcedCell {
-    flips: u64,
-    steps: u64,
+pub(super) struct ForcedCell {
+    pub(super) flips: u64,
+    pub(super) steps: u64,
     /// Per row: problem id and (max|Δlogit|, MSE, KL).
-    rows: Vec<(u64, [f64; 3])>,
+    pub(super) rows: Vec<(u64, [f64; 3])>,
+    /// Per row: generated-token position and whether the argmax flipped (empty when the table
+    /// has no `step` column).
+    pub(super) flip_at: Vec<(i64, bool)>,
 }
 
 impl ForcedCell {
@@ -161,15 +166,23 @@ fn read_forced(dir: &Path) -> Result<Forced> {
         "kl_off_on",
         "flip",
     ];
-    let f = Frame::read(&path, &cols)?;
+    let f = Frame::read_optional(&path, &cols, &["step"])?;
     let (model, dtype, flip) = (f.strings("model")?, f.strings("dtype")?, f.bools("flip")?);
     let problem = f.u32s("problem")?;
+    let step = if f.has("step") {
+        Some(f.i64s("step")?)
+    } else {
+        None
+    };
     let (ma, mse, kl) = (f.f64s("max_abs")?, f.f64s("mse")?, f.f64s("kl_off_on")?);
     for j in 0..f.len() {
         let e = out.entry((model[j].clone(), dtype[j].clone())).or_default();
         e.flips += u64::from(flip[j]);
         e.steps += 1;
         e.rows.push((u64::from(problem[j]), [ma[j], mse[j], kl[j]]));
+        if let Some(s) = &step {
+            e.flip_at.push((s[j], flip[j]));
+        }
     }
     Ok(out)
 }
@@ -247,14 +260,26 @@ fn fmt_ratio(r: Option<Ratio>) -> String {
 
 /// One `patches.parquet` row, reduced.
 #[derive(Debug, Clone)]
-struct PatchRow {
-    model: String,
-    dtype: String,
-    label: String,
-    layers: (i64, i64),
-    reproduced: bool,
-    off_prefix: i64,
-    k: usize,
+pub(super) struct PatchRow {
+    pub(super) model: String,
+    pub(super) dtype: String,
+    pub(super) label: String,
+    pub(super) layers: (i64, i64),
+    pub(super) reproduced: bool,
+    pub(super) off_prefix: i64,
+    pub(super) k: usize,
+}
+
+impl PatchRow {
+    /// The patched step's greedy token is cache-OFF's.
+    pub(super) fn immediate(&self) -> bool {
+        self.off_prefix >= 1
+    }
+
+    /// The whole continuation of k tokens follows cache-OFF.
+    pub(super) fn trajectory(&self) -> bool {
+        self.k > 0 && self.off_prefix as usize >= self.k
+    }
 }
 
 fn read_patches(dir: &Path) -> Result<Vec<PatchRow>> {
@@ -299,24 +324,24 @@ fn read_patches(dir: &Path) -> Result<Vec<PatchRow>> {
 
 /// One `replay.parquet` row, reduced.
 #[derive(Debug, Clone)]
-struct ReplayRow {
-    model: String,
-    dtype: String,
-    problem: u32,
-    boundary: i64,
-    kind: String,
-    chunk: i64,
-    direction: String,
-    parts: String,
-    layers: (i64, i64),
-    replica_equal: bool,
-    follows_live: bool,
-    follows_replay: bool,
+pub(super) struct ReplayRow {
+    pub(super) model: String,
+    pub(super) dtype: String,
+    pub(super) problem: u32,
+    pub(super) boundary: i64,
+    pub(super) kind: String,
+    pub(super) chunk: i64,
+    pub(super) direction: String,
+    pub(super) parts: String,
+    pub(super) layers: (i64, i64),
+    pub(super) replica_equal: bool,
+    pub(super) follows_live: bool,
+    pub(super) follows_replay: bool,
 }
 
 impl ReplayRow {
     /// Transplant continuation equals its donor's own (LIVE's donor is REPLAY and back).
-    fn follows_donor(&self) -> bool {
+    pub(super) fn follows_donor(&self) -> bool {
         if self.direction.starts_with("live<-") {
             self.follows_replay
         } else {
@@ -676,15 +701,43 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
         }
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut figures = write_figures(&cells, &drift, out, level)?;
+    let tables = super::divergence_figures::Tables {
+        cells: &cells,
+        forced: &forced,
+        patches: &patches,
+        replays: &replays,
+    };
+    figures.extend(super::divergence_figures::write_all(&tables, out, level)?);
+    // A figure skipped this time must not survive from an earlier analysis into this one.
+    for stem in [RATE_STEM, TAU_STEM, DRIFT_STEM]
+        .into_iter()
+        .chain(super::divergence_figures::STEMS)
+        .filter(|s| figures.iter().all(|f| f.0 != *s))
+    {
+        for ext in ["png", "svg"] {
+            let p = out.join(format!("{stem}.{ext}"));
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+            }
+        }
+    }
+    let _ = writeln!(r, "\n## Figures\n");
+    let _ = writeln!(
+        r,
+        "Each as PNG and SVG beside this report; a figure whose table is absent is not drawn.\n"
+    );
+    for (stem, what) in &figures {
+        let _ = writeln!(r, "- [`{stem}.png`]({stem}.png) (`{stem}.svg`): {what}");
+    }
     let path = out.join("report.md");
     let tmp = out.join(".report.md.tmp");
     std::fs::write(&tmp, r).map_err(|e| Error::io(&tmp, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-    write_figures(&cells, &drift, out, level)?;
     Ok(path)
 }
 
-type Cells = BTreeMap<(String, String, String), Cell>;
+pub(super) type Cells = BTreeMap<(String, String, String), Cell>;
 
 fn wilson_ci(k: u64, n: u64, level: f64) -> Result<Option<(f64, f64)>> {
     wilson(k, n, level)
@@ -793,11 +846,8 @@ fn extra_sections(
         for ((model, dtype, _, _, _, _, label), rows) in &groups {
             let rep: Vec<&&PatchRow> = rows.iter().filter(|p| p.reproduced).collect();
             let n = rep.len() as u64;
-            let imm = rep.iter().filter(|p| p.off_prefix >= 1).count() as u64;
-            let traj = rep
-                .iter()
-                .filter(|p| p.k > 0 && p.off_prefix as usize >= p.k)
-                .count() as u64;
+            let imm = rep.iter().filter(|p| p.immediate()).count() as u64;
+            let traj = rep.iter().filter(|p| p.trajectory()).count() as u64;
             let _ = writeln!(
                 r,
                 "| {model} | {dtype} | {label} | {n}/{} | {} | {} |",
@@ -1047,10 +1097,7 @@ fn seed_claims(
         .iter()
         .filter(|p| p.label == "all" && p.reproduced)
         .collect();
-    let traj = all
-        .iter()
-        .filter(|p| p.k > 0 && p.off_prefix as usize >= p.k)
-        .count() as u64;
+    let traj = all.iter().filter(|p| p.trajectory()).count() as u64;
     let n = all.len() as u64;
     let v5 = if n == 0 {
         "not measured"
@@ -1082,13 +1129,14 @@ fn seed_claims(
     Ok(())
 }
 
-/// Divergence-rate bars and τ ECDFs (greedy pairs), and drift per layer when present.
+/// Divergence-rate bars and τ ECDFs (greedy pairs), and drift per layer when present; returns
+/// each figure's stem and a line saying what it shows.
 fn write_figures(
     cells: &Cells,
     drift: &BTreeMap<(String, String), Vec<f64>>,
     out: &Path,
     level: f64,
-) -> Result<Vec<PathBuf>> {
+) -> Result<Vec<(&'static str, String)>> {
     let mut bars = vec![];
     let mut ecdfs = vec![];
     for ((m, _, d), c) in cells.iter().filter(|(k, _)| k.1 == "greedy") {
@@ -1114,8 +1162,15 @@ fn write_figures(
             .collect();
         ecdfs.push((format!("{m} {d} (n={})", t.len()), pts));
     }
-    let mut files = render(&RateFigure { bars }, &out.join(RATE_STEM))?;
-    files.extend(render(
+    let pct = 100.0 * level;
+    render(&RateFigure { bars }, &out.join(RATE_STEM))?;
+    let mut figures = vec![(
+        RATE_STEM,
+        format!(
+            "greedy cache-ON vs cache-OFF divergence rate per model × dtype, {pct:.0}% Wilson intervals."
+        ),
+    )];
+    render(
         &LineFigure {
             title: "τ (first divergence step), greedy: ECDF".into(),
             x_desc: "τ".into(),
@@ -1124,7 +1179,12 @@ fn write_figures(
             lines: ecdfs,
         },
         &out.join(TAU_STEM),
-    )?);
+    )?;
+    figures.push((
+        TAU_STEM,
+        "ECDF of the first divergence step τ over the diverged greedy pairs, per model × dtype."
+            .into(),
+    ));
     if !drift.is_empty() {
         let lines = drift
             .iter()
@@ -1133,7 +1193,7 @@ fn write_figures(
                 (format!("{m} {d}"), pts)
             })
             .collect();
-        files.extend(render(
+        render(
             &LineFigure {
                 title: "Residual drift per layer (teacher-forced, mean over steps)".into(),
                 x_desc: "layer".into(),
@@ -1142,9 +1202,13 @@ fn write_figures(
                 lines,
             },
             &out.join(DRIFT_STEM),
-        )?);
+        )?;
+        figures.push((
+            DRIFT_STEM,
+            "mean relative residual-stream drift ‖h_ON − h_OFF‖ / ‖h_OFF‖ per layer (log scale), per model × dtype.".into(),
+        ));
     }
-    Ok(files)
+    Ok(figures)
 }
 
 #[cfg(test)]

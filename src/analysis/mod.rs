@@ -14,6 +14,7 @@
 //! # Ok::<(), kvcredit::Error>(())
 //! ```
 pub mod divergence;
+mod divergence_figures;
 pub mod plot;
 pub mod read;
 pub mod report;
