@@ -963,7 +963,7 @@ fn seed_claims(
     let _ = writeln!(r, "\n## Seed claims beside ours\n");
     let _ = writeln!(
         r,
-        "The seed measured 7B/2B models (LLaMA-2-7B, Mistral-7B-v0.3, Gemma-2-2B); ours are 135M–0.5B. A verdict is read off the interval or test in the same row.\n"
+        "The seed measured 7B/2B models (LLaMA-2-7B, Mistral-7B-v0.3, Gemma-2-2B); ours are 135M–1.5B (SmolLM2-135M, Gemma-3-270M, Qwen2.5-Coder-0.5B and -1.5B). A verdict is read off the interval or test in the same row.\n"
     );
     let _ = writeln!(r, "| seed claim | ours | verdict |");
     let _ = writeln!(r, "| --- | --- | --- |");
