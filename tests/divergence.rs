@@ -583,6 +583,7 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         .with("model", s("m"))
         .with("dtype", s("fp16"))
         .with("strategy", s("greedy"))
+        .with("problem", Column::U32(vec![0, 1, 2, 3]))
         .with("tokens_on", Column::ListI64(on))
         .with("tokens_off", Column::ListI64(off))
         .with("correct_on", Column::Bool(vec![true, true, false, true]))
@@ -639,7 +640,7 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         .write(&run.join("replay.parquet"))?;
     std::fs::write(
         run.join("hf-div.json"),
-        r#"{"runs": [{"dtype": "fp16", "strategy": "greedy", "problems": 4, "diverged": 2, "pairs": []}]}"#,
+        r#"{"problems": [0, 1, 2, 3], "runs": [{"dtype": "fp16", "strategy": "greedy", "problems": 4, "diverged": 2, "pairs": []}]}"#,
     )
     .unwrap();
     let (code, _, err) = kvcredit(&["divergence", "analyze", run.to_str().unwrap()]);
@@ -777,7 +778,9 @@ fn divergence_report_prints_rates_with_intervals_and_mcnemar() -> Result<()> {
         "{report}"
     );
     assert!(
-        report.contains("| hf-div.json | fp16 | greedy | 50.0% ["),
+        report.contains(
+            "| hf-div.json | m | fp16 | greedy | 4 | 50.0% [15.0, 85.0] (2/4) | 75.0% [30.1, 95.4] (3/4) |"
+        ),
         "{report}"
     );
     Ok(())
