@@ -815,6 +815,13 @@ fn report_pairs_every_number_with_an_interval_and_draws_the_figures_it_has_data_
     assert!((report::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
     assert!(md.contains("| spectrum kivi b=0.5 | 2 | +2.53 |"), "{md}");
     assert!(md.contains("Tiered (kivi) − PDTrim at b = 0.5, paired over windows"));
+    // The seed's PPL claim beside ours, with the paired interval the verdict is read from.
+    assert!(md.contains("## Seed claims beside ours"), "{md}");
+    assert!(
+        md.contains("| PPL Δ% at b = 0.5, tiered +1.97 / −0.06 / −0.44 vs PDTrim +25.85 / +22.07 / +35.63 | ")
+            && md.contains(" over 2 windows | "),
+        "{md}"
+    );
     // PPL rows alone: its figure only.
     let exists = |f: &str| root.join("out").join(f).exists();
     assert!(exists("ppl-delta.png") && exists("ppl-delta.svg"));
