@@ -6,7 +6,7 @@
 //! `replay.parquet`, `drift.parquet` where present); writes the figures (PNG + SVG: rate bars,
 //! τ ECDF and drift here, the others in `divergence_figures.rs`), then `report.md` atomically,
 //! with a "Figures" section listing the ones written.
-use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, render, short};
+use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
 use super::read::Frame;
 use crate::stats::wilson;
 use crate::{Error, Result};
@@ -525,12 +525,7 @@ impl Figure for LineFigure {
                     .label(name.clone())
                     .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], style(i)));
             }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 12))
-                .draw()?;
+            draw_legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
         } else {
             let mut chart = builder.build_cartesian_2d(0.0..xmax, 0.0..1.02)?;
             chart
@@ -545,13 +540,7 @@ impl Figure for LineFigure {
                     .label(name.clone())
                     .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], style(i)));
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 12))
-                .draw()?;
+            draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! tables as `divergence.rs` reduced them, as PNG + SVG through [`render`]; a figure whose
 //! table is absent (or holds nothing it could draw) is skipped.
 use super::divergence::{Cells, Forced, PatchRow, ReplayRow};
-use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, render, short};
+use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
 use crate::Result;
 use crate::stats::wilson;
 use plotters::coord::Shift;
@@ -297,17 +297,14 @@ where
             .map(|(i, t)| Text::new(t.clone(), (ends[i] + p.xmax * 0.01, pos(i)), font.clone())),
     )?;
     if p.legend != Legend::None {
-        chart
-            .configure_series_labels()
-            .position(if p.legend == Legend::Upper {
+        draw_legend(
+            &mut chart,
+            if p.legend == Legend::Upper {
                 SeriesLabelPosition::UpperRight
             } else {
                 SeriesLabelPosition::LowerRight
-            })
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()?;
+            },
+        )?;
     }
     Ok(())
 }
@@ -583,13 +580,7 @@ impl Figure for LogitFigure {
                 )))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .draw()?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 }
@@ -642,13 +633,7 @@ where
             )
         }))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 12))
-        .draw()?;
+    draw_legend(chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }
 

@@ -22,6 +22,26 @@ static FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
 
 pub(crate) type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
+/// The legend of every figure: boxed, on a light backdrop, at `position`.
+pub(crate) fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> DrawResult
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 12))
+        .draw()?;
+    Ok(())
+}
+
 /// Line colours per configuration (the matplotlib "tab10" cycle).
 pub(crate) const PALETTE: [RGBColor; 10] = [
     RGBColor(0x1f, 0x77, 0xb4),
@@ -254,13 +274,7 @@ impl Figure for DisagreementFigure<'_> {
                     ErrorBar::new_vertical(x, lo, r, hi, BLACK.stroke_width(1), 8)
                 }))?;
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 13))
-                .draw()?;
+            draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         }
         Ok(())
     }
@@ -374,13 +388,7 @@ impl Figure for JaccardFigure<'_> {
                 chart.draw_series(bars)?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerLeft)?;
         Ok(())
     }
 }
