@@ -161,14 +161,17 @@ fn all_fp16_tiers_resume_exactly_and_a_low_budget_does_not() {
         m[&Pass::Exact].len()
     );
 
-    // Negative control: b = 0.3 changes continuations; analyzed like refeed.
+    // Negative control: b = 0.3 changes continuations; analyzed like refeed. (16 recent tokens
+    // protected, not 32: 36 FP16 tokens do not fit 0.3 of a pivot right after the 74-token
+    // prompt, which the spec check refuses.)
     let low = run(
         &dir,
         "low",
         &spec_text(
             "sc-low",
             r#""exact", "replica", "spectrum""#,
-            "replica_batch_size = 3\n[passes.spectrum]\nb = 0.3\npolicy = \"spectrum\"",
+            "replica_batch_size = 3\n[passes.spectrum]\nb = 0.3\npolicy = \"spectrum\"\n\
+             [passes.spectrum.protect]\nrecent = 16",
         ),
     );
     check_ok(&low);
@@ -270,6 +273,11 @@ fn bad_spectrum_settings_are_refused_before_anything_is_written() {
                 "[passes.spectrum]\nb = 0.5\n[passes.spectrum.importance]\nkernel = 4",
             ),
             "kernel 4 odd",
+        ),
+        (
+            "budget-below-protected",
+            spec_text("bad", passes, "[passes.spectrum]\nb = 0.05"),
+            "cannot hold the 36 protected tokens",
         ),
         (
             "unknown-key",

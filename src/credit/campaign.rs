@@ -1,4 +1,4 @@
-//! Running a campaign: per problem a rollout, pivots, the three passes of continuations, grading
+//! Running a campaign: per problem a rollout, pivots, the passes of continuations, grading
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
 use super::estimate::{Estimate, estimate};
@@ -78,6 +78,7 @@ pub fn run_campaign(
     // Everything a spec can get wrong is found before the first write to the run folder.
     let (task, problems) = spec.problems.task()?;
     check_positions(spec, model, &task)?;
+    check_spectrum_budget(spec, model, &task)?;
     let out = &opts.out_dir;
     let manifest_path = out.join("manifest.json");
     let engine = EngineMode::Auto.resolve(model.decoder.device());
@@ -203,6 +204,37 @@ fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Re
             spec.name
         ),
     )
+}
+
+/// Refuse, before anything is written, a spectrum budget too small for the protected tokens
+/// at FP16 on the shortest context a pivot can have (the shortest prompt): the allocator
+/// would otherwise fail mid-run.
+fn check_spectrum_budget(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Result<()> {
+    let Some(sp) = spec.spectrum_pass() else {
+        return Ok(());
+    };
+    let v = sp.variant()?;
+    let Some(b) = v.b else {
+        return Ok(());
+    };
+    let mut shortest = usize::MAX;
+    for p in task.problems() {
+        shortest = shortest.min(model.encode_prompt(&task.prompt(p))?.len());
+    }
+    if shortest == usize::MAX {
+        return Ok(());
+    }
+    let scores = vec![0.0; shortest];
+    eval::plan_for(&scores, model.decoder.kv_shape(), &v, sp.protect)
+        .map(drop)
+        .map_err(|e| {
+            Error::Spec(format!(
+                "campaign `{}`: passes.spectrum.b = {b} cannot hold the {} protected tokens of a {shortest}-token context: {}",
+                spec.name,
+                (sp.protect.sinks + sp.protect.recent).min(shortest),
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })
 }
 
 fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<()> {
