@@ -25,7 +25,8 @@
 //! - `replica-grouping` (only when `replica_schedule == "shuffled"`): in no problem did the
 //!   replica group the continuations into exact's batches (the same set of batch
 //!   memberships, whatever the order), which would make the floor 0 by construction;
-//! - `batch-invariant` (only when `policy == "batch_invariant"`): every replica and refeed
+//! - `batch-invariant` (only when `policy == "batch_invariant"`): every replica and refeed (not
+//!   spectrum: its resume is lossy by design)
 //!   estimate and continuation equals the exact one (invariant 4).
 //!
 //! A file that cannot be read is an error; violations are data ([`CheckReport`]).
@@ -198,8 +199,8 @@ fn cont_row(k: &ContKey, pass: Pass) -> String {
 struct Checker<'a> {
     manifest: &'a Manifest,
     passes: Vec<Pass>,
-    est: BTreeMap<Key, [Vec<&'a EstimateRow>; 3]>,
-    cont: BTreeMap<ContKey, [Vec<&'a ContinuationRow>; 3]>,
+    est: BTreeMap<Key, [Vec<&'a EstimateRow>; Pass::ALL.len()]>,
+    cont: BTreeMap<ContKey, [Vec<&'a ContinuationRow>; Pass::ALL.len()]>,
     out: Vec<Violation>,
 }
 
@@ -215,7 +216,7 @@ impl Checker<'_> {
     fn snapshot(&mut self, rows: &[EstimateRow], conts: &[ContinuationRow]) {
         let m = self.manifest;
         let resumed: Vec<&ContinuationRow> =
-            conts.iter().filter(|c| c.pass != Pass::Refeed).collect();
+            conts.iter().filter(|c| c.pass.resumes_snapshot()).collect();
         let manifest = || "manifest".to_string();
         if m.snapshot_hits > m.snapshot_checks {
             self.push(
@@ -286,7 +287,7 @@ impl Checker<'_> {
             ),
         }
         for r in rows {
-            if r.pass != Pass::Refeed && !r.snapshot_verified {
+            if r.pass.resumes_snapshot() && !r.snapshot_verified {
                 self.push(
                     Rule::SnapshotVerified,
                     est_row(&r.key(), r.pass),

@@ -104,6 +104,8 @@ fn meta() -> ConfigMeta {
         snapshot_hits: 15,
         cost,
         outputs: BTreeMap::new(),
+        spectrum_setting: None,
+        spectrum: None,
     }
 }
 
@@ -116,7 +118,7 @@ fn opts() -> AnalyzeOptions {
 }
 
 fn summary() -> ConfigSummary {
-    summarize(&table_rows(), meta(), &opts()).expect("summarize")
+    summarize(&table_rows(), meta(), Pass::Refeed, &opts()).expect("summarize")
 }
 
 fn cond(s: &ConfigSummary, c: Conditioning) -> &ConditioningSummary {
@@ -159,14 +161,14 @@ fn any_informative_rates_excess_and_classes() {
     // refeed set: A B C E F G; disagree A (mag), B (zero), E (polarity), G (mag)
     assert_eq!(
         (
-            r.refeed.n_eligible,
-            r.refeed.n_problems,
-            r.refeed.n_disagree
+            r.treatment.n_eligible,
+            r.treatment.n_problems,
+            r.treatment.n_disagree
         ),
         (6, 4, 4)
     );
-    close(r.refeed.rate.unwrap(), 4.0 / 6.0);
-    let c = r.refeed.classes;
+    close(r.treatment.rate.unwrap(), 4.0 / 6.0);
+    let c = r.treatment.classes;
     assert_eq!(
         (c.zero_boundary, c.polarity_reversal, c.magnitude),
         (1, 1, 2)
@@ -205,9 +207,9 @@ fn treatment_independent_uses_exact_informative_for_both() {
     let s = summary();
     let r = cond(&s, Conditioning::TreatmentIndependent);
     // exact informative = A C E F G
-    assert_eq!((r.replica.n_eligible, r.refeed.n_eligible), (5, 5));
-    assert_eq!((r.replica.n_disagree, r.refeed.n_disagree), (3, 3));
-    let c = r.refeed.classes;
+    assert_eq!((r.replica.n_eligible, r.treatment.n_eligible), (5, 5));
+    assert_eq!((r.replica.n_disagree, r.treatment.n_disagree), (3, 3));
+    let c = r.treatment.classes;
     assert_eq!(
         (c.zero_boundary, c.polarity_reversal, c.magnitude),
         (0, 1, 2)
@@ -232,7 +234,7 @@ fn mean_zero_check_is_the_mean_of_problem_means() {
     let s = summary();
     let r = cond(&s, Conditioning::AnyInformative);
     // refeed − exact over A B C E F G: problem means 0, 0, −0.75, −0.5
-    let m = r.refeed.mean_diff.unwrap();
+    let m = r.treatment.mean_diff.unwrap();
     close(m.t_test.estimate, -0.3125);
     // replica − exact over A C E F G: problem means 0, 0.5, −0.25, −0.5
     close(r.replica.mean_diff.unwrap().t_test.estimate, -0.0625);
@@ -247,27 +249,27 @@ fn jaccard_of_critical_sets_by_hand() {
         (x.size_a, x.size_b, x.intersection, x.union, x.value)
     };
     // τ = ½: exact {A E F G}, refeed {A B E F G}, replica {A C E G}
-    assert_eq!(j(&r.refeed, 0), (4, 5, 4, 5, Some(0.8)));
+    assert_eq!(j(&r.treatment, 0), (4, 5, 4, 5, Some(0.8)));
     assert_eq!(j(&r.replica, 0), (4, 4, 3, 5, Some(0.6)));
     // τ = 1: exact {A E G}, refeed {}, replica {A E}
-    assert_eq!(j(&r.refeed, 1), (3, 0, 0, 3, Some(0.0)));
+    assert_eq!(j(&r.treatment, 1), (3, 0, 0, 3, Some(0.0)));
     assert_eq!(j(&r.replica, 1), (3, 2, 2, 3, Some(2.0 / 3.0)));
     // Treatment-independent: B (exact uninformative, Â_exact = 0, Â_refeed = ½) is not
     // eligible but stays in C_refeed(½) per design.md, so the sets are the same as above.
     let t = cond(&s, Conditioning::TreatmentIndependent);
-    assert_eq!(j(&t.refeed, 0), (4, 5, 4, 5, Some(0.8)));
-    assert_eq!(j(&t.refeed, 1), j(&r.refeed, 1));
+    assert_eq!(j(&t.treatment, 0), (4, 5, 4, 5, Some(0.8)));
+    assert_eq!(j(&t.treatment, 1), j(&r.treatment, 1));
     assert_eq!(j(&t.replica, 0), j(&r.replica, 0));
     let inel = |c: &kvcredit::analysis::summary::Comparison| -> Vec<usize> {
         c.jaccard.iter().map(|p| p.n_ineligible).collect()
     };
-    assert_eq!(inel(&t.refeed), vec![1, 0]);
+    assert_eq!(inel(&t.treatment), vec![1, 0]);
     assert_eq!(inel(&t.replica), vec![0, 0]);
-    assert_eq!(inel(&r.refeed), vec![0, 0]);
-    for (x, y) in t.refeed.jaccard.iter().zip(&r.refeed.jaccard) {
+    assert_eq!(inel(&r.treatment), vec![0, 0]);
+    for (x, y) in t.treatment.jaccard.iter().zip(&r.treatment.jaccard) {
         assert_eq!(x.ci, y.ci);
     }
-    for c in [&r.refeed, &r.replica] {
+    for c in [&r.treatment, &r.replica] {
         for p in &c.jaccard {
             let ci = p.ci.expect("bootstrap CI");
             assert!(ci.lo <= ci.hi && ci.lo >= 0.0 && ci.hi <= 1.0, "{ci:?}");
@@ -282,12 +284,12 @@ fn empty_union_has_no_jaccard() {
         .into_iter()
         .flat_map(|p| [row(0, 1, 1, p, 1, 0), row(1, 1, 1, p, 1, 1)])
         .collect();
-    let s = summarize(&rows, meta(), &opts()).unwrap();
+    let s = summarize(&rows, meta(), Pass::Refeed, &opts()).unwrap();
     let r = cond(&s, Conditioning::AnyInformative);
-    let last = r.refeed.jaccard[1];
+    let last = r.treatment.jaccard[1];
     assert_eq!((last.result.union, last.result.value), (0, None));
     assert!(last.ci.is_none());
-    assert_eq!(r.refeed.rate, Some(0.0));
+    assert_eq!(r.treatment.rate, Some(0.0));
     let p = r.paired.unwrap();
     assert_eq!((p.cr1.se, p.cr1.t), (Some(0.0), None));
 }
@@ -297,7 +299,7 @@ fn bootstrap_is_deterministic_and_brackets_rates() {
     let (a, b) = (summary(), summary());
     assert_eq!(a, b);
     let r = cond(&a, Conditioning::AnyInformative);
-    for c in [&r.replica, &r.refeed] {
+    for c in [&r.replica, &r.treatment] {
         let ci = c.rate_ci.unwrap();
         assert_eq!(ci.reps, 500);
         assert!(ci.lo <= c.rate.unwrap() && c.rate.unwrap() <= ci.hi);
@@ -308,7 +310,9 @@ fn bootstrap_is_deterministic_and_brackets_rates() {
 fn duplicate_rows_are_an_error() {
     let mut rows = table_rows();
     rows.push(rows[0].clone());
-    let e = summarize(&rows, meta(), &opts()).unwrap_err().to_string();
+    let e = summarize(&rows, meta(), Pass::Refeed, &opts())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("duplicate estimate row"), "{e}");
     assert!(e.contains("problem=0 pivot_pos=1 alt_rank=1"), "{e}");
 }
@@ -412,7 +416,7 @@ fn three_keys() -> Vec<EstimateRow> {
 
 #[test]
 fn excess_is_tested_as_itself_not_through_the_paired_mean() {
-    let s = summarize(&three_keys(), meta(), &opts()).unwrap();
+    let s = summarize(&three_keys(), meta(), Pass::Refeed, &opts()).unwrap();
     let r = cond(&s, Conditioning::AnyInformative);
     let e = r.excess.unwrap();
     close(e.estimate, 2.0 / 3.0 - 1.0);
@@ -467,7 +471,7 @@ fn output_counts_reach_summary_and_report() {
             rules: None,
         },
     );
-    let s = summarize(&table_rows(), m, &opts()).unwrap();
+    let s = summarize(&table_rows(), m, Pass::Refeed, &opts()).unwrap();
     let dir = std::env::temp_dir().join(format!("kvcredit-analysis-out-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = write_outputs(vec![s], &dir, &opts()).unwrap();

@@ -5,11 +5,18 @@ use kvcredit::divergence::DivergenceSpec;
 use kvcredit::spectrum::spec::SpectrumSpec;
 use std::path::{Path, PathBuf};
 
+/// A campaign spec has a `[passes]` table (`spectrum-credit-*` are campaigns with a spectrum
+/// pass, not spectrum evaluations).
+fn is_campaign(path: &Path) -> bool {
+    let text = std::fs::read_to_string(path).unwrap();
+    toml::from_str::<toml::Table>(&text).is_ok_and(|t| t.contains_key("passes"))
+}
+
 fn load(path: &Path) -> kvcredit::Result<()> {
     let name = path.file_name().unwrap().to_string_lossy();
     if name.starts_with("divergence-") {
         DivergenceSpec::load(path).map(drop)
-    } else if name.starts_with("spectrum-") {
+    } else if name.starts_with("spectrum-") && !is_campaign(path) {
         SpectrumSpec::load(path).map(drop)
     } else {
         CampaignSpec::load(path).map(drop)

@@ -3,9 +3,11 @@
 //! Reads the run dirs written by `kvcredit campaign run` ([`read`]), groups estimates by their
 //! `config` label, computes per configuration and conditioning the disagreement rates, the
 //! excess over the replica floor with problem-clustered inference, disagreement classes, the
-//! mean-zero check and critical-set overlap ([`summary`], built on [`crate::stats`]), and
-//! writes `summary.parquet` ([`table`]), `report.md` ([`report`]) and two figures as PNG and
-//! SVG ([`plot`]).
+//! mean-zero check and critical-set overlap ([`summary`], built on [`crate::stats`]), once per
+//! treatment pass the configuration ran (refeed, spectrum: one code path, the pass a
+//! parameter), and writes `summary.parquet` (refeed) and `summary-spectrum.parquet`
+//! ([`table`]), `report.md` ([`report`]) and two figures per treatment as PNG and SVG
+//! ([`plot`]).
 //!
 //! ```no_run
 //! use kvcredit::analysis::{analyze, AnalyzeOptions};
@@ -80,7 +82,8 @@ fn same<'a>(what: &str, cfg: &str, a: &'a str, b: &'a str) -> Result<()> {
 }
 
 /// Group runs by `config` label (run dirs sharing a label are merged: rows concatenated,
-/// snapshot counts, costs and output counts summed) and summarize each, in label order.
+/// snapshot counts, costs and output counts summed) and summarize each against every treatment
+/// pass it ran (refeed, then spectrum), in label order.
 pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<ConfigSummary>> {
     let mut groups: BTreeMap<&str, Vec<&RunData>> = BTreeMap::new();
     for r in runs {
@@ -104,6 +107,8 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             snapshot_hits: 0,
             cost: BTreeMap::new(),
             outputs: BTreeMap::new(),
+            spectrum_setting: None,
+            spectrum: None,
         };
         let mut rows = Vec::new();
         for run in runs {
@@ -129,6 +134,18 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
                 )));
             }
             meta.run_dirs.push(run.dir.clone());
+            if let Some(sp) = &m.spectrum {
+                meta.spectrum.get_or_insert_with(Default::default).add(sp);
+            }
+            if let crate::io::schema::RecordedSpec::Full(spec) = &m.spec
+                && let Some(v) = spec.spectrum_pass().and_then(|p| p.variant().ok())
+            {
+                let label = crate::spectrum::eval::variant_label(&v);
+                if let Some(was) = &meta.spectrum_setting {
+                    same("spectrum setting", cfg, was, &label)?;
+                }
+                meta.spectrum_setting = Some(label);
+            }
             meta.snapshot_checks += m.snapshot_checks;
             meta.snapshot_hits += m.snapshot_hits;
             for (pass, c) in &m.cost {
@@ -147,7 +164,15 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             }
             rows.extend(run.estimates.iter().cloned());
         }
-        out.push(summarize(&rows, meta, opts)?);
+        let treatments = summary::treatments(&rows);
+        if treatments.is_empty() {
+            return Err(Error::Output(format!(
+                "config `{cfg}`: no treatment pass (refeed or spectrum) to compare with exact"
+            )));
+        }
+        for t in treatments {
+            out.push(summarize(&rows, meta.clone(), t, opts)?);
+        }
     }
     Ok(out)
 }
@@ -157,8 +182,10 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
 pub struct AnalyzeOutput {
     /// The output dir.
     pub dir: PathBuf,
-    /// `summary.parquet`.
+    /// `summary.parquet` (refeed), or the first treatment's table when no run has refeed.
     pub summary: PathBuf,
+    /// Every summary table written, one per treatment present ([`table::summary_file`]).
+    pub tables: Vec<PathBuf>,
     /// `report.md`.
     pub report: PathBuf,
     /// The figures (PNG and SVG of each).
@@ -174,14 +201,30 @@ pub fn write_outputs(
     opts: &AnalyzeOptions,
 ) -> Result<AnalyzeOutput> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let summary = dir.join(table::SUMMARY);
-    table::write_summary(&summaries, opts, &summary)?;
+    let mut tables = Vec::new();
+    for t in Pass::TREATMENTS {
+        let of: Vec<ConfigSummary> = summaries
+            .iter()
+            .filter(|s| s.treatment == t)
+            .cloned()
+            .collect();
+        if !of.is_empty() {
+            let path = dir.join(table::summary_file(t));
+            table::write_summary(&of, opts, &path)?;
+            tables.push(path);
+        }
+    }
+    let summary = tables
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::Output("analyze: no configuration to summarize".into()))?;
     let report = dir.join(report::REPORT);
     std::fs::write(&report, report::render(&summaries, opts)).map_err(|e| Error::io(&report, e))?;
     let plots = plot::write_plots(&summaries, dir)?;
     Ok(AnalyzeOutput {
         dir: dir.to_path_buf(),
         summary,
+        tables,
         report,
         plots,
         summaries,

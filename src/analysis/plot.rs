@@ -16,6 +16,7 @@ use plotters::prelude::*;
 
 use crate::{Error, Result};
 
+use super::read::Pass;
 use super::summary::{Comparison, Conditioning, ConfigSummary};
 
 static FONT: &[u8] = include_bytes!("fonts/DejaVuSans-subset.ttf");
@@ -207,7 +208,7 @@ impl Figure for DisagreementFigure<'_> {
             .summaries
             .iter()
             .flat_map(|s| &s.rows)
-            .flat_map(|r| [&r.replica, &r.refeed])
+            .flat_map(|r| [&r.replica, &r.treatment])
             .filter_map(rate_pct)
             .map(|(_, _, hi)| hi)
             .fold(5.0_f64, f64::max)
@@ -240,9 +241,15 @@ impl Figure for DisagreementFigure<'_> {
                 .y_label_formatter(&|y| format!("{y:.0}"))
                 .label_style(("sans-serif", 13))
                 .draw()?;
+            let treated = format!(
+                "exact ≠ {}",
+                self.summaries
+                    .first()
+                    .map_or("refeed", |s| s.treatment.as_str())
+            );
             for (pass_idx, (label, color)) in [
-                ("exact ≠ replica (floor)", REPLICA),
-                ("exact ≠ refeed", REFEED),
+                ("exact ≠ replica (floor)".to_string(), REPLICA),
+                (treated, REFEED),
             ]
             .into_iter()
             .enumerate()
@@ -257,7 +264,7 @@ impl Figure for DisagreementFigure<'_> {
                         let cmp = if pass_idx == 0 {
                             &row.replica
                         } else {
-                            &row.refeed
+                            &row.treatment
                         };
                         rate_pct(cmp).map(|v| (i as f64 + off, v))
                     })
@@ -333,7 +340,7 @@ impl Figure for JaccardFigure<'_> {
                 continue;
             };
             let color = PALETTE[i % PALETTE.len()];
-            for (cmp, is_refeed) in [(&row.refeed, true), (&row.replica, false)] {
+            for (cmp, is_refeed) in [(&row.treatment, true), (&row.replica, false)] {
                 let pts: Vec<(f64, Option<f64>)> = cmp
                     .jaccard
                     .iter()
@@ -341,7 +348,7 @@ impl Figure for JaccardFigure<'_> {
                     .collect();
                 let style = color.stroke_width(2);
                 let label = if is_refeed {
-                    format!("{}: refeed", short(&s.meta.config, 24))
+                    format!("{}: {}", short(&s.meta.config, 24), s.treatment)
                 } else {
                     format!("{}: replica ceiling", short(&s.meta.config, 24))
                 };
@@ -398,15 +405,37 @@ pub const DISAGREEMENT_STEM: &str = "disagreement";
 /// File stem of the Jaccard figure (`.png`/`.svg`).
 pub const JACCARD_STEM: &str = "jaccard";
 
-/// Draw both figures into `out_dir`; returns the four paths (PNG, SVG of each).
+/// The file stem of figure `base` for `treatment`: `base` for refeed, `base-<pass>` else.
+pub fn stem(base: &str, treatment: Pass) -> String {
+    if treatment == Pass::Refeed {
+        base.to_string()
+    } else {
+        format!("{base}-{treatment}")
+    }
+}
+
+/// Draw both figures into `out_dir` per treatment pass present (refeed's under the plain
+/// stems, the others' under [`stem`]); returns the paths (PNG, SVG of each).
 pub fn write_plots(summaries: &[ConfigSummary], out_dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut paths = render(
-        &DisagreementFigure { summaries },
-        &out_dir.join(DISAGREEMENT_STEM),
-    )?;
-    paths.extend(render(
-        &JaccardFigure { summaries },
-        &out_dir.join(JACCARD_STEM),
-    )?);
+    let mut paths = Vec::new();
+    for t in Pass::TREATMENTS {
+        let summaries: Vec<ConfigSummary> = summaries
+            .iter()
+            .filter(|s| s.treatment == t)
+            .cloned()
+            .collect();
+        if summaries.is_empty() {
+            continue;
+        }
+        let summaries = &summaries[..];
+        paths.extend(render(
+            &DisagreementFigure { summaries },
+            &out_dir.join(stem(DISAGREEMENT_STEM, t)),
+        )?);
+        paths.extend(render(
+            &JaccardFigure { summaries },
+            &out_dir.join(stem(JACCARD_STEM, t)),
+        )?);
+    }
     Ok(paths)
 }

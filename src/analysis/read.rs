@@ -440,7 +440,9 @@ fn passes(frame: &Frame, col: &str) -> Result<Vec<Pass>> {
             Pass::parse(&s).ok_or_else(|| {
                 frame.err(
                     col,
-                    format_args!("unknown pass `{s}` (expected exact, replica or refeed)"),
+                    format_args!(
+                        "unknown pass `{s}` (expected exact, replica, refeed or spectrum)"
+                    ),
                 )
             })
         })

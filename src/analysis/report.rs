@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::stats::{BootstrapCi, RateDifferenceBootstrap};
 
-use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM};
+use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM, stem};
 use super::read::{Pass, is_batch_invariant};
 use super::summary::{
     AnalyzeOptions, Comparison, Conditioning, ConditioningSummary, ConfigSummary,
@@ -103,11 +103,24 @@ fn row_of(s: &ConfigSummary, c: Conditioning) -> Option<&ConditioningSummary> {
     s.rows.iter().find(|r| r.conditioning == c)
 }
 
-fn headline(out: &mut String, summaries: &[ConfigSummary]) {
-    out.push_str(
-        "## Re-feed disagreement above the replica floor\n\n\
+/// The section title prefix of a treatment: none for refeed, `Spectrum pass: ` for spectrum.
+fn title(t: Pass) -> &'static str {
+    match t {
+        Pass::Spectrum => "Spectrum pass: ",
+        _ => "",
+    }
+}
+
+fn headline(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+    let what = match t {
+        Pass::Spectrum => "SpectrumKV-resume disagreement above the replica floor",
+        _ => "Re-feed disagreement above the replica floor",
+    };
+    let _ = write!(
+        out,
+        "## {what}\n\n\
          Rates are over eligible estimates; CIs are 95% cluster-bootstrap (problems resampled). \
-         The **excess** is `rate(exact≠refeed) − rate(exact≠replica)`, each rate over its own \
+         The **excess** is `rate(exact≠{t}) − rate(exact≠replica)`, each rate over its own \
          eligible set, and every test in this table is of that same difference: its CI is a \
          cluster bootstrap that recomputes both eligible sets in every replicate, `t` is its \
          linearized (delta-method) CR1 t with G − 1 df (G = problems with an estimate eligible \
@@ -116,8 +129,8 @@ fn headline(out: &mut String, summaries: &[ConfigSummary]) {
          far side of 0). Under treatment-independent conditioning both rates \
          are over one set, so the excess coincides with the paired D̄ below and its t with D̄'s \
          CR1 t.\n\n\
-         | config | policy | conditioning | N replica / refeed | G | replica floor [CI] | \
-         exact≠refeed [CI] | excess (pp) [CI] | t of the excess (df) | p | boot p |\n\
+         | config | policy | conditioning | N replica / {t} | G | replica floor [CI] | \
+         exact≠{t} [CI] | excess (pp) [CI] | t of the excess (df) | p | boot p |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for s in summaries {
@@ -130,12 +143,12 @@ fn headline(out: &mut String, summaries: &[ConfigSummary]) {
                 s.meta.policy,
                 cond_label(r.conditioning),
                 r.replica.n_eligible,
-                r.refeed.n_eligible,
+                r.treatment.n_eligible,
                 e.map_or(0, |e| e.n_problems),
                 pct(r.replica.rate),
                 ci_pct(r.replica.rate_ci),
-                pct(r.refeed.rate),
-                ci_pct(r.refeed.rate_ci),
+                pct(r.treatment.rate),
+                ci_pct(r.treatment.rate_ci),
                 pp(e.map(|e| e.estimate)),
                 ci_pp(e.and_then(|e| e.bootstrap.map(|b| b.ci))),
                 num(e.and_then(|e| e.t_test.t), 2),
@@ -148,10 +161,11 @@ fn headline(out: &mut String, summaries: &[ConfigSummary]) {
     out.push('\n');
 }
 
-fn paired_contrast(out: &mut String, summaries: &[ConfigSummary]) {
-    out.push_str(
-        "## Paired contrast D̄ (not the excess under any-informative)\n\n\
-         `D_j = 1[exact≠refeed] − 1[exact≠replica]` over the paired set: the union of the two \
+fn paired_contrast(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+    let _ = write!(
+        out,
+        "## {}Paired contrast D̄ (not the excess under any-informative)\n\n\
+         `D_j = 1[exact≠{t}] − 1[exact≠replica]` over the paired set: the union of the two \
          eligible sets under any-informative, the exact-informative estimates under \
          treatment-independent. **D̄** is the pooled mean of `D_j`, shown with its own \
          cluster-bootstrap CI and its CR1 t; **d̄** is the mean over problems of the per-problem \
@@ -161,6 +175,7 @@ fn paired_contrast(out: &mut String, summaries: &[ConfigSummary]) {
          | config | conditioning | N | G | D̄ (pp) [CI] | CR1 t of D̄ (df) | p | \
          d̄ (pp) | cluster-mean t of d̄ (df) | p |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        title(t)
     );
     for s in summaries {
         for r in &s.rows {
@@ -207,7 +222,7 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
         rows(ai)
             .flat_map(move |r| {
                 let c = if pass == Pass::Refeed {
-                    &r.refeed
+                    &r.treatment
                 } else {
                     &r.replica
                 };
@@ -285,23 +300,25 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
             "| `{}` (batch-invariant): exact≠replica; exact≠refeed | {}; {} | exactly 0; 0 |",
             s.meta.config,
             frac(&r.replica),
-            frac(&r.refeed),
+            frac(&r.treatment),
         );
     }
     out.push('\n');
 }
 
-fn classes(out: &mut String, summaries: &[ConfigSummary]) {
-    out.push_str(
-        "## How estimates disagree\n\n\
+fn classes(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+    let _ = write!(
+        out,
+        "## {}How estimates disagree\n\n\
          Zero-boundary: exactly one estimate is 0. Polarity reversal: opposite non-zero signs. \
          Magnitude: same non-zero sign, different value.\n\n\
          | config | conditioning | comparison | N | disagree | zero-boundary | polarity reversal | magnitude |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        title(t)
     );
     for s in summaries {
         for r in &s.rows {
-            for c in [&r.replica, &r.refeed] {
+            for c in [&r.replica, &r.treatment] {
                 let share = |n: usize| {
                     if c.n_disagree == 0 {
                         n.to_string()
@@ -327,17 +344,19 @@ fn classes(out: &mut String, summaries: &[ConfigSummary]) {
     out.push('\n');
 }
 
-fn mean_zero(out: &mut String, summaries: &[ConfigSummary]) {
-    out.push_str(
-        "## Mean-zero check\n\n\
+fn mean_zero(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+    let _ = write!(
+        out,
+        "## {}Mean-zero check\n\n\
          Mean over problems of the per-problem mean of `Â_X − Â_exact` over the comparison's \
          eligible estimates, with the cluster-mean t CI and the cluster-bootstrap CI.\n\n\
          | config | conditioning | X | mean | t CI | bootstrap CI | p |\n\
          | --- | --- | --- | --- | --- | --- | --- |\n",
+        title(t)
     );
     for s in summaries {
         for r in &s.rows {
-            for c in [&r.replica, &r.refeed] {
+            for c in [&r.replica, &r.treatment] {
                 let m = c.mean_diff.as_ref();
                 let _ = writeln!(
                     out,
@@ -364,24 +383,26 @@ fn jaccard_cell(c: &Comparison, i: usize) -> String {
     }
 }
 
-fn critical_sets(out: &mut String, summaries: &[ConfigSummary]) {
-    out.push_str(
-        "## Critical-token sets\n\n\
-         `C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` as design.md defines it: over **every** complete \
+fn critical_sets(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+    let _ = write!(
+        out,
+        "## {}Critical-token sets\n\n\
+         `C^π(τ) = {{(i, t, a) : |Â^π| ≥ τ}}` as design.md defines it: over **every** complete \
          estimate, whatever the conditioning, for every τ = m/K. Under any-informative every \
          critical key is eligible for its comparison (an ineligible key has Â = 0 in both \
          passes). Under treatment-independent only exact-informative keys are eligible, but a \
-         key with exact uninformative (Â_exact = 0) and |Â_refeed| ≥ τ (or |Â_replica| ≥ τ) \
-         stays in C_refeed (C_replica); the column *exact uninformative* counts those keys of \
+         key with exact uninformative (Â_exact = 0) and |Â_{t}| ≥ τ (or |Â_replica| ≥ τ) \
+         stays in C_{t} (C_replica); the column *exact uninformative* counts those keys of \
          each union, which a conditioned critical set would drop. So the sets, the Jaccard and \
          the ceiling are the same under both conditionings. Jaccard = |C_exact ∩ C_π| / \
          |C_exact ∪ C_π| with a cluster-bootstrap CI over every problem; an empty union has no \
          Jaccard (\"empty union\", null in `summary.parquet`), and bootstrap replicates with an \
          empty union are dropped. The replica ceiling is Jaccard(exact, replica) at the same \
          τ.\n\n",
+        title(t)
     );
     for s in summaries {
-        let (Some(a), Some(t)) = (
+        let (Some(a), Some(ti)) = (
             row_of(s, Conditioning::AnyInformative),
             row_of(s, Conditioning::TreatmentIndependent),
         ) else {
@@ -390,7 +411,7 @@ fn critical_sets(out: &mut String, summaries: &[ConfigSummary]) {
         let _ = write!(
             out,
             "### `{}` (both conditionings)\n\n\
-             | τ | \\|C_exact\\| | \\|C_refeed\\| | \\|C_replica\\| | exact uninformative (refeed / replica) | Jaccard(exact, refeed) [CI] | replica ceiling [CI] |\n\
+             | τ | \\|C_exact\\| | \\|C_{t}\\| | \\|C_replica\\| | exact uninformative ({t} / replica) | Jaccard(exact, {t}) [CI] | replica ceiling [CI] |\n\
              | --- | --- | --- | --- | --- | --- | --- |\n",
             s.meta.config,
         );
@@ -399,12 +420,12 @@ fn critical_sets(out: &mut String, summaries: &[ConfigSummary]) {
                 out,
                 "| {} | {} | {} | {} | {} / {} | {} | {} |",
                 tau_label(tau, s.meta.k),
-                a.refeed.jaccard[i].result.size_a,
-                a.refeed.jaccard[i].result.size_b,
+                a.treatment.jaccard[i].result.size_a,
+                a.treatment.jaccard[i].result.size_b,
                 a.replica.jaccard[i].result.size_b,
-                t.refeed.jaccard[i].n_ineligible,
-                t.replica.jaccard[i].n_ineligible,
-                jaccard_cell(&a.refeed, i),
+                ti.treatment.jaccard[i].n_ineligible,
+                ti.replica.jaccard[i].n_ineligible,
+                jaccard_cell(&a.treatment, i),
                 jaccard_cell(&a.replica, i),
             );
         }
@@ -417,16 +438,18 @@ fn tau_label(tau: f64, k: u32) -> String {
     format!("{m}/{k} = {tau:.3}")
 }
 
-fn sensitivity(out: &mut String, summaries: &[ConfigSummary]) {
-    out.push_str(
-        "## Paired set under any-informative: union vs intersection\n\n\
+fn sensitivity(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+    let _ = write!(
+        out,
+        "## {}Paired set under any-informative: union vs intersection\n\n\
          The paired contrast uses the union of the two comparisons' eligible sets (any pass \
          informative): outside a comparison's set both estimates are 0, so every disagreement \
          of either comparison is counted. The intersection (eligible for both comparisons) drops \
-         the estimates where only the refeed or only the replica pass is informative; it is \
+         the estimates where only the {t} or only the replica pass is informative; it is \
          shown as a sensitivity check.\n\n\
          | config | union N | union D̄ (pp) | CR1 t of D̄ | p | intersection N | intersection D̄ (pp) | CR1 t of D̄ | p |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        title(t)
     );
     for s in summaries {
         let Some(r) = row_of(s, Conditioning::AnyInformative) else {
@@ -561,8 +584,9 @@ fn definitions(out: &mut String) {
          - `Â = (orig_successes − alt_successes)/K` is recomputed from the counts; a pass is \
          informative when its 2K outcomes are not all equal. Disagreement is inequality of the \
          quantized estimates.\n\
-         - Only estimates `(problem, pivot_pos, alt_rank)` with all three passes enter \
-         (`incomplete` counts the others).\n\
+         - Only estimates `(problem, pivot_pos, alt_rank)` with exact, replica and the \
+         treatment enter (`incomplete` counts the others); each treatment (refeed, spectrum) \
+         is analysed by the same code, its name in place of refeed below.\n\
          - *any-informative*: exact vs X is eligible when exact or X is informative, so the two \
          comparisons have their own sets; the excess is the difference of the two rates, the \
          paired `D_j` uses the union of the two sets, and the two are different numbers.\n\
@@ -581,34 +605,116 @@ fn definitions(out: &mut String) {
     );
 }
 
-/// Render the whole report.
+/// Summaries of `t`, in input order.
+fn of_treatment(summaries: &[ConfigSummary], t: Pass) -> Vec<ConfigSummary> {
+    summaries
+        .iter()
+        .filter(|s| s.treatment == t)
+        .cloned()
+        .collect()
+}
+
+/// One summary per configuration (its first treatment's), for the sections that do not
+/// depend on the treatment.
+fn per_config(summaries: &[ConfigSummary]) -> Vec<ConfigSummary> {
+    let mut seen = std::collections::BTreeSet::new();
+    summaries
+        .iter()
+        .filter(|s| seen.insert(s.meta.config.clone()))
+        .cloned()
+        .collect()
+}
+
+fn spectrum_frames(out: &mut String, summaries: &[ConfigSummary]) {
+    out.push_str(
+        "## Spectrum pass: what was sent\n\n\
+         The spectrum pass resumes each pivot's continuations from the rollout's decode-time KV \
+         snapshot after SpectrumKV compression: importance from a traced prefill of the same \
+         prefix, tiers allocated at the budget, quantized and packed into a wire frame, then \
+         decoded and dequantized into an ordinary cache (dropped tokens masked). Real b = frame \
+         bytes ÷ full-FP16 KV bytes, summed over the snapshots (per-snapshot range after it); \
+         token shares are of all snapshot positions (from each run's `manifest.json`).\n\n\
+         | config | setting | snapshots | real b (range) | FP16 | INT8 | INT4 | dropped |\n\
+         | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n",
+    );
+    for s in summaries {
+        let m = &s.meta;
+        let setting = m.spectrum_setting.as_deref().unwrap_or("—");
+        let Some(st) = m.spectrum else {
+            let _ = writeln!(
+                out,
+                "| {} | {setting} | (not recorded) | | | | | |",
+                m.config
+            );
+            continue;
+        };
+        let share = |n: u64| {
+            if st.tokens == 0 {
+                dash()
+            } else {
+                format!("{:.1}%", 100.0 * n as f64 / st.tokens as f64)
+            }
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {setting} | {} | {} ({:.3}–{:.3}) | {} | {} | {} | {} |",
+            m.config,
+            st.snapshots,
+            num(st.real_b(), 3),
+            st.real_b_min,
+            st.real_b_max,
+            share(st.tokens_fp16),
+            share(st.tokens_int8),
+            share(st.tokens_int4),
+            share(st.tokens_drop),
+        );
+    }
+    out.push('\n');
+}
+
+/// Render the whole report: the refeed treatment's sections (with the seed paper's numbers),
+/// then the same sections for the spectrum pass when a configuration ran it.
 pub fn render(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
     let mut out = format!(
         "# kvcredit campaign analysis\n\n\
-         Three-pass counterfactual credit: exact resume, replica (noise floor) and refeed. \
-         Written by kvcredit {}.\n\n",
+         Counterfactual credit: exact resume, replica (noise floor) and the treatment passes \
+         (refeed; spectrum, a resume from the SpectrumKV-compressed snapshot, when run), each \
+         compared with exact against the replica floor. Written by kvcredit {}.\n\n",
         env!("CARGO_PKG_VERSION")
     );
-    inputs(&mut out, summaries, opts);
-    headline(&mut out, summaries);
-    paired_contrast(&mut out, summaries);
-    let _ = write!(
-        out,
-        "![Disagreement rates vs replica floor]({DISAGREEMENT_STEM}.png)\n\n\
-         (also [`{DISAGREEMENT_STEM}.svg`]({DISAGREEMENT_STEM}.svg))\n\n"
-    );
-    versus_paper(&mut out, summaries);
-    classes(&mut out, summaries);
-    mean_zero(&mut out, summaries);
-    critical_sets(&mut out, summaries);
-    let _ = write!(
-        out,
-        "![Jaccard vs tau with replica ceiling]({JACCARD_STEM}.png)\n\n\
-         (also [`{JACCARD_STEM}.svg`]({JACCARD_STEM}.svg))\n\n"
-    );
-    sensitivity(&mut out, summaries);
-    outputs(&mut out, summaries);
-    cost(&mut out, summaries);
+    let configs = per_config(summaries);
+    inputs(&mut out, &configs, opts);
+    for t in Pass::TREATMENTS {
+        let group = of_treatment(summaries, t);
+        if group.is_empty() {
+            continue;
+        }
+        if t == Pass::Spectrum {
+            spectrum_frames(&mut out, &group);
+        }
+        headline(&mut out, &group, t);
+        paired_contrast(&mut out, &group, t);
+        let (dis, jac) = (stem(DISAGREEMENT_STEM, t), stem(JACCARD_STEM, t));
+        let _ = write!(
+            out,
+            "![Disagreement rates vs replica floor ({t})]({dis}.png)\n\n\
+             (also [`{dis}.svg`]({dis}.svg))\n\n"
+        );
+        if t == Pass::Refeed {
+            versus_paper(&mut out, &group);
+        }
+        classes(&mut out, &group, t);
+        mean_zero(&mut out, &group, t);
+        critical_sets(&mut out, &group, t);
+        let _ = write!(
+            out,
+            "![Jaccard vs tau with replica ceiling ({t})]({jac}.png)\n\n\
+             (also [`{jac}.svg`]({jac}.svg))\n\n"
+        );
+        sensitivity(&mut out, &group, t);
+    }
+    outputs(&mut out, &configs);
+    cost(&mut out, &configs);
     definitions(&mut out);
     out
 }

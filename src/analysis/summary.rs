@@ -1,6 +1,9 @@
-//! The numbers of one configuration: disagreement rates, the excess over the replica floor
-//! with problem-clustered inference, disagreement classes, the mean-zero check and critical-set
-//! overlap, under both conditionings.
+//! The numbers of one configuration and one treatment pass: disagreement rates, the excess
+//! over the replica floor with problem-clustered inference, disagreement classes, the
+//! mean-zero check and critical-set overlap, under both conditionings.
+//!
+//! The treatment is refeed or spectrum ([`Pass::TREATMENTS`]); one code path serves both, the
+//! pass a parameter. Below, "refeed" stands for whichever treatment is summarized.
 //!
 //! All formulas are in `crate::stats`; this module only chooses the eligible sets and feeds
 //! them in. The choices (see also `SCHEMA.md`):
@@ -39,6 +42,7 @@ use crate::stats::{
 use crate::{Error, Result};
 
 use super::read::{EstimateRow, Key, OutputCounts, Pass, PassCost};
+use crate::io::schema::SpectrumStats;
 
 /// Bootstrap and interval settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,7 +107,7 @@ pub struct Est {
     pub informative: bool,
 }
 
-/// The three passes' estimates at one key.
+/// Exact's, replica's and one treatment pass's estimates at one key.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Triple {
     /// `(problem, pivot_pos, alt_rank)`.
@@ -112,27 +116,42 @@ pub struct Triple {
     pub exact: Est,
     /// Replica.
     pub replica: Est,
-    /// Refeed.
-    pub refeed: Est,
+    /// The treatment pass (refeed or spectrum, [`Pass::TREATMENTS`]).
+    pub treatment: Est,
 }
 
 impl Triple {
-    /// The estimate of `pass`.
+    /// The estimate of `pass`: exact's, replica's, or (any other pass) the treatment's.
     pub fn get(&self, pass: Pass) -> Est {
         match pass {
             Pass::Exact => self.exact,
             Pass::Replica => self.replica,
-            Pass::Refeed => self.refeed,
+            _ => self.treatment,
         }
     }
 }
 
-/// Join rows into complete triples (sorted by key). Returns the triples and the number of keys
-/// that lack a pass. A key with two rows for one pass is an error.
-pub fn triples(rows: &[EstimateRow]) -> Result<(Vec<Triple>, usize)> {
+/// The treatment passes present in `rows`, in [`Pass::TREATMENTS`] order.
+pub fn treatments(rows: &[EstimateRow]) -> Vec<Pass> {
+    Pass::TREATMENTS
+        .into_iter()
+        .filter(|&t| rows.iter().any(|r| r.pass == t))
+        .collect()
+}
+
+/// Join rows into complete triples of exact, replica and `treatment` (sorted by key); rows of
+/// other passes are ignored. Returns the triples and the number of keys that lack one of the
+/// three. A key with two rows for one pass is an error.
+pub fn triples(rows: &[EstimateRow], treatment: Pass) -> Result<(Vec<Triple>, usize)> {
     let mut by_key: BTreeMap<Key, [Option<Est>; 3]> = BTreeMap::new();
     for r in rows {
-        let slot = &mut by_key.entry(r.key()).or_default()[r.pass as usize];
+        let i = match r.pass {
+            Pass::Exact => 0,
+            Pass::Replica => 1,
+            p if p == treatment => 2,
+            _ => continue,
+        };
+        let slot = &mut by_key.entry(r.key()).or_default()[i];
         if slot.is_some() {
             return Err(Error::Output(format!(
                 "config `{}`: duplicate estimate row ({}, pass={})",
@@ -150,11 +169,11 @@ pub fn triples(rows: &[EstimateRow]) -> Result<(Vec<Triple>, usize)> {
     let mut incomplete = 0;
     for (key, e) in by_key {
         match e {
-            [Some(exact), Some(replica), Some(refeed)] => out.push(Triple {
+            [Some(exact), Some(replica), Some(treatment)] => out.push(Triple {
                 key,
                 exact,
                 replica,
-                refeed,
+                treatment,
             }),
             _ => incomplete += 1,
         }
@@ -180,7 +199,7 @@ pub struct JaccardPoint {
 /// Exact vs one other pass under one conditioning.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Comparison {
-    /// The other pass (replica or refeed).
+    /// The other pass (replica or the treatment).
     pub pass: Pass,
     /// Eligible estimates.
     pub n_eligible: usize,
@@ -218,8 +237,8 @@ pub struct PairedContrast {
     pub bootstrap_ci: Option<BootstrapCi>,
 }
 
-/// The excess `rate(exact≠refeed) − rate(exact≠replica)`, each rate over its own eligible
-/// set, with inference on that same quantity.
+/// The excess `rate(exact≠T) − rate(exact≠replica)` of a treatment pass T (refeed or
+/// spectrum), each rate over its own eligible set, with inference on that same quantity.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Excess {
     /// The excess.
@@ -242,9 +261,9 @@ pub struct ConditioningSummary {
     pub conditioning: Conditioning,
     /// Exact vs replica (the floor).
     pub replica: Comparison,
-    /// Exact vs refeed.
-    pub refeed: Comparison,
-    /// `rate(refeed) − rate(replica)` and its tests; `None` if either rate is.
+    /// Exact vs the treatment pass (its `pass` says which).
+    pub treatment: Comparison,
+    /// `rate(treatment) − rate(replica)` and its tests; `None` if either rate is.
     pub excess: Option<Excess>,
     /// `D_j` over the paired set (union / exact-informative); `None` if the set is empty.
     pub paired: Option<PairedContrast>,
@@ -271,7 +290,7 @@ pub struct ConfigMeta {
     pub run_dirs: Vec<PathBuf>,
     /// Problems with at least one complete estimate.
     pub n_problems: usize,
-    /// Complete estimate keys (all three passes present).
+    /// Complete estimate keys (exact, replica and the treatment present).
     pub n_keys: usize,
     /// Keys lacking a pass (left out).
     pub n_incomplete: usize,
@@ -281,6 +300,10 @@ pub struct ConfigMeta {
     pub snapshot_hits: u64,
     /// Cost per pass label (manifest, summed over run dirs).
     pub cost: BTreeMap<String, PassCost>,
+    /// The spectrum pass's setting (`policy/quantizer/b`), when the manifest records one.
+    pub spectrum_setting: Option<String>,
+    /// The spectrum pass's frames (manifest, summed over run dirs).
+    pub spectrum: Option<SpectrumStats>,
     /// Stop reasons and extraction rules per pass label (`exact`, `replica`, `refeed` from
     /// the continuations, `rollout` from the rollouts; summed over run dirs).
     pub outputs: BTreeMap<String, OutputCounts>,
@@ -293,11 +316,13 @@ impl ConfigMeta {
     }
 }
 
-/// The full analysis of one configuration.
+/// The full analysis of one configuration and one treatment pass.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigSummary {
     /// Labels, counts and cost.
     pub meta: ConfigMeta,
+    /// The pass compared with exact against the replica floor (refeed or spectrum).
+    pub treatment: Pass,
     /// `τ = m/K`, `m = 1..K`.
     pub taus: Vec<f64>,
     /// One entry per conditioning, in [`Conditioning::ALL`] order.
@@ -422,7 +447,7 @@ fn paired(set: &[&Triple], opts: &AnalyzeOptions) -> Result<Option<PairedContras
     }
     let d: Vec<f64> = set
         .iter()
-        .map(|t| stats::flip_contrast(t.exact.a_hat, t.refeed.a_hat, t.replica.a_hat))
+        .map(|t| stats::flip_contrast(t.exact.a_hat, t.treatment.a_hat, t.replica.a_hat))
         .collect();
     let clusters = problems_of(set);
     Ok(Some(PairedContrast {
@@ -444,7 +469,12 @@ fn paired(set: &[&Triple], opts: &AnalyzeOptions) -> Result<Option<PairedContras
 
 /// The excess over `union` (keys eligible for either comparison): each rate over its own
 /// eligible subset of it. `None` if either subset is empty.
-fn excess(union: &[&Triple], cond: Conditioning, opts: &AnalyzeOptions) -> Result<Option<Excess>> {
+fn excess(
+    union: &[&Triple],
+    cond: Conditioning,
+    treatment: Pass,
+    opts: &AnalyzeOptions,
+) -> Result<Option<Excess>> {
     let flags = |pass: Pass| -> Vec<Option<bool>> {
         union
             .iter()
@@ -455,8 +485,8 @@ fn excess(union: &[&Triple], cond: Conditioning, opts: &AnalyzeOptions) -> Resul
             })
             .collect()
     };
-    let (refeed, replica) = (flags(Pass::Refeed), flags(Pass::Replica));
-    let Some(estimate) = stats::rate_difference(&refeed, &replica) else {
+    let (treated, replica) = (flags(treatment), flags(Pass::Replica));
+    let Some(estimate) = stats::rate_difference(&treated, &replica) else {
         return Ok(None);
     };
     let clusters = problems_of(union);
@@ -464,33 +494,34 @@ fn excess(union: &[&Triple], cond: Conditioning, opts: &AnalyzeOptions) -> Resul
         estimate,
         n: union.len(),
         n_problems: n_clusters(union),
-        t_test: stats::rate_difference_t(&refeed, &replica, &clusters)?,
+        t_test: stats::rate_difference_t(&treated, &replica, &clusters)?,
         bootstrap: stats::rate_difference_bootstrap(
-            &refeed, &replica, &clusters, opts.reps, opts.seed, opts.level,
+            &treated, &replica, &clusters, opts.reps, opts.seed, opts.level,
         )?,
     }))
 }
 
 /// Summarize complete triples under one conditioning; `overlap` holds the critical-set
-/// overlap of exact with replica and with refeed ([`critical_overlap`]).
+/// overlap of exact with replica and with the treatment ([`critical_overlap`]).
 fn summarize_conditioning(
     triples: &[Triple],
     cond: Conditioning,
+    treatment: Pass,
     overlap: [&[JaccardPoint]; 2],
     opts: &AnalyzeOptions,
 ) -> Result<ConditioningSummary> {
     let replica = compare(triples, cond, Pass::Replica, overlap[0], opts)?;
-    let refeed = compare(triples, cond, Pass::Refeed, overlap[1], opts)?;
+    let treated = compare(triples, cond, treatment, overlap[1], opts)?;
     let el = |t: &Triple, p: Pass| cond.eligible(t.exact, t.get(p));
     let union: Vec<&Triple> = triples
         .iter()
-        .filter(|t| el(t, Pass::Replica) || el(t, Pass::Refeed))
+        .filter(|t| el(t, Pass::Replica) || el(t, treatment))
         .collect();
     let intersection = match cond {
         Conditioning::AnyInformative => {
             let both: Vec<&Triple> = triples
                 .iter()
-                .filter(|t| el(t, Pass::Replica) && el(t, Pass::Refeed))
+                .filter(|t| el(t, Pass::Replica) && el(t, treatment))
                 .collect();
             paired(&both, opts)?
         }
@@ -498,19 +529,21 @@ fn summarize_conditioning(
     };
     Ok(ConditioningSummary {
         conditioning: cond,
-        excess: excess(&union, cond, opts)?,
+        excess: excess(&union, cond, treatment, opts)?,
         paired: paired(&union, opts)?,
         replica,
-        refeed,
+        treatment: treated,
         intersection,
     })
 }
 
-/// Summarize one configuration's estimate rows (all rows must carry `meta.config`).
-/// `meta.n_*` and `meta.k` are filled in here.
+/// Summarize one configuration's estimate rows (all rows must carry `meta.config`) for one
+/// treatment pass (refeed or spectrum) against exact and the replica floor. `meta.n_*` and
+/// `meta.k` are filled in here.
 pub fn summarize(
     rows: &[EstimateRow],
     mut meta: ConfigMeta,
+    treatment: Pass,
     opts: &AnalyzeOptions,
 ) -> Result<ConfigSummary> {
     let cfg = &meta.config;
@@ -526,10 +559,15 @@ pub fn summarize(
             r.pass
         )));
     }
-    let (triples, incomplete) = triples(rows)?;
+    if !Pass::TREATMENTS.contains(&treatment) {
+        return Err(Error::Output(format!(
+            "config `{cfg}`: {treatment} is not a treatment pass (refeed, spectrum)"
+        )));
+    }
+    let (triples, incomplete) = triples(rows, treatment)?;
     if triples.is_empty() {
         return Err(Error::Output(format!(
-            "config `{cfg}`: no estimate has all three passes (exact, replica, refeed)"
+            "config `{cfg}`: no estimate has all three passes (exact, replica, {treatment})"
         )));
     }
     meta.k = first.k;
@@ -543,11 +581,16 @@ pub fn summarize(
     let taus = tau_grid(first.k);
     let overlap = [
         critical_overlap(&triples, Pass::Replica, &taus, opts)?,
-        critical_overlap(&triples, Pass::Refeed, &taus, opts)?,
+        critical_overlap(&triples, treatment, &taus, opts)?,
     ];
     let rows = Conditioning::ALL
         .iter()
-        .map(|&c| summarize_conditioning(&triples, c, [&overlap[0], &overlap[1]], opts))
+        .map(|&c| summarize_conditioning(&triples, c, treatment, [&overlap[0], &overlap[1]], opts))
         .collect::<Result<Vec<_>>>()?;
-    Ok(ConfigSummary { meta, taus, rows })
+    Ok(ConfigSummary {
+        meta,
+        treatment,
+        taus,
+        rows,
+    })
 }

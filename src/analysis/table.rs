@@ -19,8 +19,18 @@ use crate::{Error, Result};
 use super::read::{Pass, ROLLOUT};
 use super::summary::{AnalyzeOptions, Comparison, ConditioningSummary, ConfigSummary};
 
-/// File name of the summary table.
+/// File name of the summary table (the refeed treatment's).
 pub const SUMMARY: &str = "summary.parquet";
+
+/// File name of the summary table of `treatment`: [`SUMMARY`] for refeed,
+/// `summary-<pass>.parquet` for the others (their columns carry the pass's name as prefix).
+pub fn summary_file(treatment: Pass) -> String {
+    if treatment == Pass::Refeed {
+        SUMMARY.to_string()
+    } else {
+        format!("summary-{treatment}.parquet")
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 enum Value {
@@ -240,6 +250,11 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         &m.replica_schedule,
     );
     row.s(
+        "treatment",
+        "the pass compared with exact against the replica floor: refeed (summary.parquet) | spectrum (summary-spectrum.parquet); its columns carry its name as prefix",
+        s.treatment.as_str(),
+    );
+    row.s(
         "conditioning",
         "any_informative (eligible if either compared pass is informative) | treatment_independent (eligible iff exact is informative)",
         r.conditioning.as_str(),
@@ -257,7 +272,7 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
     );
     row.u(
         "n_keys",
-        "complete estimates: (problem, pivot_pos, alt_rank) with all three passes",
+        "complete estimates: (problem, pivot_pos, alt_rank) with exact, replica and the treatment",
         m.n_keys,
     );
     row.u(
@@ -281,11 +296,12 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         m.snapshot_hit_rate(),
     );
     comparison(&mut row, &r.replica);
-    comparison(&mut row, &r.refeed);
+    comparison(&mut row, &r.treatment);
+    let t = s.treatment.as_str();
     let e = r.excess.as_ref();
     row.f(
         "excess",
-        "refeed_rate − replica_rate, each over its own eligible set (the two sets coincide under treatment_independent)",
+        format!("{t}_rate − replica_rate, each over its own eligible set (the two sets coincide under treatment_independent)"),
         e.map(|e| e.estimate),
     );
     row.u(
@@ -324,7 +340,7 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
     let p = r.paired.as_ref();
     row.u(
         "paired_n",
-        "estimates in the paired set of D_j = 1[exact≠refeed] − 1[exact≠replica]: union of the two eligible sets (any_informative) or exact informative (treatment_independent)",
+        format!("estimates in the paired set of D_j = 1[exact≠{t}] − 1[exact≠replica]: union of the two eligible sets (any_informative) or exact informative (treatment_independent)"),
         p.map_or(0, |p| p.n),
     );
     row.u(
@@ -577,12 +593,21 @@ pub fn summary_batch(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> Resu
         .map_err(|e| Error::Output(format!("summary: {e}")))
 }
 
-/// Write `summary.parquet` (Snappy-compressed).
+/// Write a summary table (Snappy-compressed); all `summaries` must share one treatment.
 pub fn write_summary(
     summaries: &[ConfigSummary],
     opts: &AnalyzeOptions,
     path: &Path,
 ) -> Result<()> {
+    if let Some(s) = summaries
+        .iter()
+        .find(|s| s.treatment != summaries[0].treatment)
+    {
+        return Err(Error::Output(format!(
+            "summary: one table holds one treatment ({} and {})",
+            summaries[0].treatment, s.treatment
+        )));
+    }
     let batch = summary_batch(summaries, opts)?;
     let file = File::create(path).map_err(|e| Error::io(path, e))?;
     let props = WriterProperties::builder()
@@ -601,7 +626,11 @@ pub fn schema_markdown(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> St
     let mut out = String::from(
         "### `summary.parquet`\n\n\
          Written by `kvcredit analyze` next to `report.md`: one row per configuration \
-         (`config` label) × conditioning (`any_informative`, `treatment_independent`). \
+         (`config` label) × conditioning (`any_informative`, `treatment_independent`) for the \
+         refeed treatment. Configurations that ran the spectrum pass get \
+         `summary-spectrum.parquet` as well: the same columns with `treatment = spectrum` and \
+         the `refeed_*` columns named `spectrum_*` (exact vs the spectrum pass, against the same \
+         replica floor). \
          Rates and means are fractions (not percent). List columns are indexed like `tau`. \
          Estimates are recomputed from the counts, `Â = (orig_successes − alt_successes)/k`. \
          `?` marks a nullable column.\n\n\

@@ -30,11 +30,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         level: a.level,
     };
     let out = analyze(&a.run_dirs, a.out.as_deref(), &opts)?;
+    let configs: std::collections::BTreeSet<&str> = out
+        .summaries
+        .iter()
+        .map(|s| s.meta.config.as_str())
+        .collect();
+    let tables: Vec<String> = out
+        .tables
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
     println!(
         "analyzed {} configuration(s) into {}: {}, {}, {} figure files",
-        out.summaries.len(),
+        configs.len(),
         out.dir.display(),
-        kvcredit::analysis::table::SUMMARY,
+        tables.join(", "),
         kvcredit::analysis::report::REPORT,
         out.plots.len()
     );

@@ -1,10 +1,10 @@
-//! Running a campaign: per problem a rollout, pivots, the three passes of continuations, grading
+//! Running a campaign: per problem a rollout, pivots, the passes of continuations, grading
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
 use super::estimate::{Estimate, estimate};
 use super::records;
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
-use super::spec::{CampaignSpec, Pass, ReplicaSchedule};
+use super::spec::{CampaignSpec, Pass, ReplicaSchedule, SpectrumPass};
 use crate::decode::engine::{
     self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
 };
@@ -16,6 +16,7 @@ use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
+use crate::spectrum::eval;
 use crate::study::{commit_shard, merge_table, prepare_shards, read_json, sync, write_json};
 use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Grade, Problem, Task};
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::Tensor;
 
-pub use crate::io::schema::{Manifest, PassCost, TABLES};
+pub use crate::io::schema::{Manifest, PassCost, SpectrumStats, TABLES};
 
 /// Per-shard bookkeeping, stored next to the shard's tables.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -46,6 +47,9 @@ pub struct ShardInfo {
     pub snapshot_hits_pivots: u64,
     /// Pivots in this problem.
     pub pivots: u64,
+    /// The spectrum pass's frames, when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spectrum: Option<SpectrumStats>,
 }
 
 /// Where a campaign writes and how it reports.
@@ -74,6 +78,7 @@ pub fn run_campaign(
     // Everything a spec can get wrong is found before the first write to the run folder.
     let (task, problems) = spec.problems.task()?;
     check_positions(spec, model, &task)?;
+    check_spectrum_budget(spec, model, &task)?;
     let out = &opts.out_dir;
     let manifest_path = out.join("manifest.json");
     let engine = EngineMode::Auto.resolve(model.decoder.device());
@@ -126,6 +131,7 @@ pub fn run_campaign(
             snapshot_checks_pivots: Some(0),
             snapshot_hits_pivots: Some(0),
             cost: BTreeMap::new(),
+            spectrum: None,
         }
     };
     write_json(&manifest_path, &manifest)?;
@@ -200,9 +206,41 @@ fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Re
     )
 }
 
+/// Refuse, before anything is written, a spectrum budget too small for the protected tokens
+/// at FP16 on the shortest context a pivot can have (the shortest prompt): the allocator
+/// would otherwise fail mid-run.
+fn check_spectrum_budget(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Result<()> {
+    let Some(sp) = spec.spectrum_pass() else {
+        return Ok(());
+    };
+    let v = sp.variant()?;
+    let Some(b) = v.b else {
+        return Ok(());
+    };
+    let mut shortest = usize::MAX;
+    for p in task.problems() {
+        shortest = shortest.min(model.encode_prompt(&task.prompt(p))?.len());
+    }
+    if shortest == usize::MAX {
+        return Ok(());
+    }
+    let scores = vec![0.0; shortest];
+    eval::plan_for(&scores, model.decoder.kv_shape(), &v, sp.protect)
+        .map(drop)
+        .map_err(|e| {
+            Error::Spec(format!(
+                "campaign `{}`: passes.spectrum.b = {b} cannot hold the {} protected tokens of a {shortest}-token context: {}",
+                spec.name,
+                (sp.protect.sinks + sp.protect.recent).min(shortest),
+                e.to_string().lines().next().unwrap_or_default()
+            ))
+        })
+}
+
 fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<()> {
     let (mut done, mut checks, mut hits, mut pivot_checks, mut pivot_hits) = (0, 0, 0, 0, 0);
     let mut cost: BTreeMap<String, PassCost> = BTreeMap::new();
+    let mut spectrum: Option<SpectrumStats> = None;
     for p in problems {
         let path = shard_dir(out, p.index).join("shard.json");
         if !path.exists() {
@@ -217,7 +255,11 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
         for (pass, c) in info.cost {
             cost.entry(pass).or_default().add(&c);
         }
+        if let Some(sp) = &info.spectrum {
+            spectrum.get_or_insert_with(SpectrumStats::default).add(sp);
+        }
     }
+    m.spectrum = spectrum;
     m.problems_done = done;
     m.snapshot_checks = checks;
     m.snapshot_hits = hits;
@@ -355,13 +397,22 @@ fn run_problem(
         let started = Instant::now();
         let mut tokens = 0u64;
         // Refeed: one fresh prefill of prompt ⊕ y_<t per pivot, as token ids.
-        let refeed_caches: Vec<KvCache> = if pass == Pass::Refeed {
-            pivots
+        // Spectrum: per pivot the decode-time snapshot compressed into a restored cache.
+        let refeed_caches: Vec<KvCache> = match (pass, spec.spectrum_pass()) {
+            (Pass::Refeed, _) => pivots
                 .iter()
                 .map(|p| refeed_prefix(model, &roll, p, &mut tokens, spec))
-                .collect::<Result<_>>()?
-        } else {
-            vec![]
+                .collect::<Result<_>>()?,
+            (Pass::Spectrum, Some(sp)) => {
+                let mut stats = SpectrumStats::default();
+                let caches = pivots
+                    .iter()
+                    .map(|p| spectrum_prefix(model, &roll, p, sp, spec, &mut tokens, &mut stats))
+                    .collect::<Result<_>>()?;
+                info.spectrum = Some(stats);
+                caches
+            }
+            _ => vec![],
         };
         let jobs: Vec<Job> = ids
             .iter()
@@ -373,7 +424,7 @@ fn run_problem(
                         snap: roll.snapshot(pivot.pos),
                         expect: Some(pivot.fingerprint),
                     },
-                    Pass::Refeed => Start {
+                    Pass::Refeed | Pass::Spectrum => Start {
                         cache: &refeed_caches[id.pivot],
                         snap: Snapshot {
                             row: 0,
@@ -570,4 +621,44 @@ fn refeed_prefix(
         .decoder
         .forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
     Ok(cache)
+}
+
+/// The spectrum pass's start at `pivot`: importance from a traced prefill of `prompt ⊕ y_<t`
+/// (the last prompt queries' attention, as `spectrum ppl` scores a context), the rollout's
+/// decode-time snapshot at the pivot allocated into tiers at the budget, quantized and packed
+/// into a wire frame, then decoded, verified and dequantized into an ordinary one-row cache
+/// (dropped tokens masked at their original positions).
+fn spectrum_prefix(
+    model: &LoadedModel,
+    roll: &Rollout,
+    pivot: &Pivot,
+    sp: &SpectrumPass,
+    spec: &CampaignSpec,
+    tokens: &mut u64,
+    stats: &mut SpectrumStats,
+) -> Result<KvCache> {
+    let mut ids = roll.prompt.clone();
+    ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
+    *tokens += ids.len() as u64;
+    let snap = roll.snapshot(pivot.pos);
+    let pre = eval::prefill_and_score(&model.decoder, &ids, &spec.policy, &sp.importance)?;
+    drop(pre.cache);
+    let variant = sp.variant()?;
+    let c = eval::compress_snapshot(&roll.cache, snap.row, &pre.scores, &variant, sp.protect)
+        .map_err(|e| e.context(&format!("spectrum pass at pivot {}", pivot.pos)))?;
+    let [fp16, int8, int4] = c.plan.counts();
+    let real_b = c.real_b();
+    stats.add(&SpectrumStats {
+        snapshots: 1,
+        tokens: c.plan.len() as u64,
+        tokens_fp16: fp16 as u64,
+        tokens_int8: int8 as u64,
+        tokens_int4: int4 as u64,
+        tokens_drop: c.plan.dropped() as u64,
+        frame_bytes: c.frame.len() as u64,
+        fp16_bytes: c.fp16_bytes as u64,
+        real_b_min: real_b,
+        real_b_max: real_b,
+    });
+    eval::receive(&model.decoder, &c.frame, 0)
 }

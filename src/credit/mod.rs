@@ -1,7 +1,9 @@
 //! Three-pass counterfactual credit: rollouts, low-margin pivots, branch continuations resumed
 //! from verified decode-time KV snapshots (exact), the same under another batch schedule
 //! (replica), or from a fresh prefill of the transcript prefix (refeed); graded outcomes and
-//! per-pivot estimates written as Parquet.
+//! per-pivot estimates written as Parquet. An optional fourth pass, spectrum, resumes from the
+//! decode-time snapshot after SpectrumKV compression at a byte budget (`[passes.spectrum]`,
+//! built on [`crate::spectrum`]'s scoring, allocation, packing and restore).
 pub mod campaign;
 pub mod estimate;
 pub mod records;

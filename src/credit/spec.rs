@@ -4,6 +4,10 @@ use crate::decode::engine::Stop;
 use crate::exec::ExecPolicy;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
+use crate::spectrum::Quantizer;
+use crate::spectrum::allocate::{Policy, Protect};
+use crate::spectrum::eval::Variant;
+use crate::spectrum::importance::ImportanceSpec;
 use crate::tasks::gsm8k::{self, PromptFormat, Rule};
 use crate::tasks::{Grade, Gsm8k, Problem, Task};
 use crate::{Error, Result};
@@ -187,6 +191,94 @@ pub struct PassSpec {
     /// `ceil(batch_size / 2)`).
     #[serde(default)]
     pub replica_batch_size: Option<usize>,
+    /// Settings of the spectrum pass (`[passes.spectrum]`); required with it, refused without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spectrum: Option<SpectrumPass>,
+}
+
+/// The spectrum pass: each pivot's decode-time KV snapshot compressed with SpectrumKV tiers at
+/// byte budget `b` (importance from a traced prefill of the same prefix, tier allocation,
+/// quantize, pack into a wire frame, decode, dequantize into an ordinary cache), from which the
+/// continuations resume. Importance and protect default as in spectrum specs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpectrumPass {
+    /// Budget: frame bytes ÷ full-FP16 KV bytes of the snapshot, in (0, 1]; required by the
+    /// budgeted policies, refused by the `uniform-*` ones (they ignore it).
+    #[serde(default)]
+    pub b: Option<f64>,
+    /// Tier policy (`spectrum`, `spectrum-2tier`, `pdtrim`, `pdtrim-first`, `uniform-fp16`,
+    /// `uniform-int8`, `uniform-int4`).
+    #[serde(default = "default_spectrum_policy")]
+    pub policy: String,
+    /// Quantizer of the INT tiers.
+    #[serde(default = "default_quantizer")]
+    pub quantizer: Quantizer,
+    /// Importance settings.
+    #[serde(default)]
+    pub importance: ImportanceSpec,
+    /// Tokens pinned to FP16.
+    #[serde(default)]
+    pub protect: Protect,
+}
+
+fn default_spectrum_policy() -> String {
+    "spectrum".into()
+}
+
+fn default_quantizer() -> Quantizer {
+    Quantizer::Kivi
+}
+
+impl SpectrumPass {
+    /// The tier policy, checked.
+    pub fn tier_policy(&self) -> Result<Policy> {
+        Policy::parse(&self.policy)
+    }
+
+    /// The compression setting ([`Variant`]); `b` is `None` for the uniform policies.
+    pub fn variant(&self) -> Result<Variant> {
+        let policy = self.tier_policy()?;
+        Ok(Variant {
+            policy,
+            quantizer: self.quantizer,
+            b: if policy.uses_budget() { self.b } else { None },
+        })
+    }
+
+    /// Why these settings cannot run, if they cannot.
+    fn problem(&self) -> Option<String> {
+        let policy = match self.tier_policy() {
+            Ok(p) => p,
+            Err(e) => return Some(format!("passes.spectrum.policy: {e}")),
+        };
+        match (policy.uses_budget(), self.b) {
+            (true, None) => {
+                return Some(format!(
+                    "passes.spectrum.b is required by policy \"{}\"",
+                    self.policy
+                ));
+            }
+            (false, Some(_)) => {
+                return Some(format!(
+                    "passes.spectrum.b is set but policy \"{}\" ignores the budget; remove it",
+                    self.policy
+                ));
+            }
+            (true, Some(b)) if !(b > 0.0 && b <= 1.0) => {
+                return Some(format!("passes.spectrum.b = {b} lies outside (0, 1]"));
+            }
+            _ => {}
+        }
+        let i = &self.importance;
+        if i.window < 1 || i.kernel < 1 || i.kernel % 2 == 0 {
+            return Some(format!(
+                "passes.spectrum.importance: window {} must be ≥ 1 and kernel {} odd",
+                i.window, i.kernel
+            ));
+        }
+        None
+    }
 }
 
 impl PassSpec {
@@ -231,6 +323,14 @@ impl CampaignSpec {
         Ok(())
     }
 
+    /// The spectrum pass's settings, when it runs.
+    pub fn spectrum_pass(&self) -> Option<&SpectrumPass> {
+        self.passes
+            .spectrum
+            .as_ref()
+            .filter(|_| self.passes.run.contains(&Pass::Spectrum))
+    }
+
     /// Reject specs that cannot run.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Spec(format!("campaign `{}`: {m}", self.name)));
@@ -265,6 +365,25 @@ impl CampaignSpec {
                     p.as_str()
                 ));
             }
+        }
+        match (
+            self.passes.run.contains(&Pass::Spectrum),
+            &self.passes.spectrum,
+        ) {
+            (true, None) => {
+                return bad(
+                    "passes.run has \"spectrum\" but there is no [passes.spectrum] section",
+                );
+            }
+            (false, Some(_)) => {
+                return bad("[passes.spectrum] is set but passes.run has no \"spectrum\" pass");
+            }
+            (true, Some(sp)) => {
+                if let Some(m) = sp.problem() {
+                    return bad(&m);
+                }
+            }
+            (false, None) => {}
         }
         if self.pivots.max_per_rollout == 0 {
             return bad("pivots.max_per_rollout (P) must be at least 1");

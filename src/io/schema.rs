@@ -201,7 +201,7 @@ pub fn columns(table: &str) -> Option<Vec<&'static str>> {
     Some(COMMON_COLUMNS.iter().chain(rest).copied().collect())
 }
 
-/// One of the three ways the pivot state is obtained.
+/// One of the four ways the pivot state is obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pass {
@@ -211,11 +211,17 @@ pub enum Pass {
     Replica,
     /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt.
     Refeed,
+    /// Resume from the decode-time KV after SpectrumKV compression at a byte budget
+    /// (`[passes.spectrum]`): tiered, quantized, packed, then dequantized into a cache.
+    Spectrum,
 }
 
 impl Pass {
     /// All passes, in column order.
-    pub const ALL: [Pass; 3] = [Pass::Exact, Pass::Replica, Pass::Refeed];
+    pub const ALL: [Pass; 4] = [Pass::Exact, Pass::Replica, Pass::Refeed, Pass::Spectrum];
+
+    /// The passes compared with exact against the replica floor (the analysis's treatments).
+    pub const TREATMENTS: [Pass; 2] = [Pass::Refeed, Pass::Spectrum];
 
     /// The pass's name in records.
     pub fn as_str(self) -> &'static str {
@@ -223,10 +229,17 @@ impl Pass {
             Pass::Exact => "exact",
             Pass::Replica => "replica",
             Pass::Refeed => "refeed",
+            Pass::Spectrum => "spectrum",
         }
     }
 
-    /// The pass a name denotes (`exact`, `replica`, `refeed`).
+    /// Whether the pass resumes the rollout's own decode-time KV, verified against its
+    /// fingerprint (exact and replica); refeed and spectrum start from a state built anew.
+    pub fn resumes_snapshot(self) -> bool {
+        matches!(self, Pass::Exact | Pass::Replica)
+    }
+
+    /// The pass a name denotes (`exact`, `replica`, `refeed`, `spectrum`).
     pub fn parse(s: &str) -> Option<Pass> {
         Pass::ALL.into_iter().find(|p| p.as_str() == s)
     }
@@ -272,7 +285,8 @@ pub struct PassCost {
     /// Wall seconds on the device (synchronized).
     #[serde(default)]
     pub device_seconds: f64,
-    /// Tokens decoded (continuations) or prefilled (refeed prefixes are counted too).
+    /// Tokens decoded (continuations) or prefilled (refeed and spectrum prefixes are counted
+    /// too).
     #[serde(default)]
     pub tokens: u64,
     /// Continuations run.
@@ -383,6 +397,63 @@ pub struct Manifest {
     pub snapshot_hits_pivots: Option<u64>,
     /// Cost per pass name (plus `rollout`).
     pub cost: BTreeMap<String, PassCost>,
+    /// What the spectrum pass sent, summed over finished problems; absent without that pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spectrum: Option<SpectrumStats>,
+}
+
+/// The SpectrumKV frames of the spectrum pass (one per pivot: the decode-time snapshot
+/// compressed at the spec's budget), summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpectrumStats {
+    /// Snapshots compressed (pivots).
+    pub snapshots: u64,
+    /// Their context positions, summed.
+    pub tokens: u64,
+    /// Of those, sent at FP16.
+    pub tokens_fp16: u64,
+    /// Sent at INT8.
+    pub tokens_int8: u64,
+    /// Sent at INT4.
+    pub tokens_int4: u64,
+    /// Dropped (masked at their original positions).
+    pub tokens_drop: u64,
+    /// Bytes of the wire frames, summed (header, indices, blocks, trailer).
+    pub frame_bytes: u64,
+    /// Bytes of the same contexts' full-FP16 KV, summed (the budget's denominator).
+    pub fp16_bytes: u64,
+    /// Smallest per-snapshot real budget `frame bytes ÷ full-FP16 bytes` (1 when none).
+    pub real_b_min: f64,
+    /// Largest per-snapshot real budget (0 when none).
+    pub real_b_max: f64,
+}
+
+impl SpectrumStats {
+    /// Add another sum to this one.
+    pub fn add(&mut self, o: &SpectrumStats) {
+        if o.snapshots == 0 {
+            return;
+        }
+        if self.snapshots == 0 {
+            *self = *o;
+            return;
+        }
+        self.snapshots += o.snapshots;
+        self.tokens += o.tokens;
+        self.tokens_fp16 += o.tokens_fp16;
+        self.tokens_int8 += o.tokens_int8;
+        self.tokens_int4 += o.tokens_int4;
+        self.tokens_drop += o.tokens_drop;
+        self.frame_bytes += o.frame_bytes;
+        self.fp16_bytes += o.fp16_bytes;
+        self.real_b_min = self.real_b_min.min(o.real_b_min);
+        self.real_b_max = self.real_b_max.max(o.real_b_max);
+    }
+
+    /// Overall real budget: frame bytes ÷ full-FP16 bytes (`None` without snapshots).
+    pub fn real_b(&self) -> Option<f64> {
+        (self.fp16_bytes > 0).then(|| self.frame_bytes as f64 / self.fp16_bytes as f64)
+    }
 }
 
 impl Manifest {
@@ -441,7 +512,7 @@ mod tests {
             (ExecPolicy::Stock, Dtype::Bf16, Some(EngineMode::Graph))
         );
         assert_eq!(trust.replica_schedule, ReplicaSchedule::Shuffled);
-        assert_eq!(trust.passes(), Pass::ALL);
+        assert_eq!(trust.passes(), Pass::ALL[..3]);
     }
 
     #[test]

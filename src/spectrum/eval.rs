@@ -10,7 +10,7 @@ use super::transport::{self, sync};
 use super::{Quantizer, Tier, wire};
 use crate::exec::ExecPolicy;
 use crate::io::parquet::{Column, Table};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvShape};
 use crate::model::{Decoder, LogitsAt};
 use crate::runtime::LoadedModel;
 use crate::tasks::{Message, Prompt};
@@ -158,13 +158,18 @@ impl Compressed {
 
 /// The tier plan of `v` for `pre`.
 pub fn plan_of(pre: &Prefilled, v: &Variant, protect: Protect) -> Result<TierPlan> {
+    plan_for(&pre.scores, pre.cache.shape(), v, protect)
+}
+
+/// The tier plan of `v` for a context of `scores.len()` tokens of KV shape `shape`.
+pub fn plan_for(scores: &[f64], shape: KvShape, v: &Variant, protect: Protect) -> Result<TierPlan> {
     let budget = Budget {
         b: v.b.unwrap_or(1.0),
-        shape: pre.cache.shape(),
+        shape,
         quantizer: v.quantizer,
         protect,
     };
-    allocate::allocate(v.policy, &pre.scores, &budget)
+    allocate::allocate(v.policy, scores, &budget)
 }
 
 /// What decides a variant's decode-side result: its plan, and its quantizer when the plan
@@ -196,14 +201,39 @@ pub fn compress(pre: &Prefilled, v: &Variant, protect: Protect) -> Result<Compre
 
 /// Quantize and pack `pre` under an already allocated `plan` (`t0`: when allocation began).
 fn compress_plan(pre: &Prefilled, v: &Variant, plan: TierPlan, t0: Instant) -> Result<Compressed> {
-    let tiered = TieredKv::build(&pre.cache, 0, &plan, v.quantizer)?;
+    compress_row(&pre.cache, 0, v, plan, t0)
+}
+
+/// Quantize and pack positions `0..plan.len()` of `row` of `cache` under `plan`.
+fn compress_row(
+    cache: &KvCache,
+    row: usize,
+    v: &Variant,
+    plan: TierPlan,
+    t0: Instant,
+) -> Result<Compressed> {
+    let tiered = TieredKv::build(cache, row, &plan, v.quantizer)?;
     let frame = wire::encode(&tiered)?;
     Ok(Compressed {
-        fp16_bytes: wire::fp16_bytes(pre.cache.shape(), plan.len() as i64),
+        fp16_bytes: wire::fp16_bytes(cache.shape(), plan.len() as i64),
         plan,
         frame,
         pack: t0.elapsed(),
     })
+}
+
+/// Compress a snapshot of another cache (its first `scores.len()` positions of `row`, e.g. a
+/// rollout's decode-time KV at a pivot) under `v`, with importance `scores` taken elsewhere.
+pub fn compress_snapshot(
+    cache: &KvCache,
+    row: usize,
+    scores: &[f64],
+    v: &Variant,
+    protect: Protect,
+) -> Result<Compressed> {
+    let t0 = Instant::now();
+    let plan = plan_for(scores, cache.shape(), v, protect)?;
+    compress_row(cache, row, v, plan, t0)
 }
 
 /// The decode side of a frame: verify, dequantize, restore (room for `extra` positions).
