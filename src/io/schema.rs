@@ -383,6 +383,76 @@ pub struct Manifest {
     pub snapshot_hits_pivots: Option<u64>,
     /// Cost per pass name (plus `rollout`).
     pub cost: BTreeMap<String, PassCost>,
+    /// The slice of the spec's problems this run folder holds (`campaign run --shard i/N`);
+    /// absent for an unsharded run. A sharded run's `problems_total` counts its own problems.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardSpec>,
+    /// For a folder written by `campaign merge`: the shards it was merged from, in order
+    /// (an unsharded input appears as `0/1`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<ShardSpec>,
+}
+
+/// Shard `index` of `count` of a campaign's problems: the problems at positions `j` (0-based,
+/// in the spec's order: GSM8K index `problems.start + j`) with `j % count == index`, i.e.
+/// round-robin, so shards differ in size by at most one problem and long and short problems
+/// spread evenly. Written `index/count` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ShardSpec {
+    /// 0-based shard number, below `count`.
+    pub index: usize,
+    /// Number of shards, at least 1.
+    pub count: usize,
+}
+
+impl ShardSpec {
+    /// The whole campaign as one shard.
+    pub const WHOLE: ShardSpec = ShardSpec { index: 0, count: 1 };
+
+    /// A shard, refused unless `count >= 1` and `index < count`.
+    pub fn new(index: usize, count: usize) -> Result<ShardSpec, String> {
+        if count == 0 {
+            return Err(format!("shard {index}/{count}: N must be at least 1"));
+        }
+        if index >= count {
+            return Err(format!(
+                "shard {index}/{count}: i must be below N (shards are numbered 0..{})",
+                count - 1
+            ));
+        }
+        Ok(ShardSpec { index, count })
+    }
+
+    /// Whether the problem at 0-based position `position` of the spec belongs to this shard.
+    pub fn holds(&self, position: usize) -> bool {
+        position % self.count == self.index
+    }
+
+    /// The items of `all` (in the spec's order) this shard holds.
+    pub fn select<T: Clone>(&self, all: &[T]) -> Vec<T> {
+        all.iter()
+            .enumerate()
+            .filter(|(j, _)| self.holds(*j))
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+}
+
+impl fmt::Display for ShardSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for ShardSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ShardSpec, String> {
+        let bad = || format!("shard `{s}`: expected i/N with 0 <= i < N (e.g. 0/4)");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let i: usize = i.trim().parse().map_err(|_| bad())?;
+        let n: usize = n.trim().parse().map_err(|_| bad())?;
+        ShardSpec::new(i, n)
+    }
 }
 
 impl Manifest {
