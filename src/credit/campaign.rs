@@ -93,20 +93,15 @@ pub fn run_campaign(
                 &m.spec_sha256[..12]
             )));
         }
-        if m.shard != opts.shard || !m.merged_from.is_empty() {
+        if m.shard != opts.shard {
             let was = |s: Option<ShardSpec>| match s {
                 Some(s) => format!("shard {s}"),
                 None => "the whole campaign".into(),
             };
             return Err(Error::Spec(format!(
-                "{} holds {}{} and this run asks for {}; use another --out",
+                "{} holds {} and this run asks for {}; use another --out",
                 out.display(),
                 was(m.shard),
-                if m.merged_from.is_empty() {
-                    ""
-                } else {
-                    " (merged)"
-                },
                 was(opts.shard)
             )));
         }
@@ -315,7 +310,11 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
             problems.len(),
             if missing.len() == 1 { "" } else { "s" },
             shown.join(", "),
-            if missing.len() > shown.len() { ", …" } else { "" },
+            if missing.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            },
             {
                 let n = first.shard.map_or(1, |s| s.count);
                 let j = problems.iter().position(|p| p.index == one).unwrap_or(0);
@@ -360,7 +359,11 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     manifest.finished_at = None;
     let shards = prepare_shards(out)?;
     for p in &problems {
-        copy_shard(&shard_dir(&dirs[holder[&p.index]], p.index), &shards, p.index)?;
+        copy_shard(
+            &shard_dir(&dirs[holder[&p.index]], p.index),
+            &shards,
+            p.index,
+        )?;
     }
     finish(&mut manifest, out, &problems)?;
     Ok(manifest)
