@@ -515,6 +515,18 @@ mod tests {
     }
 
     #[test]
+    fn shards_parse_validate_and_partition_round_robin() {
+        let s: ShardSpec = "1/3".parse().unwrap();
+        assert_eq!((s.index, s.count, s.to_string()), (1, 3, "1/3".into()));
+        let picked: Vec<u32> = s.select(&[10, 11, 12, 13, 14, 15, 16]);
+        assert_eq!(picked, vec![11, 14]);
+        for bad in ["3/3", "0/0", "1", "a/2", "-1/2", ""] {
+            assert!(bad.parse::<ShardSpec>().is_err(), "{bad}");
+        }
+        assert!(ShardSpec::WHOLE.holds(5));
+    }
+
+    #[test]
     fn enums_serialize_to_the_recorded_strings() {
         let s = |v: serde_json::Value| v.as_str().unwrap().to_string();
         assert_eq!(
