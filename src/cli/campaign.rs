@@ -1,5 +1,7 @@
-//! `kvcredit campaign run SPEC.toml`: a three-pass credit campaign.
-use kvcredit::credit::{CampaignSpec, RunOptions, run_campaign};
+//! `kvcredit campaign run SPEC.toml [--shard i/N]`: a three-pass credit campaign, or one shard
+//! of its problems; `kvcredit campaign merge DIRS... --out DIR`: the shards' run folders as one.
+use anyhow::Context;
+use kvcredit::credit::{CampaignSpec, RunOptions, ShardSpec, merge_campaign, run_campaign};
 use kvcredit::runtime::{self, ModelSource};
 use std::path::PathBuf;
 
@@ -22,17 +24,41 @@ pub enum Cmd {
         /// `context_length`), which are refused by default.
         #[arg(long)]
         allow_extrapolation: bool,
+        /// Run only shard i of N (0 <= i < N) of the spec's problems: those at 0-based
+        /// positions j with j % N == i (round-robin). Recorded in the manifest; merge the
+        /// shards' folders with `campaign merge`.
+        #[arg(long, value_name = "i/N")]
+        shard: Option<String>,
+    },
+    /// Merge the run folders of one spec's shards into one run folder whose tables are
+    /// byte-identical to an unsharded run's.
+    Merge {
+        /// Run folders (`campaign run --shard i/N --out DIR`), in any order.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
-    let Cmd::Run {
-        spec,
-        out,
-        device,
-        quiet,
-        allow_extrapolation,
-    } = cmd;
+    let (spec, out, device, quiet, allow_extrapolation, shard) = match cmd {
+        Cmd::Run {
+            spec,
+            out,
+            device,
+            quiet,
+            allow_extrapolation,
+            shard,
+        } => (spec, out, device, quiet, allow_extrapolation, shard),
+        Cmd::Merge { dirs, out } => return merge(&dirs, &out),
+    };
+    // A bad --shard is refused before the spec or the model is read, so nothing is written.
+    let shard = shard
+        .map(|s| s.parse::<ShardSpec>().map_err(anyhow::Error::msg))
+        .transpose()
+        .context("--shard")?;
     let (mut spec, sha) = CampaignSpec::load(&spec)?;
     if let Some(d) = device {
         spec.device = d;
@@ -48,6 +74,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         &RunOptions {
             out_dir: out_dir.clone(),
             quiet,
+            shard,
         },
     )?;
     let cont: u64 = m
@@ -56,6 +83,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         .filter(|(k, _)| k.as_str() != "rollout")
         .map(|(_, c)| c.continuations)
         .sum();
+    if let Some(s) = m.shard {
+        print!("shard {s}: ");
+    }
     println!(
         "{} problems, {} continuations, snapshot hit rate {:.1}% ({}/{})",
         m.problems_done,
@@ -65,5 +95,24 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         m.snapshot_checks
     );
     println!("results: {}", out_dir.display());
+    Ok(())
+}
+
+fn merge(dirs: &[PathBuf], out: &std::path::Path) -> anyhow::Result<()> {
+    let m = merge_campaign(dirs, out)?;
+    println!(
+        "merged {} shards ({}): {} problems, snapshot hit rate {:.1}% ({}/{})",
+        m.merged_from.len(),
+        m.merged_from
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        m.problems_done,
+        100.0 * m.snapshot_hit_rate,
+        m.snapshot_hits,
+        m.snapshot_checks
+    );
+    println!("results: {}", out.display());
     Ok(())
 }

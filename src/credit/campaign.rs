@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::Tensor;
 
-pub use crate::io::schema::{Manifest, PassCost, SpectrumStats, TABLES};
+pub use crate::io::schema::{Manifest, PassCost, ShardSpec, SpectrumStats, TABLES};
 
 /// Per-shard bookkeeping, stored next to the shard's tables.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -59,6 +59,9 @@ pub struct RunOptions {
     pub out_dir: PathBuf,
     /// Hide progress bars.
     pub quiet: bool,
+    /// Run only this shard of the spec's problems (recorded in the manifest); `None` runs
+    /// them all.
+    pub shard: Option<ShardSpec>,
 }
 
 pub use crate::study::now_rfc3339;
@@ -76,7 +79,11 @@ pub fn run_campaign(
 ) -> Result<Manifest> {
     spec.validate()?;
     // Everything a spec can get wrong is found before the first write to the run folder.
-    let (task, problems) = spec.problems.task()?;
+    let (task, all) = spec.problems.task()?;
+    let problems = match opts.shard {
+        Some(shard) => shard_problems(shard, &all)?,
+        None => all,
+    };
     check_positions(spec, model, &task)?;
     check_spectrum_budget(spec, model, &task)?;
     let out = &opts.out_dir;
@@ -89,6 +96,18 @@ pub fn run_campaign(
                 "{} holds a run of a different spec (sha256 {}…); use another --out",
                 out.display(),
                 &m.spec_sha256[..12]
+            )));
+        }
+        if m.shard != opts.shard {
+            let was = |s: Option<ShardSpec>| match s {
+                Some(s) => format!("shard {s}"),
+                None => "the whole campaign".into(),
+            };
+            return Err(Error::Spec(format!(
+                "{} holds {} and this run asks for {}; use another --out",
+                out.display(),
+                was(m.shard),
+                was(opts.shard)
             )));
         }
         match m.engine {
@@ -123,7 +142,7 @@ pub fn run_campaign(
             started_at: now_rfc3339(),
             resumed_at: vec![],
             finished_at: None,
-            problems_total: spec.problems.count,
+            problems_total: problems.len(),
             problems_done: 0,
             snapshot_checks: 0,
             snapshot_hits: 0,
@@ -132,6 +151,8 @@ pub fn run_campaign(
             snapshot_hits_pivots: Some(0),
             cost: BTreeMap::new(),
             spectrum: None,
+            shard: opts.shard,
+            merged_from: vec![],
         }
     };
     write_json(&manifest_path, &manifest)?;
@@ -170,14 +191,212 @@ pub fn run_campaign(
     }
     pb_work.finish_and_clear();
     pb_problems.finish();
+    finish(&mut manifest, out, &problems)?;
+    Ok(manifest)
+}
 
+/// The end of a run, shared by `campaign run` and `campaign merge`: the manifest's counts and
+/// cost from the problems' shards under `out/shards/`, the tables (the shards' tables
+/// concatenated in problem order) and the finished manifest.
+fn finish(manifest: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<()> {
+    refresh_manifest(manifest, out, problems)?;
     let dirs: Vec<PathBuf> = problems.iter().map(|p| shard_dir(out, p.index)).collect();
     for name in TABLES {
         merge_table(&dirs, name, out)?;
     }
     manifest.finished_at = Some(now_rfc3339());
-    write_json(&manifest_path, &manifest)?;
+    write_json(&out.join("manifest.json"), manifest)
+}
+
+/// The problems of `shard`, refused when it would hold none.
+fn shard_problems(shard: ShardSpec, all: &[Problem]) -> Result<Vec<Problem>> {
+    let shard = ShardSpec::new(shard.index, shard.count).map_err(Error::Spec)?;
+    if shard.count > all.len() {
+        return Err(Error::Spec(format!(
+            "shard {shard}: the spec has {} problems, so at most {} shards",
+            all.len(),
+            all.len()
+        )));
+    }
+    Ok(shard.select(all))
+}
+
+/// Merge the run folders of one spec's shards (`campaign run --shard i/N`, or unsharded runs)
+/// into `out`: their per-problem shards are copied to `out/shards/` and the tables are written
+/// by the same code that ends an unsharded run, so they are byte-identical to one. Refused,
+/// before anything is written, when the folders ran different specs (`spec_sha256`), hold a
+/// problem twice, or together miss a problem (one not in any folder's shard, or not finished
+/// there).
+pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
+    let Some(first_dir) = dirs.first() else {
+        return Err(Error::Spec("merge: no run folders given".into()));
+    };
+    let manifests: Vec<Manifest> = dirs
+        .iter()
+        .map(|d| {
+            let path = d.join("manifest.json");
+            if !path.is_file() {
+                return Err(Error::Spec(format!(
+                    "{} has no manifest.json (not a campaign run folder)",
+                    d.display()
+                )));
+            }
+            read_json(&path)
+        })
+        .collect::<Result<_>>()?;
+    let first = &manifests[0];
+    for (d, m) in dirs.iter().zip(&manifests).skip(1) {
+        if m.spec_sha256 != first.spec_sha256 {
+            return Err(Error::Spec(format!(
+                "{} ran a different spec (sha256 {}…) from {} (sha256 {}…); merge shards of one spec",
+                d.display(),
+                &m.spec_sha256[..m.spec_sha256.len().min(12)],
+                first_dir.display(),
+                &first.spec_sha256[..first.spec_sha256.len().min(12)]
+            )));
+        }
+        if m.policy == ExecPolicy::Stock && m.engine != first.engine {
+            let name = |e: Option<EngineMode>| e.map_or("an unrecorded".into(), |e| e.to_string());
+            return Err(Error::Spec(format!(
+                "{} ran the {} engine and {} the {} one (stock numerics differ between them); rerun one with KVCREDIT_ENGINE set",
+                d.display(),
+                name(m.engine),
+                first_dir.display(),
+                name(first.engine)
+            )));
+        }
+    }
+    let crate::io::schema::RecordedSpec::Full(spec) = &first.spec else {
+        return Err(Error::Spec(format!(
+            "{}: the manifest does not record the full spec (an older run); it cannot be merged",
+            first_dir.display()
+        )));
+    };
+    let (_, problems) = spec.problems.task()?;
+    let label = |m: &Manifest| m.shard.unwrap_or(ShardSpec::WHOLE);
+    // Which folder holds each problem, refusing overlaps and unfinished problems.
+    let mut holder: BTreeMap<usize, usize> = BTreeMap::new();
+    for (k, (d, m)) in dirs.iter().zip(&manifests).enumerate() {
+        let held = match m.shard {
+            Some(s) => shard_problems(s, &problems)?,
+            None => problems.clone(),
+        };
+        for p in &held {
+            if let Some(&other) = holder.get(&p.index) {
+                return Err(Error::Spec(format!(
+                    "problem {} is in both {} (shard {}) and {} (shard {}); merge each problem once",
+                    p.index,
+                    dirs[other].display(),
+                    label(&manifests[other]),
+                    d.display(),
+                    label(m)
+                )));
+            }
+            if !shard_dir(d, p.index).join("shard.json").is_file() {
+                return Err(Error::Spec(format!(
+                    "problem {} of {} (shard {}) has not finished; rerun that shard to complete it",
+                    p.index,
+                    d.display(),
+                    label(m)
+                )));
+            }
+            holder.insert(p.index, k);
+        }
+    }
+    let missing: Vec<usize> = problems
+        .iter()
+        .map(|p| p.index)
+        .filter(|i| !holder.contains_key(i))
+        .collect();
+    if let Some(&one) = missing.first() {
+        let shown: Vec<String> = missing.iter().take(8).map(|i| i.to_string()).collect();
+        return Err(Error::Spec(format!(
+            "{} of the spec's {} problems are in none of the given runs (problem{} {}{}); the first missing, {one}, belongs to shard {}",
+            missing.len(),
+            problems.len(),
+            if missing.len() == 1 { "" } else { "s" },
+            shown.join(", "),
+            if missing.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            },
+            {
+                let n = first.shard.map_or(1, |s| s.count);
+                let j = problems.iter().position(|p| p.index == one).unwrap_or(0);
+                format!("{}/{n}", j % n)
+            }
+        )));
+    }
+    // The output folder: new, or an earlier merge of the same spec.
+    let out_manifest = out.join("manifest.json");
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    if canon(out).is_some() && dirs.iter().any(|d| canon(d) == canon(out)) {
+        return Err(Error::Spec(format!(
+            "--out {} is one of the folders being merged; use another",
+            out.display()
+        )));
+    }
+    if out_manifest.exists() {
+        let m: Manifest = read_json(&out_manifest)?;
+        if m.spec_sha256 != first.spec_sha256 || m.merged_from.is_empty() {
+            return Err(Error::Spec(format!(
+                "{} already holds a run; merge into another --out",
+                out.display()
+            )));
+        }
+    }
+
+    let mut manifest = first.clone();
+    manifest.shard = None;
+    manifest.merged_from = manifests.iter().map(label).collect();
+    manifest.problems_total = problems.len();
+    manifest.started_at = manifests
+        .iter()
+        .map(|m| m.started_at.clone())
+        .min()
+        .unwrap_or_default();
+    let mut resumed: Vec<String> = manifests
+        .iter()
+        .flat_map(|m| m.resumed_at.iter().cloned())
+        .collect();
+    resumed.sort();
+    manifest.resumed_at = resumed;
+    manifest.finished_at = None;
+    let shards = prepare_shards(out)?;
+    for p in &problems {
+        copy_shard(
+            &shard_dir(&dirs[holder[&p.index]], p.index),
+            &shards,
+            p.index,
+        )?;
+    }
+    finish(&mut manifest, out, &problems)?;
     Ok(manifest)
+}
+
+/// Copy a finished per-problem shard folder into `shards` (through a temporary sibling and
+/// one rename, like [`commit_shard`]), replacing an earlier copy.
+fn copy_shard(src: &Path, shards: &Path, problem: usize) -> Result<()> {
+    let dst = shard_dir(shards.parent().unwrap_or(Path::new(".")), problem);
+    let tmp = shards.join(format!(".tmp-problem-{problem:05}-{}", std::process::id()));
+    let copied = std::fs::create_dir_all(&tmp)
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| {
+            for entry in std::fs::read_dir(src).map_err(|e| Error::io(src, e))? {
+                let entry = entry.map_err(|e| Error::io(src, e))?;
+                let to = tmp.join(entry.file_name());
+                std::fs::copy(entry.path(), &to).map_err(|e| Error::io(&to, e))?;
+            }
+            if dst.exists() {
+                std::fs::remove_dir_all(&dst).map_err(|e| Error::io(&dst, e))?;
+            }
+            std::fs::rename(&tmp, &dst).map_err(|e| Error::io(&dst, e))
+        });
+    if copied.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    copied
 }
 
 /// Refuse, before anything is written, a campaign whose longest prompt plus the rollout and

@@ -400,6 +400,14 @@ pub struct Manifest {
     /// What the spectrum pass sent, summed over finished problems; absent without that pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spectrum: Option<SpectrumStats>,
+    /// The slice of the spec's problems this run folder holds (`campaign run --shard i/N`);
+    /// absent for an unsharded run. A sharded run's `problems_total` counts its own problems.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardSpec>,
+    /// For a folder written by `campaign merge`: the shards it was merged from, in order
+    /// (an unsharded input appears as `0/1`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<ShardSpec>,
 }
 
 /// The SpectrumKV frames of the spectrum pass (one per pivot: the decode-time snapshot
@@ -453,6 +461,68 @@ impl SpectrumStats {
     /// Overall real budget: frame bytes ÷ full-FP16 bytes (`None` without snapshots).
     pub fn real_b(&self) -> Option<f64> {
         (self.fp16_bytes > 0).then(|| self.frame_bytes as f64 / self.fp16_bytes as f64)
+    }
+}
+
+/// Shard `index` of `count` of a campaign's problems: the problems at positions `j` (0-based,
+/// in the spec's order: GSM8K index `problems.start + j`) with `j % count == index`, i.e.
+/// round-robin, so shards differ in size by at most one problem and long and short problems
+/// spread evenly. Written `index/count` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ShardSpec {
+    /// 0-based shard number, below `count`.
+    pub index: usize,
+    /// Number of shards, at least 1.
+    pub count: usize,
+}
+
+impl ShardSpec {
+    /// The whole campaign as one shard.
+    pub const WHOLE: ShardSpec = ShardSpec { index: 0, count: 1 };
+
+    /// A shard, refused unless `count >= 1` and `index < count`.
+    pub fn new(index: usize, count: usize) -> Result<ShardSpec, String> {
+        if count == 0 {
+            return Err(format!("shard {index}/{count}: N must be at least 1"));
+        }
+        if index >= count {
+            return Err(format!(
+                "shard {index}/{count}: i must be below N (shards are numbered 0..{})",
+                count - 1
+            ));
+        }
+        Ok(ShardSpec { index, count })
+    }
+
+    /// Whether the problem at 0-based position `position` of the spec belongs to this shard.
+    pub fn holds(&self, position: usize) -> bool {
+        position % self.count == self.index
+    }
+
+    /// The items of `all` (in the spec's order) this shard holds.
+    pub fn select<T: Clone>(&self, all: &[T]) -> Vec<T> {
+        all.iter()
+            .enumerate()
+            .filter(|(j, _)| self.holds(*j))
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+}
+
+impl fmt::Display for ShardSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for ShardSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ShardSpec, String> {
+        let bad = || format!("shard `{s}`: expected i/N with 0 <= i < N (e.g. 0/4)");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let i: usize = i.trim().parse().map_err(|_| bad())?;
+        let n: usize = n.trim().parse().map_err(|_| bad())?;
+        ShardSpec::new(i, n)
     }
 }
 
@@ -513,6 +583,18 @@ mod tests {
         );
         assert_eq!(trust.replica_schedule, ReplicaSchedule::Shuffled);
         assert_eq!(trust.passes(), Pass::ALL[..3]);
+    }
+
+    #[test]
+    fn shards_parse_validate_and_partition_round_robin() {
+        let s: ShardSpec = "1/3".parse().unwrap();
+        assert_eq!((s.index, s.count, s.to_string()), (1, 3, "1/3".into()));
+        let picked: Vec<u32> = s.select(&[10, 11, 12, 13, 14, 15, 16]);
+        assert_eq!(picked, vec![11, 14]);
+        for bad in ["3/3", "0/0", "1", "a/2", "-1/2", ""] {
+            assert!(bad.parse::<ShardSpec>().is_err(), "{bad}");
+        }
+        assert!(ShardSpec::WHOLE.holds(5));
     }
 
     #[test]
