@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 const MODEL: &str = "smollm2-135m-instruct";
 
 fn spec_text(name: &str, passes: &str, spectrum: &str) -> String {
-    spec_n(name, 2, passes, spectrum)
+    spec_n(name, 1, passes, spectrum)
 }
 
 fn spec_n(name: &str, problems: usize, passes: &str, spectrum: &str) -> String {
@@ -40,7 +40,7 @@ count = {problems}
 format = "zero-shot-chat"
 
 [rollout]
-max_new_tokens = 48
+max_new_tokens = 32
 temperature = 0.0
 
 [pivots]
@@ -50,7 +50,7 @@ alternatives = 1
 
 [continuations]
 k = 2
-max_new_tokens = 24
+max_new_tokens = 12
 temperature = 1.0
 
 [passes]
@@ -132,34 +132,8 @@ fn all_fp16_tiers_resume_exactly_and_a_low_budget_does_not() {
     assert!(st.snapshots > 0 && st.tokens_fp16 == st.tokens, "{st:?}");
     assert!(st.real_b().unwrap() > 1.0, "{st:?}");
 
-    // b = 1.0 under the greedy policy: within budget, (almost) every token FP16.
-    let b1 = run(
-        &dir,
-        "b1",
-        &spec_n(
-            "sc-b1",
-            1,
-            r#""exact", "spectrum""#,
-            "[passes.spectrum]\nb = 1.0\npolicy = \"spectrum\"\nquantizer = \"kivi\"",
-        ),
-    );
-    check_ok(&b1);
-    let st = read_manifest(&b1).unwrap().spectrum.unwrap();
-    assert!(st.real_b_max <= 1.0, "{st:?}");
-    assert_eq!(st.tokens_drop, 0, "{st:?}");
-    assert!(
-        st.tokens_int8 > 0 && st.tokens_fp16 as f64 >= 0.95 * st.tokens as f64,
-        "at b = 1 a few tokens per snapshot leave FP16 for the frame's overhead: {st:?}"
-    );
-    let m = by_pass(&b1);
-    let same = m[&Pass::Exact]
-        .iter()
-        .filter(|(k, e)| m[&Pass::Spectrum][*k].tokens == e.tokens)
-        .count();
-    eprintln!(
-        "b = 1.0: {same}/{} continuations equal exact's; {st:?}",
-        m[&Pass::Exact].len()
-    );
+    // (b = 1.0 under the greedy policy is not all-FP16: every byte of the frame counts, so a few
+    // tokens per snapshot go to INT8; tests/spectrum.rs checks that accounting without a model.)
 
     // Negative control: b = 0.3 changes continuations; analyzed like refeed. (16 recent tokens
     // protected, not 32: 36 FP16 tokens do not fit 0.3 of a pivot right after the 74-token
@@ -167,8 +141,9 @@ fn all_fp16_tiers_resume_exactly_and_a_low_budget_does_not() {
     let low = run(
         &dir,
         "low",
-        &spec_text(
+        &spec_n(
             "sc-low",
+            1,
             r#""exact", "replica", "spectrum""#,
             "replica_batch_size = 3\n[passes.spectrum]\nb = 0.3\npolicy = \"spectrum\"\n\
              [passes.spectrum.protect]\nrecent = 16",
