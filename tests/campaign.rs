@@ -110,6 +110,7 @@ fn same_schedule_replica_is_bitwise_identical_to_exact() {
         &RunOptions {
             out_dir: out.clone(),
             quiet: true,
+            exec: None,
         },
     )
     .unwrap();
@@ -386,6 +387,7 @@ fn estimates_load_in_polars_and_pandas() {
         &RunOptions {
             out_dir: out.clone(),
             quiet: true,
+            exec: None,
         },
     )
     .unwrap();
@@ -458,6 +460,7 @@ fn truncated_setting_regrades_only_length_stopped_outputs() {
             &RunOptions {
                 out_dir: out.clone(),
                 quiet: true,
+                exec: None,
             },
         )
         .unwrap();

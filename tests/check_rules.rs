@@ -72,6 +72,7 @@ fn clean_run() -> &'static Path {
             &RunOptions {
                 out_dir: out.clone(),
                 quiet: true,
+                exec: None,
             },
         )
         .unwrap();

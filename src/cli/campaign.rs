@@ -1,4 +1,5 @@
 //! `kvcredit campaign run SPEC.toml`: a three-pass credit campaign.
+use super::run_args::RunArgs;
 use kvcredit::credit::{CampaignSpec, RunOptions, run_campaign};
 use kvcredit::runtime::{self, ModelSource};
 use std::path::PathBuf;
@@ -12,9 +13,10 @@ pub enum Cmd {
         /// Output folder (default: runs/<name>).
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Override the spec's device (recorded in the manifest).
-        #[arg(long)]
-        device: Option<String>,
+        /// `--device` overrides the spec's; `--tiles`, `--engine` (all recorded in the
+        /// manifest; dtype and policy are the spec's).
+        #[command(flatten)]
+        run: RunArgs,
         /// Hide progress bars.
         #[arg(long)]
         quiet: bool,
@@ -29,16 +31,14 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     let Cmd::Run {
         spec,
         out,
-        device,
+        run,
         quiet,
         allow_extrapolation,
     } = cmd;
     let (mut spec, sha) = CampaignSpec::load(&spec)?;
-    if let Some(d) = device {
-        spec.device = d;
-    }
-    let dev = runtime::parse_device(&spec.device)?;
-    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, spec.dtype, dev)?;
+    let cfg = run.resolve_spec("campaign run", &spec.device, spec.dtype, spec.policy)?;
+    spec.device = cfg.device_name.clone();
+    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
     model.decoder.limit_context(!allow_extrapolation);
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let m = run_campaign(
@@ -48,6 +48,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         &RunOptions {
             out_dir: out_dir.clone(),
             quiet,
+            exec: Some(cfg.exec),
         },
     )?;
     let cont: u64 = m

@@ -5,11 +5,9 @@ use super::estimate::{Estimate, estimate};
 use super::records;
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
 use super::spec::{CampaignSpec, Pass, ReplicaSchedule};
-use crate::decode::engine::{
-    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
-};
+use crate::decode::engine::{self, Decoding, EngineOptions, Job, Outcome, Placement, Start, Stop};
 use crate::decode::schedule;
-use crate::exec::ExecPolicy;
+use crate::exec::{ExecPolicy, ExecSettings};
 use crate::io::parquet::Table;
 use crate::io::schema::RecordedSpec;
 use crate::kv_cache::{KvCache, Snapshot};
@@ -55,6 +53,9 @@ pub struct RunOptions {
     pub out_dir: PathBuf,
     /// Hide progress bars.
     pub quiet: bool,
+    /// Tiles and engine as resolved from the command's arguments (`None`: the model device's
+    /// defaults).
+    pub exec: Option<ExecSettings>,
 }
 
 pub use crate::study::now_rfc3339;
@@ -76,7 +77,10 @@ pub fn run_campaign(
     check_positions(spec, model, &task)?;
     let out = &opts.out_dir;
     let manifest_path = out.join("manifest.json");
-    let engine = EngineMode::Auto.resolve(model.decoder.device());
+    let settings = opts
+        .exec
+        .unwrap_or_else(|| ExecSettings::defaults(model.decoder.device()));
+    let record = settings.record(spec.policy, Some(settings.engine));
     let mut manifest = if manifest_path.exists() {
         let mut m: Manifest = read_json(&manifest_path)?;
         if m.spec_sha256 != spec_sha256 {
@@ -86,16 +90,7 @@ pub fn run_campaign(
                 &m.spec_sha256[..12]
             )));
         }
-        match m.engine {
-            Some(was) if spec.policy == ExecPolicy::Stock && was != engine => {
-                return Err(Error::Spec(format!(
-                    "{} was run with the {was} engine and would resume with {engine} (stock numerics differ between them); set KVCREDIT_ENGINE={was} to resume",
-                    out.display(),
-                )));
-            }
-            Some(_) => {}
-            None => m.engine = Some(engine),
-        }
+        m.exec.resume_with(&record, &out.display().to_string())?;
         m.resumed_at.push(now_rfc3339());
         m
     } else {
@@ -107,14 +102,13 @@ pub fn run_campaign(
             model_sha256: model.sha256.clone(),
             dtype: spec.dtype,
             device: spec.device.clone(),
-            policy: spec.policy,
+            exec: record,
             replica_schedule: spec.passes.replica_schedule,
             k: u32::try_from(spec.continuations.k)
                 .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
             seed: spec.seed,
             kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
             libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
-            engine: Some(engine),
             started_at: now_rfc3339(),
             resumed_at: vec![],
             finished_at: None,
@@ -153,7 +147,7 @@ pub fn run_campaign(
         let dir = shard_dir(out, problem.index);
         if !dir.exists() {
             pb_problems.set_message(format!("problem {}", problem.index));
-            let shard = run_problem(spec, model, &task, problem, &pb_work)
+            let shard = run_problem(spec, &settings, model, &task, problem, &pb_work)
                 .map_err(|e| e.context(&format!("problem {}", problem.index)))?;
             let named: Vec<(&str, &Table)> = TABLES.iter().copied().zip(&shard.tables).collect();
             commit_shard(&dir, &named, &shard.info)?;
@@ -260,6 +254,7 @@ pub(crate) struct JobId {
 
 fn run_problem(
     spec: &CampaignSpec,
+    settings: &ExecSettings,
     model: &LoadedModel,
     task: &Gsm8k,
     problem: &Problem,
@@ -267,6 +262,7 @@ fn run_problem(
 ) -> Result<Shard> {
     let dec = &model.decoder;
     let device = dec.device();
+    let policy = settings.policy(spec.policy);
     let prompt = model.encode_prompt(&task.prompt(problem))?;
     let stops = task.stop_sequences();
     let text_stop = |ids: &[i64]| -> bool {
@@ -289,7 +285,7 @@ fn run_problem(
             stop_tokens: &model.stop_tokens,
             special_tokens: &model.special_tokens,
             text_stop: Some(text_stop_ref),
-            policy: spec.policy,
+            policy,
             max_margin: spec.pivots.max_margin,
             alternatives: spec.pivots.alternatives,
         },
@@ -338,7 +334,7 @@ fn run_problem(
     };
     let decoding = Decoding {
         model: dec,
-        policy: spec.policy,
+        policy,
         sampling: spec.continuation_sampling(),
         max_new_tokens: spec.continuations.max_new_tokens,
         stop_tokens: &model.stop_tokens,
@@ -358,7 +354,7 @@ fn run_problem(
         let refeed_caches: Vec<KvCache> = if pass == Pass::Refeed {
             pivots
                 .iter()
-                .map(|p| refeed_prefix(model, &roll, p, &mut tokens, spec))
+                .map(|p| refeed_prefix(model, &roll, p, &mut tokens, &policy))
                 .collect::<Result<_>>()?
         } else {
             vec![]
@@ -411,7 +407,9 @@ fn run_problem(
             &decoding,
             &jobs,
             &batches,
-            &EngineOptions::default(),
+            &EngineOptions {
+                mode: settings.engine,
+            },
             &mut on_tokens,
         )
         .map_err(|e| {
@@ -559,7 +557,7 @@ fn refeed_prefix(
     roll: &Rollout,
     pivot: &Pivot,
     tokens: &mut u64,
-    spec: &CampaignSpec,
+    policy: &ExecPolicy,
 ) -> Result<KvCache> {
     let mut ids = roll.prompt.clone();
     ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
@@ -568,6 +566,6 @@ fn refeed_prefix(
     let t = Tensor::from_slice(&ids).view([1, -1]);
     let _ = model
         .decoder
-        .forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
+        .forward(&t, &mut cache, policy, &LogitsAt::Last)?;
     Ok(cache)
 }
