@@ -143,8 +143,8 @@ const TEXT_STOP_EVERY: usize = 8;
 #[serde(rename_all = "snake_case")]
 pub enum EngineMode {
     /// `graph` on a CUDA device when this binary can capture graphs, `eager` otherwise.
-    /// (Commands take `--engine`, else `KVCREDIT_ENGINE`, resolved once with their other
-    /// arguments: see [`crate::exec::ExecSettings::resolve`].)
+    // Commands take `--engine`, else `KVCREDIT_ENGINE`, resolved once with their other
+    // arguments (`crate::exec::ExecSettings::resolve`); nothing here reads the environment.
     #[default]
     Auto,
     /// One [`Decoder::forward`] per step, attending over each row's valid keys.
