@@ -20,7 +20,7 @@
 use crate::config::Dims;
 use crate::credit::rollout::{self, RolloutParams};
 use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
-use crate::exec::{BiTiles, ExecPolicy};
+use crate::exec::{BiTiles, ExecPolicy, PolicyKind};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
 use crate::runtime::sync;
@@ -34,7 +34,10 @@ use tch::{Device, Kind, Tensor};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchConfig {
     /// Execution policies, each measured in full.
-    pub policies: Vec<ExecPolicy>,
+    pub policies: Vec<PolicyKind>,
+    /// Tiles of the batch-invariant policy (`None`: the device's defaults).
+    #[serde(default)]
+    pub tiles: Option<BiTiles>,
     /// Engines to time decode steps and continuations with.
     pub engines: Vec<EngineMode>,
     /// Prompt length (prefill length, and cached context of the decode steps).
@@ -68,7 +71,8 @@ pub struct BenchConfig {
 impl Default for BenchConfig {
     fn default() -> Self {
         BenchConfig {
-            policies: vec![ExecPolicy::Stock, ExecPolicy::BatchInvariant],
+            policies: vec![PolicyKind::Stock, PolicyKind::BatchInvariant],
+            tiles: None,
             engines: vec![EngineMode::Eager],
             prompt: 256,
             batches: vec![1, 16, 64, 256],
@@ -91,7 +95,7 @@ impl Default for BenchConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PrefillResult {
     /// Execution policy.
-    pub policy: ExecPolicy,
+    pub policy: PolicyKind,
     /// Prompt tokens (batch 1).
     pub tokens: usize,
     /// Median seconds of one prefill.
@@ -104,7 +108,7 @@ pub struct PrefillResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DecodeResult {
     /// Execution policy.
-    pub policy: ExecPolicy,
+    pub policy: PolicyKind,
     /// Engine.
     pub engine: EngineMode,
     /// Rows decoded together.
@@ -130,7 +134,7 @@ pub struct DecodeResult {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ContinuationResult {
     /// Execution policy.
-    pub policy: ExecPolicy,
+    pub policy: PolicyKind,
     /// Engine.
     pub engine: EngineMode,
     /// Engine batch size.
@@ -342,6 +346,7 @@ pub fn run(
     )?;
     let started = Instant::now();
     let device = model.device();
+    let tiles = cfg.tiles.unwrap_or_else(|| BiTiles::for_device(device));
     let floor_ms = cfg
         .bandwidth_gbs
         .map(|bw| decode_weight_bytes(model) as f64 / (bw * 1e9) * 1e3);
@@ -357,7 +362,7 @@ pub fn run(
             other => format!("{other:?}"),
         },
         threads: tch::get_num_threads(),
-        bi_tiles: BiTiles::for_device(device).describe(),
+        bi_tiles: tiles.describe(),
         cuda_graphs_compiled: crate::cuda_graph::compiled(),
         decode_weight_bytes: decode_weight_bytes(model),
         config: cfg.clone(),
@@ -373,7 +378,8 @@ pub fn run(
     let vocab = model.config().vocab_size as i64;
     let prompt = random_ids(cfg.prompt, vocab, cfg.seed);
     let mut errors: Vec<String> = Vec::new();
-    for &policy in &cfg.policies {
+    for &kind in &cfg.policies {
+        let policy = kind.with_tiles(tiles);
         progress.start(&format!("{policy}: prefill {}", cfg.prompt));
         let what = format!("{policy} prefill");
         if let Some(p) = attempt(&mut errors, &what, || {
@@ -401,7 +407,7 @@ pub fn run(
                 });
                 if let Some(d) = d {
                     report.decode.push(DecodeResult {
-                        policy,
+                        policy: policy.kind(),
                         engine: d.mode,
                         batch: b,
                         context: cfg.prompt,
@@ -492,7 +498,7 @@ fn prefill(
     once()?; // warm-up
     let secs = median((0..reps.max(1)).map(|_| once()).collect::<Result<_>>()?);
     Ok(PrefillResult {
-        policy,
+        policy: policy.kind(),
         tokens: prompt.len(),
         seconds: secs,
         tokens_per_s: prompt.len() as f64 / secs,
@@ -698,7 +704,7 @@ impl ContinuationSetup {
             .max();
         let cap = longest.unwrap_or(0) + cfg.new_tokens as i64 + 1;
         Ok(ContinuationResult {
-            policy,
+            policy: policy.kind(),
             engine: mode.resolve(model.device()),
             batch,
             jobs: jobs.len(),
@@ -776,7 +782,7 @@ pub fn read_hf_baselines(
 }
 
 impl BenchReport {
-    fn decode_ms(&self, policy: ExecPolicy, batch: usize) -> Option<(f64, EngineMode)> {
+    fn decode_ms(&self, policy: PolicyKind, batch: usize) -> Option<(f64, EngineMode)> {
         self.decode
             .iter()
             .filter(|d| d.policy == policy && d.batch == batch)
@@ -784,7 +790,7 @@ impl BenchReport {
             .min_by(|a, b| a.0.total_cmp(&b.0))
     }
 
-    fn best_continuation(&self, policy: ExecPolicy, batch: usize) -> Option<&ContinuationResult> {
+    fn best_continuation(&self, policy: PolicyKind, batch: usize) -> Option<&ContinuationResult> {
         self.continuations
             .iter()
             .filter(|c| c.policy == policy && c.batch == batch)
@@ -800,7 +806,7 @@ impl BenchReport {
             .iter()
             .find(|h| h.batch == 64)
             .map(|h| h.generate_tokens_per_s);
-        for policy in [ExecPolicy::Stock, ExecPolicy::BatchInvariant] {
+        for policy in [PolicyKind::Stock, PolicyKind::BatchInvariant] {
             let Some(c) = self.best_continuation(policy, 64) else {
                 continue;
             };
@@ -834,7 +840,7 @@ impl BenchReport {
             });
         }
         // 2. Batch-1 decode step (1.5B shape target), with the roofline.
-        if let Some((ms, mode)) = self.decode_ms(ExecPolicy::Stock, 1) {
+        if let Some((ms, mode)) = self.decode_ms(PolicyKind::Stock, 1) {
             let floor = self.decode.first().and_then(|d| d.floor_ms);
             let is_15b = self.shape.as_deref() == Some("qwen2.5-1.5b");
             targets.push(Target {
@@ -858,8 +864,8 @@ impl BenchReport {
         // 3. Batch-invariant cost relative to stock.
         for b in [1, 64] {
             if let (Some((s, _)), Some((i, _))) = (
-                self.decode_ms(ExecPolicy::Stock, b),
-                self.decode_ms(ExecPolicy::BatchInvariant, b),
+                self.decode_ms(PolicyKind::Stock, b),
+                self.decode_ms(PolicyKind::BatchInvariant, b),
             ) {
                 targets.push(Target {
                     name: format!("batch_invariant / stock decode step, batch {b}"),
@@ -871,7 +877,7 @@ impl BenchReport {
             }
         }
         // Correctness beside speed: do engines and batch sizes sample the same tokens?
-        for policy in [ExecPolicy::Stock, ExecPolicy::BatchInvariant] {
+        for policy in [PolicyKind::Stock, PolicyKind::BatchInvariant] {
             let runs: Vec<&ContinuationResult> = self
                 .continuations
                 .iter()
@@ -882,7 +888,7 @@ impl BenchReport {
             }
             let distinct: std::collections::BTreeSet<&str> =
                 runs.iter().map(|c| c.tokens_sha256.as_str()).collect();
-            let invariant = policy == ExecPolicy::BatchInvariant;
+            let invariant = policy == PolicyKind::BatchInvariant;
             targets.push(Target {
                 name: format!("continuation tokens identical across engines and batches, {policy}"),
                 value: Some(distinct.len() as f64),

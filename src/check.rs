@@ -39,7 +39,7 @@ use crate::analysis::read::{
     self, ContinuationRow, EstimateRow, Key, Manifest, Pass, PivotRow, RolloutRow,
     read_continuations, read_estimates, read_manifest, read_pivots, read_rollouts,
 };
-use crate::exec::ExecPolicy;
+use crate::exec::PolicyKind;
 use crate::io::schema::ReplicaSchedule;
 
 /// A `kvcredit check` rule.
@@ -740,7 +740,7 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
             ck.replica_grouping(g);
         }
     }
-    if manifest.policy == ExecPolicy::BatchInvariant {
+    if manifest.exec.policy == PolicyKind::BatchInvariant {
         rules.push(Rule::BatchInvariant);
         ck.identical(Rule::BatchInvariant, Pass::Replica);
         ck.identical(Rule::BatchInvariant, Pass::Refeed);

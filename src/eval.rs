@@ -1,6 +1,6 @@
 //! Task accuracy: greedy (or sampled) answers to GSM8K problems, decoded in batches by the
 //! continuation engine, graded, and written as Parquet rows.
-use crate::decode::engine::{self, Decoding, Job, Start};
+use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::exec::ExecPolicy;
 use crate::io::parquet::{Column, Table};
 use crate::kv_cache::{KvCache, Snapshot};
@@ -24,6 +24,8 @@ pub struct EvalOptions {
     pub seed: u64,
     /// Execution policy.
     pub policy: ExecPolicy,
+    /// Engine of the answers' decode steps.
+    pub engine: EngineMode,
 }
 
 /// One graded answer.
@@ -112,7 +114,15 @@ pub fn evaluate(
             })
             .collect();
         let order: Vec<usize> = (0..jobs.len()).collect();
-        let (outs, _) = engine::run(&decoding, &jobs, &order, jobs.len(), &mut |_| {})?;
+        let opts_engine = EngineOptions { mode: opts.engine };
+        let (outs, _, _) = engine::run_with(
+            &decoding,
+            &jobs,
+            &order,
+            jobs.len(),
+            &opts_engine,
+            &mut |_| {},
+        )?;
         for ((problem, prompt), out) in chunk.iter().zip(&prompts).zip(outs) {
             let text = model.decode(&out.tokens)?;
             let grade = task.grade(problem, &text);

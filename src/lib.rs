@@ -33,6 +33,6 @@ pub mod tokenizer;
 
 pub use config::{Arch, ArchConfig};
 pub use error::{Error, Result};
-pub use exec::ExecPolicy;
+pub use exec::{ExecPolicy, ExecSettings, PolicyKind};
 pub use kv_cache::{KvCache, Snapshot};
 pub use model::{Decoder, LogitsAt};

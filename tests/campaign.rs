@@ -111,6 +111,7 @@ fn same_schedule_replica_is_bitwise_identical_to_exact() {
             out_dir: out.clone(),
             quiet: true,
             shard: None,
+            exec: None,
         },
     )
     .unwrap();
@@ -388,6 +389,7 @@ fn estimates_load_in_polars_and_pandas() {
             out_dir: out.clone(),
             quiet: true,
             shard: None,
+            exec: None,
         },
     )
     .unwrap();
@@ -461,6 +463,7 @@ fn truncated_setting_regrades_only_length_stopped_outputs() {
                 out_dir: out.clone(),
                 quiet: true,
                 shard: None,
+                exec: None,
             },
         )
         .unwrap();

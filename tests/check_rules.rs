@@ -73,6 +73,7 @@ fn clean_run() -> &'static Path {
                 out_dir: out.clone(),
                 quiet: true,
                 shard: None,
+                exec: None,
             },
         )
         .unwrap();

@@ -306,7 +306,12 @@ fn cache_on_equals_cache_off_bitwise_under_batch_invariant_and_stock_differs() -
         for kind in [Kind::Float, Kind::BFloat16] {
             let m = model(name, kind)?;
             for sampling in [Sampling::Greedy, temp] {
-                let pairs = lockstep_pairs(&m, ExecPolicy::BatchInvariant, sampling, Mode::Free)?;
+                let pairs = lockstep_pairs(
+                    &m,
+                    ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
+                    sampling,
+                    Mode::Free,
+                )?;
                 let (max, flips, diverged) = summary(&pairs);
                 assert_eq!(
                     (max, flips, diverged),
@@ -317,7 +322,7 @@ fn cache_on_equals_cache_off_bitwise_under_batch_invariant_and_stock_differs() -
             }
             let forced = lockstep_pairs(
                 &m,
-                ExecPolicy::BatchInvariant,
+                ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
                 Sampling::Greedy,
                 Mode::Forced { drift: true },
             )?;
@@ -521,7 +526,7 @@ fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consis
     let rows = replay::run(
         &m,
         None,
-        &ExecPolicy::BatchInvariant,
+        &ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
         &prompt,
         &on,
         6,
@@ -548,7 +553,7 @@ fn patching_every_layer_at_tau_gives_cache_off_logits_and_replay_rows_are_consis
     let rows = replay::run(
         &m16,
         Some(&m),
-        &ExecPolicy::BatchInvariant,
+        &ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
         &prompt,
         &on,
         6,

@@ -536,7 +536,7 @@ fn fuzz_config_json() {
             let cfg = ArchConfig::from_hf_file(&file).map_err(err_line)?;
             let d = Decoder::from_weights(cfg, shallow(w)).map_err(err_line)?;
             forward_smoke(&d, ExecPolicy::Stock)?;
-            forward_smoke(&d, ExecPolicy::BatchInvariant)
+            forward_smoke(&d, ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU))
         },
     );
 }

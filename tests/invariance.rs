@@ -62,7 +62,14 @@ fn batch_invariant_failures(opts: &CheckOptions) -> Result<Vec<String>> {
         for &kind in KINDS {
             let model = load(&fixture(name), kind)?;
             let what = format!("{name} {kind:?}");
-            if !check(&model, &what, ExecPolicy::BatchInvariant, opts)?.invariant() {
+            if !check(
+                &model,
+                &what,
+                ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
+                opts,
+            )?
+            .invariant()
+            {
                 failures.push(what);
             }
         }
@@ -113,7 +120,12 @@ fn wide_shape_is_batch_invariant_and_stock_is_not() -> Result<()> {
     for &kind in KINDS {
         let model = wide_shape(kind)?;
         let what = format!("wide shape {kind:?}");
-        let bi = check(&model, &what, ExecPolicy::BatchInvariant, &opts)?;
+        let bi = check(
+            &model,
+            &what,
+            ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
+            &opts,
+        )?;
         assert!(bi.invariant(), "{what}: batch-invariant mode differs");
         let stock = check(&model, &what, ExecPolicy::Stock, &opts)?;
         println!(
@@ -159,7 +171,10 @@ fn batch_invariant_logits_match_transformers_fp32() -> Result<()> {
     for dir in fixture_dirs() {
         let model = load(&dir, Kind::Float)?;
         let r = reference(&dir);
-        let logits = model.forward_full(&r["input_ids"], &ExecPolicy::BatchInvariant)?;
+        let logits = model.forward_full(
+            &r["input_ids"],
+            &ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
+        )?;
         let stock = model.forward_full(&r["input_ids"], &ExecPolicy::Stock)?;
         let diff = max_abs(&logits, &r["logits"]);
         println!(
@@ -174,7 +189,7 @@ fn batch_invariant_logits_match_transformers_fp32() -> Result<()> {
 
 #[test]
 fn cli_checks_with_small_tiles_and_reports_stock() {
-    // Tiny tiles (own process, since tiles are process-wide): many row tiles, key chunks as
+    // Tiny tiles, through the CLI's --tiles and KVCREDIT_BI_TILES: many row tiles, key chunks as
     // short as gemma2's sliding window, a query tile that divides nothing, several unit batches.
     let dir = fixture("gemma2");
     let dir = dir.to_str().unwrap();

@@ -96,7 +96,12 @@ fn static_forward_is_bitwise_the_eager_forward_batch_invariant() -> Result<()> {
     for name in FIXTURES {
         for kind in [Kind::Float, Kind::BFloat16] {
             let model = load(&fixture(name), kind)?;
-            let (worst, bitwise) = compare(&model, ExecPolicy::BatchInvariant, 6, 5)?;
+            let (worst, bitwise) = compare(
+                &model,
+                ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
+                6,
+                5,
+            )?;
             println!("{name} {kind:?} batch_invariant: bitwise {bitwise}, max |Δ| {worst:.3e}");
             if !bitwise {
                 failures.push(format!("{name} {kind:?}"));
@@ -171,8 +176,18 @@ fn engine_static_mode_gives_the_eager_tokens_batch_invariant() -> Result<()> {
         let model = load(&fixture("qwen2"), kind)?;
         let mut seed = 3;
         let src = sources(&model, &[16], &mut seed)?.remove(0);
-        let eager = run_engine(&model, &src, EngineMode::Eager, ExecPolicy::BatchInvariant)?;
-        let stat = run_engine(&model, &src, EngineMode::Static, ExecPolicy::BatchInvariant)?;
+        let eager = run_engine(
+            &model,
+            &src,
+            EngineMode::Eager,
+            ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
+        )?;
+        let stat = run_engine(
+            &model,
+            &src,
+            EngineMode::Static,
+            ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU),
+        )?;
         assert!(
             eager.iter().any(|o| o.tokens.len() < 20),
             "no row stopped early: compaction not exercised"

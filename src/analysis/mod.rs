@@ -119,7 +119,7 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
                 &meta.replica_schedule,
                 m.replica_schedule.as_str(),
             )?;
-            same("policy", cfg, &meta.policy, &m.policy.to_string())?;
+            same("policy", cfg, &meta.policy, &m.exec.policy.to_string())?;
             for r in &run.estimates {
                 same("model", cfg, &meta.model, &r.model)?;
                 same("dtype", cfg, &meta.dtype, &r.dtype)?;

@@ -1,13 +1,13 @@
 //! `kvcredit bench`: prefill, decode-step and continuation-engine throughput, and snapshot
 //! memory, per execution policy and engine; a table on stdout, JSON and Parquet under `--out`.
 use super::model_args::{Chosen, ModelArgs};
+use super::run_args::RunArgs;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvcredit::ExecPolicy;
+use kvcredit::PolicyKind;
 use kvcredit::bench::{self, BenchConfig, Progress};
 use kvcredit::decode::engine::EngineMode;
-use kvcredit::exec::{TileOverrides, set_tile_overrides};
-use kvcredit::runtime::{self, Dtype};
+use kvcredit::runtime::Dtype;
 use std::path::PathBuf;
 use tch::Device;
 
@@ -15,24 +15,10 @@ use tch::Device;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Weights/activations dtype.
-    #[arg(long, value_enum, default_value_t = Dtype::Bf16)]
-    dtype: Dtype,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Execution policies to measure.
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "stock,batch_invariant"
-    )]
-    policy: Vec<ExecPolicy>,
-    /// Engines to measure (auto: CUDA graphs on CUDA when available, else eager). Default:
-    /// eager and graph on CUDA, eager on the CPU.
-    #[arg(long, value_enum, value_delimiter = ',')]
-    engine: Option<Vec<EngineMode>>,
+    /// Dtype (default bf16), device, the policies (default stock,batch_invariant) and engines
+    /// (default eager,auto on CUDA, eager on the CPU) to measure, tiles.
+    #[command(flatten)]
+    run: RunArgs,
     /// Prompt length: prefill length and cached context of the decode steps.
     #[arg(long, default_value_t = 256)]
     prompt: usize,
@@ -84,9 +70,6 @@ pub struct Args {
     /// Seed of prompts and sampling noise.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Batch-invariant tile overrides, e.g. `gemm_rows=64` (also KVCREDIT_BI_TILES).
-    #[arg(long)]
-    tiles: Option<String>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -104,21 +87,23 @@ impl Progress for Bar {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let device = runtime::parse_device(&a.device)?;
-    if let Some(spec) = &a.tiles {
-        set_tile_overrides(Some(TileOverrides::parse(spec)?));
-    }
-    let engines = a.engine.clone().unwrap_or_else(|| match device {
-        Device::Cpu => vec![EngineMode::Eager],
-        _ => vec![EngineMode::Eager, EngineMode::Auto],
-    });
+    let (run, policies, engines) = a.run.resolve_bench(
+        Dtype::Bf16,
+        &[PolicyKind::Stock, PolicyKind::BatchInvariant],
+        |device| match device {
+            Device::Cpu => vec![EngineMode::Eager],
+            _ => vec![EngineMode::Eager, EngineMode::Auto],
+        },
+    )?;
+    let device = run.device;
     let Chosen {
         decoder: model,
         what,
         shape,
-    } = a.model.load(a.dtype, device)?;
+    } = a.model.load(run.dtype, device)?;
     let cfg = BenchConfig {
-        policies: a.policy.clone(),
+        policies,
+        tiles: Some(run.exec.tiles),
         engines,
         prompt: a.prompt,
         batches: a.batches.clone(),
@@ -153,7 +138,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     bar.0.finish_and_clear();
 
     // Baselines: files given, else the measured H200 numbers for a bf16 CUDA synthetic run.
-    let dtype = a.dtype.to_string();
+    let dtype = run.dtype.to_string();
     if let Some(shape) = &shape {
         for path in &a.hf {
             if !path.exists() {
@@ -167,7 +152,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .hf
                 .extend(bench::read_hf_baselines(path, shape, &dtype)?);
         }
-        if report.hf.is_empty() && device != Device::Cpu && a.dtype == Dtype::Bf16 {
+        if report.hf.is_empty() && device != Device::Cpu && run.dtype == Dtype::Bf16 {
             for b in a.cont_batches.iter().chain(&a.batches) {
                 if let Some(tps) = bench::builtin_hf_baseline(shape, *b)
                     && !report.hf.iter().any(|h| h.batch == *b)

@@ -1,5 +1,6 @@
 //! `kvcredit campaign run SPEC.toml [--shard i/N]`: a three-pass credit campaign, or one shard
 //! of its problems; `kvcredit campaign merge DIRS... --out DIR`: the shards' run folders as one.
+use super::run_args::RunArgs;
 use anyhow::Context;
 use kvcredit::credit::{CampaignSpec, RunOptions, ShardSpec, merge_campaign, run_campaign};
 use kvcredit::runtime::{self, ModelSource};
@@ -14,9 +15,10 @@ pub enum Cmd {
         /// Output folder (default: runs/<name>).
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Override the spec's device (recorded in the manifest).
-        #[arg(long)]
-        device: Option<String>,
+        /// `--device` overrides the spec's; `--tiles`, `--engine` (all recorded in the
+        /// manifest; dtype and policy are the spec's).
+        #[command(flatten)]
+        run: RunArgs,
         /// Hide progress bars.
         #[arg(long)]
         quiet: bool,
@@ -43,15 +45,15 @@ pub enum Cmd {
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
-    let (spec, out, device, quiet, allow_extrapolation, shard) = match cmd {
+    let (spec, out, run, quiet, allow_extrapolation, shard) = match cmd {
         Cmd::Run {
             spec,
             out,
-            device,
+            run,
             quiet,
             allow_extrapolation,
             shard,
-        } => (spec, out, device, quiet, allow_extrapolation, shard),
+        } => (spec, out, run, quiet, allow_extrapolation, shard),
         Cmd::Merge { dirs, out } => return merge(&dirs, &out),
     };
     // A bad --shard is refused before the spec or the model is read, so nothing is written.
@@ -60,11 +62,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         .transpose()
         .context("--shard")?;
     let (mut spec, sha) = CampaignSpec::load(&spec)?;
-    if let Some(d) = device {
-        spec.device = d;
-    }
-    let dev = runtime::parse_device(&spec.device)?;
-    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, spec.dtype, dev)?;
+    let cfg = run.resolve_spec("campaign run", &spec.device, spec.dtype, spec.policy)?;
+    spec.device = cfg.device_name.clone();
+    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
     model.decoder.limit_context(!allow_extrapolation);
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let m = run_campaign(
@@ -75,6 +75,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             out_dir: out_dir.clone(),
             quiet,
             shard,
+            exec: Some(cfg.exec),
         },
     )?;
     let cont: u64 = m

@@ -1,5 +1,6 @@
 //! `kvcredit divergence run SPEC.toml`: a cache-ON vs cache-OFF divergence study;
 //! `kvcredit divergence analyze RUN_DIR...`: its report.
+use super::run_args::RunArgs;
 use kvcredit::divergence::{DivergenceSpec, RunOptions, run_study};
 use std::path::PathBuf;
 
@@ -12,9 +13,10 @@ pub enum Cmd {
         /// Output folder (default: runs/<name>).
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Override the spec's device (recorded in the manifest).
-        #[arg(long)]
-        device: Option<String>,
+        /// `--device` overrides the spec's; `--tiles` (recorded in the manifest; dtypes and
+        /// policy are the spec's).
+        #[command(flatten)]
+        run: RunArgs,
         /// Hide progress lines.
         #[arg(long)]
         quiet: bool,
@@ -40,13 +42,13 @@ pub enum Cmd {
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
-    let (spec, out, device, quiet) = match cmd {
+    let (spec, out, run, quiet) = match cmd {
         Cmd::Run {
             spec,
             out,
-            device,
+            run,
             quiet,
-        } => (spec, out, device, quiet),
+        } => (spec, out, run, quiet),
         Cmd::Merge { run_dir } => {
             let m = kvcredit::divergence::run::merge_finished(&run_dir)?;
             let merged = m.merged_dtypes.as_ref().unwrap_or(&m.spec.dtypes);
@@ -72,9 +74,12 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         }
     };
     let (mut spec, sha) = DivergenceSpec::load(&spec)?;
-    if let Some(d) = device {
-        spec.device = d;
-    }
+    let first = *spec
+        .dtypes
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the spec lists no dtypes"))?;
+    let cfg = run.resolve_spec("divergence run", &spec.device, first, spec.policy)?;
+    spec.device = cfg.device_name.clone();
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let m = run_study(
         &spec,
@@ -82,6 +87,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         &RunOptions {
             out_dir: out_dir.clone(),
             quiet,
+            exec: Some(cfg.exec),
         },
     )?;
     println!(

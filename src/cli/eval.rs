@@ -1,6 +1,7 @@
 //! `kvcredit eval gsm8k`: accuracy with a confidence interval, per-problem rows to Parquet.
+use super::run_args::{Defaults, RunArgs};
 use indicatif::{ProgressBar, ProgressStyle};
-use kvcredit::ExecPolicy;
+use kvcredit::PolicyKind;
 use kvcredit::eval::{self, EvalOptions};
 use kvcredit::runtime::{self, Dtype, ModelSource};
 use kvcredit::sampling::Sampling;
@@ -35,15 +36,9 @@ pub struct Args {
     /// Problems decoded together.
     #[arg(long, default_value_t = 8)]
     batch_size: usize,
-    /// Weights/activations dtype.
-    #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
-    dtype: Dtype,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Execution policy.
-    #[arg(long, value_enum, default_value_t = ExecPolicy::Stock)]
-    policy: ExecPolicy,
+    /// Dtype (default fp32), device, policy (default stock), tiles, engine.
+    #[command(flatten)]
+    run: RunArgs,
     /// Per-problem rows (Parquet).
     #[arg(long, default_value = "runs/eval-gsm8k.parquet")]
     out: PathBuf,
@@ -57,15 +52,19 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     let Cmd::Gsm8k(a) = cmd;
     let format: PromptFormat = a.format.parse()?;
     let task = Gsm8k::bundled(a.start..a.start + a.limit, format)?;
-    let device = runtime::parse_device(&a.device)?;
-    let mut model = runtime::load(&ModelSource::resolve(&a.model)?, a.dtype, device)?;
+    let cfg = a.run.resolve(Defaults {
+        dtype: Dtype::Fp32,
+        policy: PolicyKind::Stock,
+    })?;
+    let mut model = runtime::load(&ModelSource::resolve(&a.model)?, cfg.dtype, cfg.device)?;
     model.decoder.limit_context(!a.allow_extrapolation);
     let opts = EvalOptions {
         max_new_tokens: a.max_new_tokens.unwrap_or(task.max_new_tokens()),
         batch_size: a.batch_size,
         sampling: Sampling::Greedy,
         seed: 0,
-        policy: a.policy,
+        policy: cfg.policy,
+        engine: cfg.exec.engine,
     };
     let bar = ProgressBar::new(a.limit as u64);
     bar.set_style(ProgressStyle::with_template(
@@ -80,8 +79,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         "gsm8k {} [{} {} {}] problems {}..{}: {acc} in {:.0} s",
         format,
         model.name,
-        a.dtype,
-        a.device,
+        cfg.dtype,
+        cfg.device_name,
         a.start,
         a.start + a.limit,
         started.elapsed().as_secs_f64()

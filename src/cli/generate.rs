@@ -1,6 +1,7 @@
 //! `kvcredit generate`: quick generation from a prompt or token ids.
+use super::run_args::{Defaults, RunArgs};
 use anyhow::{Context, bail};
-use kvcredit::ExecPolicy;
+use kvcredit::PolicyKind;
 use kvcredit::generate::{GenerateOptions, generate, generate_nocache};
 use kvcredit::runtime::{self, Dtype, ModelSource};
 use kvcredit::sampling::Sampling;
@@ -25,15 +26,9 @@ pub struct Args {
     /// Seed of the sampling noise.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Weights/activations dtype.
-    #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
-    dtype: Dtype,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Execution policy.
-    #[arg(long, value_enum, default_value_t = ExecPolicy::Stock)]
-    policy: ExecPolicy,
+    /// Dtype (default fp32), device, policy (default stock), tiles.
+    #[command(flatten)]
+    run: RunArgs,
     /// Recompute the whole sequence every step instead of using the KV cache.
     #[arg(long)]
     no_cache: bool,
@@ -44,9 +39,12 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let device = runtime::parse_device(&a.device)?;
+    let cfg = a.run.resolve(Defaults {
+        dtype: Dtype::Fp32,
+        policy: PolicyKind::Stock,
+    })?;
     let source = ModelSource::resolve(&a.model)?;
-    let mut model = runtime::load(&source, a.dtype, device)?;
+    let mut model = runtime::load(&source, cfg.dtype, cfg.device)?;
     model.decoder.limit_context(!a.allow_extrapolation);
     let prompt: Vec<i64> = match (&a.prompt, &a.ids) {
         (_, Some(ids)) => ids.clone(),
@@ -67,7 +65,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         sampling: Sampling::from_temperature(a.temperature),
         seed: a.seed,
         stop_tokens: model.stop_tokens.clone(),
-        policy: a.policy,
+        policy: cfg.policy,
     };
     let out = if a.no_cache {
         generate_nocache(&model.decoder, &prompt, &opts)?
@@ -90,9 +88,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         out.tokens.len(),
         out.decode_secs,
         n / out.decode_secs.max(1e-9),
-        a.dtype,
-        a.device,
-        a.policy
+        cfg.dtype,
+        cfg.device_name,
+        cfg.policy
     );
     Ok(())
 }

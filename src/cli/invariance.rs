@@ -2,11 +2,12 @@
 //! the same sequence at different rows of batches of other sizes) on any model, dtype and
 //! device, and optionally time the batch-invariant policy against stock.
 use super::model_args::{Chosen, ModelArgs};
+use super::run_args::{Defaults, RunArgs, RunConfig};
 use anyhow::bail;
+use kvcredit::exec::BiTiles;
 use kvcredit::exec::invariance::{self, CheckOptions};
-use kvcredit::exec::{BiTiles, TileOverrides, set_tile_overrides};
-use kvcredit::runtime::{self, Dtype, sync};
-use kvcredit::{Decoder, ExecPolicy, LogitsAt};
+use kvcredit::runtime::{Dtype, sync};
+use kvcredit::{Decoder, ExecPolicy, LogitsAt, PolicyKind};
 use std::time::Instant;
 use tch::Tensor;
 
@@ -14,15 +15,9 @@ use tch::Tensor;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Weights/activations dtype.
-    #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
-    dtype: Dtype,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Execution policy to check.
-    #[arg(long, value_enum, default_value_t = ExecPolicy::BatchInvariant)]
-    policy: ExecPolicy,
+    /// Dtype (default fp32), device, policy to check (default batch_invariant), tiles.
+    #[command(flatten)]
+    run: RunArgs,
     /// Probe sequences.
     #[arg(long, default_value_t = 3)]
     trials: usize,
@@ -35,10 +30,6 @@ pub struct Args {
     /// Most decode steps per trial.
     #[arg(long, default_value_t = 5)]
     decode_steps: usize,
-    /// Batch-invariant tile overrides, e.g. `gemm_rows=64,key_chunk=256` (keys: gemm_rows,
-    /// norm_rows, query_tile, key_chunk, units). Also read from KVCREDIT_BI_TILES.
-    #[arg(long)]
-    tiles: Option<String>,
     /// Also time stock vs batch-invariant (decode steps and prefill).
     #[arg(long)]
     bench: bool,
@@ -106,18 +97,19 @@ fn bench_prefill(model: &Decoder, policy: ExecPolicy, n: usize) -> anyhow::Resul
 
 /// Best of `reps` interleaved runs of `f` under each policy: (stock, batch-invariant).
 fn best_of(
+    tiles: BiTiles,
     reps: usize,
     mut f: impl FnMut(ExecPolicy) -> anyhow::Result<f64>,
 ) -> anyhow::Result<(f64, f64)> {
     let (mut s, mut i) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..reps.max(1) {
         s = s.min(f(ExecPolicy::Stock)?);
-        i = i.min(f(ExecPolicy::BatchInvariant)?);
+        i = i.min(f(ExecPolicy::BatchInvariant(tiles))?);
     }
     Ok((s, i))
 }
 
-fn bench(model: &Decoder, a: &Args) -> anyhow::Result<()> {
+fn bench(model: &Decoder, a: &Args, cfg: &RunConfig) -> anyhow::Result<()> {
     let _guard = tch::no_grad_guard();
     println!(
         "bench: decode step after {} cached tokens ({} timed steps), prefill of {} tokens at \
@@ -129,7 +121,7 @@ fn bench(model: &Decoder, a: &Args) -> anyhow::Result<()> {
         "", "stock", "batch_inv", "bi/stock"
     );
     for &b in &a.bench_batches {
-        let (s, i) = best_of(a.bench_reps, |p| {
+        let (s, i) = best_of(cfg.exec.tiles, a.bench_reps, |p| {
             bench_decode(model, p, b, a.bench_context, a.bench_steps)
         })?;
         println!(
@@ -140,7 +132,9 @@ fn bench(model: &Decoder, a: &Args) -> anyhow::Result<()> {
             i / s
         );
     }
-    let (s, i) = best_of(a.bench_reps, |p| bench_prefill(model, p, a.bench_prefill))?;
+    let (s, i) = best_of(cfg.exec.tiles, a.bench_reps, |p| {
+        bench_prefill(model, p, a.bench_prefill)
+    })?;
     let n = a.bench_prefill as f64;
     println!(
         "{:<22} {:>10.0} t/s {:>10.0} t/s {:>7.2}x",
@@ -153,15 +147,15 @@ fn bench(model: &Decoder, a: &Args) -> anyhow::Result<()> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let device = runtime::parse_device(&a.device)?;
-    if let Some(spec) = &a.tiles {
-        set_tile_overrides(Some(TileOverrides::parse(spec)?));
-    }
+    let cfg = a.run.resolve(Defaults {
+        dtype: Dtype::Fp32,
+        policy: PolicyKind::BatchInvariant,
+    })?;
     let Chosen {
         decoder: model,
         what,
         ..
-    } = a.model.load(a.dtype, device)?;
+    } = a.model.load(cfg.dtype, cfg.device)?;
     if a.bench {
         model.check_context(
             (a.bench_context + a.bench_steps + 1).max(a.bench_prefill),
@@ -174,17 +168,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "invariance (--max-len + --decode-steps)",
         )?;
     }
-    let tiles = BiTiles::for_device(device);
     println!(
         "model {what}, {} {}, policy {}, libtorch threads {}; batch-invariant tiles {}",
-        a.dtype,
-        a.device,
-        a.policy,
+        cfg.dtype,
+        cfg.device_name,
+        cfg.policy,
         tch::get_num_threads(),
-        tiles.describe()
+        cfg.exec.tiles.describe()
     );
     if a.bench {
-        bench(&model, &a)?;
+        bench(&model, &a, &cfg)?;
         if a.bench_only {
             return Ok(());
         }
@@ -197,7 +190,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..CheckOptions::default()
     };
     let start = Instant::now();
-    let report = invariance::run(&model, a.policy, &opts)?;
+    let report = invariance::run(&model, cfg.policy, &opts)?;
     print!("{}", report.table());
     let failed = report.checks.iter().filter(|c| !c.passed()).count();
     println!(
@@ -208,12 +201,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         report.checks.len(),
         report.max_abs()
     );
-    match (a.policy, failed) {
-        (_, 0) => println!("{}: batch invariant on these checks", a.policy),
+    match (cfg.policy, failed) {
+        (_, 0) => println!("{}: batch invariant on these checks", cfg.policy),
         (ExecPolicy::Stock, _) => {
             println!("stock: not batch invariant ({failed} checks differ), as expected")
         }
-        (ExecPolicy::BatchInvariant, _) => {
+        (ExecPolicy::BatchInvariant(_), _) => {
             bail!(
                 "batch_invariant: {failed} of {} checks differ",
                 report.checks.len()

@@ -10,6 +10,7 @@ mod generate;
 mod invariance;
 mod model_args;
 mod models;
+mod run_args;
 mod spectrum;
 
 use clap::{Parser, Subcommand};

@@ -1,8 +1,10 @@
 //! `kvcredit spectrum …`: SpectrumKV evaluations (perplexity, NIAH, probe) from a spec, and
 //! the two workers of a real tiered transfer (`serve`, `send`).
+use super::run_args::{Defaults, RunArgs, RunConfig};
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use kvcredit::ExecPolicy;
+use kvcredit::PolicyKind;
+use kvcredit::decode::engine::EngineMode;
 use kvcredit::io::parquet::{Column, Table};
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
 use kvcredit::spectrum::allocate::{Policy, Protect};
@@ -50,9 +52,10 @@ pub struct SpecArgs {
     /// Output folder (default: runs/<name>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Override the spec's device.
-    #[arg(long)]
-    device: Option<String>,
+    /// `--device` overrides the spec's; `--tiles` (recorded in the journals; dtype and policy
+    /// are the spec's).
+    #[command(flatten)]
+    run: RunArgs,
     /// Hide progress bars.
     #[arg(long)]
     quiet: bool,
@@ -63,25 +66,19 @@ pub struct WorkerModel {
     /// Model: registry name, GGUF file or Hugging Face folder.
     #[arg(long)]
     model: String,
-    /// Weights/activations dtype.
-    #[arg(long, value_enum, default_value_t = Dtype::Fp32)]
-    dtype: Dtype,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// Execution policy.
-    #[arg(long, value_enum, default_value_t = ExecPolicy::Stock)]
-    policy: ExecPolicy,
+    /// Dtype (default fp32), device, policy (default stock), tiles.
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 impl WorkerModel {
-    fn load(&self) -> anyhow::Result<LoadedModel> {
-        let device = runtime::parse_device(&self.device)?;
-        Ok(runtime::load(
-            &ModelSource::resolve(&self.model)?,
-            self.dtype,
-            device,
-        )?)
+    fn load(&self) -> anyhow::Result<(LoadedModel, RunConfig)> {
+        let cfg = self.run.resolve(Defaults {
+            dtype: Dtype::Fp32,
+            policy: PolicyKind::Stock,
+        })?;
+        let model = runtime::load(&ModelSource::resolve(&self.model)?, cfg.dtype, cfg.device)?;
+        Ok((model, cfg))
     }
 }
 
@@ -151,19 +148,19 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     }
 }
 
-/// Spec, loaded model and output folder.
-fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf)> {
+/// Spec, loaded model, output folder and the resolved run configuration.
+fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf, RunConfig)> {
     let mut spec = SpectrumSpec::load(&a.spec)?;
-    if let Some(d) = &a.device {
-        spec.device = d.clone();
-    }
-    let device = runtime::parse_device(&spec.device)?;
-    let model = runtime::load(&ModelSource::resolve(&spec.model)?, spec.dtype, device)?;
+    let cfg = a
+        .run
+        .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;
+    spec.device = cfg.device_name.clone();
+    let model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
     let out = a
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
-    Ok((spec, model, out))
+    Ok((spec, model, out, cfg))
 }
 
 fn bar(len: usize, what: &str, quiet: bool) -> anyhow::Result<ProgressBar> {
@@ -252,25 +249,34 @@ fn progress_line(quiet: bool, line: std::fmt::Arguments) {
 }
 
 /// The settings a grid's rows depend on: a resumed run must share them.
+/// The policy, its tiles and the engine (`eager`: the grids step the decoder themselves) are
+/// the shared [`kvcredit::io::schema::ExecRecord`], flattened.
 fn journal_header(
     spec: &SpectrumSpec,
+    cfg: &RunConfig,
     section: &str,
     body: serde_json::Value,
-) -> serde_json::Value {
-    serde_json::json!({
+) -> anyhow::Result<serde_json::Value> {
+    let mut h = serde_json::json!({
         "section": section,
         "model": spec.model,
         "dtype": spec.dtype,
         "device": spec.device,
-        "policy": spec.policy,
         "importance": spec.importance,
         "protect": spec.protect,
         "grid": body,
-    })
+    });
+    let exec = cfg.exec.record(spec.policy, Some(EngineMode::Eager));
+    if let (Some(h), serde_json::Value::Object(e)) =
+        (h.as_object_mut(), serde_json::to_value(exec)?)
+    {
+        h.extend(e);
+    }
+    Ok(h)
 }
 
 fn ppl(a: SpecArgs) -> anyhow::Result<()> {
-    let (spec, model, out) = setup(&a)?;
+    let (spec, model, out, cfg) = setup(&a)?;
     let p = spec.ppl.clone().context("the spec has no [ppl] section")?;
     let o = PplOptions {
         context: p.context,
@@ -279,13 +285,13 @@ fn ppl(a: SpecArgs) -> anyhow::Result<()> {
         variants: spec.ppl_variants()?,
         importance: spec.importance,
         protect: spec.protect,
-        policy: spec.policy,
+        policy: cfg.policy,
     };
     let ids = eval::wikitext_ids(&model, p.windows * (p.context + p.continuation))?;
     let path = out.join("ppl.parquet");
     let (mut journal, done) = Journal::open::<eval::PplRow>(
         out.join("ppl.rows.jsonl"),
-        &journal_header(&spec, "ppl", serde_json::to_value(&p)?),
+        &journal_header(&spec, &cfg, "ppl", serde_json::to_value(&p)?)?,
     )?;
     let mut rows: Vec<eval::PplRow> = Vec::new();
     let mut finished = std::collections::BTreeSet::new();
@@ -369,7 +375,7 @@ fn depths(n: usize) -> Vec<f64> {
 }
 
 fn niah(a: SpecArgs) -> anyhow::Result<()> {
-    let (spec, model, out) = setup(&a)?;
+    let (spec, model, out, cfg) = setup(&a)?;
     let n = spec
         .niah
         .clone()
@@ -383,7 +389,7 @@ fn niah(a: SpecArgs) -> anyhow::Result<()> {
     let path = out.join("niah.parquet");
     let (mut journal, done) = Journal::open::<eval::NiahRow>(
         out.join("niah.rows.jsonl"),
-        &journal_header(&spec, "niah", serde_json::to_value(&n)?),
+        &journal_header(&spec, &cfg, "niah", serde_json::to_value(&n)?)?,
     )?;
     let mut rows: Vec<eval::NiahRow> = Vec::new();
     let mut finished = std::collections::BTreeSet::new();
@@ -407,7 +413,7 @@ fn niah(a: SpecArgs) -> anyhow::Result<()> {
             &variants,
             &spec.importance,
             spec.protect,
-            &spec.policy,
+            &cfg.policy,
             n.max_new_tokens,
         )?;
         journal.append(unit, &mine)?;
@@ -460,7 +466,7 @@ fn niah(a: SpecArgs) -> anyhow::Result<()> {
 }
 
 fn probe(a: SpecArgs) -> anyhow::Result<()> {
-    let (spec, model, out) = setup(&a)?;
+    let (spec, model, out, cfg) = setup(&a)?;
     let p = spec
         .probe
         .clone()
@@ -476,7 +482,7 @@ fn probe(a: SpecArgs) -> anyhow::Result<()> {
             q,
             &spec.importance,
             spec.protect,
-            &spec.policy,
+            &cfg.policy,
             p.max_new_tokens,
         )?;
         trials.extend(rows);
@@ -490,7 +496,7 @@ fn probe(a: SpecArgs) -> anyhow::Result<()> {
         variants: Vec::new(),
         importance: spec.importance,
         protect: spec.protect,
-        policy: spec.policy,
+        policy: cfg.policy,
     };
     let ids = eval::wikitext_ids(
         &model,
@@ -565,7 +571,7 @@ fn probe(a: SpecArgs) -> anyhow::Result<()> {
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    let model = a.model.load()?;
+    let (model, cfg) = a.model.load()?;
     let listener = TcpListener::bind(&a.bind).with_context(|| format!("bind {}", a.bind))?;
     eprintln!(
         "spectrum decode worker: {} on {}",
@@ -576,7 +582,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         max_frame: a.max_frame_mib << 20,
         max_requests: a.max_requests,
         read_timeout: std::time::Duration::from_secs(a.read_timeout_s),
-        policy: a.model.policy,
+        policy: cfg.policy,
     };
     transport::serve(&model.decoder, &listener, &opts, &mut |line: &str| {
         eprintln!("{line}")
@@ -598,7 +604,7 @@ struct Ttft {
 }
 
 fn send(a: SendArgs) -> anyhow::Result<()> {
-    let model = a.model.load()?;
+    let (model, cfg) = a.model.load()?;
     let policy = Policy::parse(&a.tier_policy)?;
     let ids = eval::wikitext_ids(&model, a.context)?;
     let (ctx, last) = ids.split_at(ids.len() - 1);
@@ -629,7 +635,7 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
             ("fp16", &fp16, none),
         ] {
             let t0 = Instant::now();
-            let pre = eval::prefill_and_score(d, ctx, &a.model.policy, &spec)?;
+            let pre = eval::prefill_and_score(d, ctx, &cfg.policy, &spec)?;
             let scoring = if what == "fp16" {
                 Duration::ZERO
             } else {
@@ -647,8 +653,7 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
             let total = (sent_at - t0) - skipped + reply.round_trip;
             // The worker's first token is the one the same tiered cache gives in-process.
             let local = wire::decode(&c.frame)?;
-            let (tokens, _, _, fp) =
-                transport::decode_greedy(d, &local, last[0], 1, &a.model.policy)?;
+            let (tokens, _, _, fp) = transport::decode_greedy(d, &local, last[0], 1, &cfg.policy)?;
             if tokens != reply.tokens || fp != reply.fingerprint {
                 bail!(
                     "{what}: decode worker answered {:?}, in-process {:?} (KV fingerprints {})",

@@ -9,7 +9,7 @@ use crate::decode::engine::{
     self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
 };
 use crate::decode::schedule;
-use crate::exec::ExecPolicy;
+use crate::exec::{ExecPolicy, ExecSettings, PolicyKind};
 use crate::io::parquet::Table;
 use crate::io::schema::RecordedSpec;
 use crate::kv_cache::{KvCache, Snapshot};
@@ -62,6 +62,9 @@ pub struct RunOptions {
     /// Run only this shard of the spec's problems (recorded in the manifest); `None` runs
     /// them all.
     pub shard: Option<ShardSpec>,
+    /// Tiles and engine as resolved from the command's arguments (`None`: the model device's
+    /// defaults).
+    pub exec: Option<ExecSettings>,
 }
 
 pub use crate::study::now_rfc3339;
@@ -88,7 +91,10 @@ pub fn run_campaign(
     check_spectrum_budget(spec, model, &task)?;
     let out = &opts.out_dir;
     let manifest_path = out.join("manifest.json");
-    let engine = EngineMode::Auto.resolve(model.decoder.device());
+    let settings = opts
+        .exec
+        .unwrap_or_else(|| ExecSettings::defaults(model.decoder.device()));
+    let record = settings.record(spec.policy, Some(settings.engine));
     let mut manifest = if manifest_path.exists() {
         let mut m: Manifest = read_json(&manifest_path)?;
         if m.spec_sha256 != spec_sha256 {
@@ -110,16 +116,7 @@ pub fn run_campaign(
                 was(opts.shard)
             )));
         }
-        match m.engine {
-            Some(was) if spec.policy == ExecPolicy::Stock && was != engine => {
-                return Err(Error::Spec(format!(
-                    "{} was run with the {was} engine and would resume with {engine} (stock numerics differ between them); set KVCREDIT_ENGINE={was} to resume",
-                    out.display(),
-                )));
-            }
-            Some(_) => {}
-            None => m.engine = Some(engine),
-        }
+        m.exec.resume_with(&record, &out.display().to_string())?;
         m.resumed_at.push(now_rfc3339());
         m
     } else {
@@ -131,14 +128,13 @@ pub fn run_campaign(
             model_sha256: model.sha256.clone(),
             dtype: spec.dtype,
             device: spec.device.clone(),
-            policy: spec.policy,
+            exec: record,
             replica_schedule: spec.passes.replica_schedule,
             k: u32::try_from(spec.continuations.k)
                 .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
             seed: spec.seed,
             kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
             libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
-            engine: Some(engine),
             started_at: now_rfc3339(),
             resumed_at: vec![],
             finished_at: None,
@@ -180,7 +176,7 @@ pub fn run_campaign(
         let dir = shard_dir(out, problem.index);
         if !dir.exists() {
             pb_problems.set_message(format!("problem {}", problem.index));
-            let shard = run_problem(spec, model, &task, problem, &pb_work)
+            let shard = run_problem(spec, &settings, model, &task, problem, &pb_work)
                 .map_err(|e| e.context(&format!("problem {}", problem.index)))?;
             let named: Vec<(&str, &Table)> = TABLES.iter().copied().zip(&shard.tables).collect();
             commit_shard(&dir, &named, &shard.info)?;
@@ -255,14 +251,14 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
                 &first.spec_sha256[..first.spec_sha256.len().min(12)]
             )));
         }
-        if m.policy == ExecPolicy::Stock && m.engine != first.engine {
+        if m.exec.policy == PolicyKind::Stock && m.exec.engine != first.exec.engine {
             let name = |e: Option<EngineMode>| e.map_or("an unrecorded".into(), |e| e.to_string());
             return Err(Error::Spec(format!(
-                "{} ran the {} engine and {} the {} one (stock numerics differ between them); rerun one with KVCREDIT_ENGINE set",
+                "{} ran the {} engine and {} the {} one (stock numerics differ between them); rerun one with --engine set",
                 d.display(),
-                name(m.engine),
+                name(m.exec.engine),
                 first_dir.display(),
-                name(first.engine)
+                name(first.exec.engine)
             )));
         }
     }
@@ -521,6 +517,7 @@ pub(crate) struct JobId {
 
 fn run_problem(
     spec: &CampaignSpec,
+    settings: &ExecSettings,
     model: &LoadedModel,
     task: &Gsm8k,
     problem: &Problem,
@@ -528,6 +525,7 @@ fn run_problem(
 ) -> Result<Shard> {
     let dec = &model.decoder;
     let device = dec.device();
+    let policy = settings.policy(spec.policy);
     let prompt = model.encode_prompt(&task.prompt(problem))?;
     let stops = task.stop_sequences();
     let text_stop = |ids: &[i64]| -> bool {
@@ -550,7 +548,7 @@ fn run_problem(
             stop_tokens: &model.stop_tokens,
             special_tokens: &model.special_tokens,
             text_stop: Some(text_stop_ref),
-            policy: spec.policy,
+            policy,
             max_margin: spec.pivots.max_margin,
             alternatives: spec.pivots.alternatives,
         },
@@ -599,7 +597,7 @@ fn run_problem(
     };
     let decoding = Decoding {
         model: dec,
-        policy: spec.policy,
+        policy,
         sampling: spec.continuation_sampling(),
         max_new_tokens: spec.continuations.max_new_tokens,
         stop_tokens: &model.stop_tokens,
@@ -620,13 +618,13 @@ fn run_problem(
         let refeed_caches: Vec<KvCache> = match (pass, spec.spectrum_pass()) {
             (Pass::Refeed, _) => pivots
                 .iter()
-                .map(|p| refeed_prefix(model, &roll, p, &mut tokens, spec))
+                .map(|p| refeed_prefix(model, &roll, p, &mut tokens, &policy))
                 .collect::<Result<_>>()?,
             (Pass::Spectrum, Some(sp)) => {
                 let mut stats = SpectrumStats::default();
                 let caches = pivots
                     .iter()
-                    .map(|p| spectrum_prefix(model, &roll, p, sp, spec, &mut tokens, &mut stats))
+                    .map(|p| spectrum_prefix(model, &roll, p, sp, &policy, &mut tokens, &mut stats))
                     .collect::<Result<_>>()?;
                 info.spectrum = Some(stats);
                 caches
@@ -681,7 +679,9 @@ fn run_problem(
             &decoding,
             &jobs,
             &batches,
-            &EngineOptions::default(),
+            &EngineOptions {
+                mode: settings.engine,
+            },
             &mut on_tokens,
         )
         .map_err(|e| {
@@ -829,7 +829,7 @@ fn refeed_prefix(
     roll: &Rollout,
     pivot: &Pivot,
     tokens: &mut u64,
-    spec: &CampaignSpec,
+    policy: &ExecPolicy,
 ) -> Result<KvCache> {
     let mut ids = roll.prompt.clone();
     ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
@@ -838,7 +838,7 @@ fn refeed_prefix(
     let t = Tensor::from_slice(&ids).view([1, -1]);
     let _ = model
         .decoder
-        .forward(&t, &mut cache, &spec.policy, &LogitsAt::Last)?;
+        .forward(&t, &mut cache, policy, &LogitsAt::Last)?;
     Ok(cache)
 }
 
@@ -852,7 +852,7 @@ fn spectrum_prefix(
     roll: &Rollout,
     pivot: &Pivot,
     sp: &SpectrumPass,
-    spec: &CampaignSpec,
+    policy: &ExecPolicy,
     tokens: &mut u64,
     stats: &mut SpectrumStats,
 ) -> Result<KvCache> {
@@ -860,7 +860,7 @@ fn spectrum_prefix(
     ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
     *tokens += ids.len() as u64;
     let snap = roll.snapshot(pivot.pos);
-    let pre = eval::prefill_and_score(&model.decoder, &ids, &spec.policy, &sp.importance)?;
+    let pre = eval::prefill_and_score(&model.decoder, &ids, policy, &sp.importance)?;
     drop(pre.cache);
     let variant = sp.variant()?;
     let c = eval::compress_snapshot(&roll.cache, snap.row, &pre.scores, &variant, sp.protect)

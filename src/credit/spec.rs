@@ -1,7 +1,7 @@
 //! Campaign specification: a TOML file fixed before anything runs (its hash goes into the
 //! manifest).
 use crate::decode::engine::Stop;
-use crate::exec::ExecPolicy;
+use crate::exec::PolicyKind;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
 use crate::spectrum::Quantizer;
@@ -31,7 +31,7 @@ pub struct CampaignSpec {
     pub device: String,
     /// Execution policy.
     #[serde(default)]
-    pub policy: ExecPolicy,
+    pub policy: PolicyKind,
     /// Seed of all sampling noise.
     pub seed: u64,
     /// Which GSM8K problems and how they are prompted.

@@ -142,8 +142,9 @@ const TEXT_STOP_EVERY: usize = 8;
 )]
 #[serde(rename_all = "snake_case")]
 pub enum EngineMode {
-    /// `graph` on a CUDA device when this binary can capture graphs, `eager` otherwise. The
-    /// environment variable `KVCREDIT_ENGINE=eager|static|graph` overrides the choice.
+    /// `graph` on a CUDA device when this binary can capture graphs, `eager` otherwise.
+    // Commands take `--engine`, else `KVCREDIT_ENGINE`, resolved once with their other
+    // arguments (`crate::exec::ExecSettings::resolve`); nothing here reads the environment.
     #[default]
     Auto,
     /// One [`Decoder::forward`] per step, attending over each row's valid keys.
@@ -172,12 +173,6 @@ impl EngineMode {
     pub fn resolve(self, device: tch::Device) -> EngineMode {
         if self != EngineMode::Auto {
             return self;
-        }
-        match std::env::var("KVCREDIT_ENGINE").as_deref() {
-            Ok("eager") => return EngineMode::Eager,
-            Ok("static") => return EngineMode::Static,
-            Ok("graph") => return EngineMode::Graph,
-            _ => {}
         }
         if device.is_cuda() && crate::cuda_graph::compiled() {
             EngineMode::Graph

@@ -9,8 +9,10 @@ use super::lockstep::{self, Mode, PairOutcome, Settings};
 use super::patch::{self, PatchOutcome};
 use super::replay;
 use super::spec::{DivergenceSpec, LayerSet, strategy_label};
-use crate::decode::engine::Stop;
+use crate::decode::engine::{EngineMode, Stop};
+use crate::exec::{ExecPolicy, ExecSettings};
 use crate::io::parquet::{Column, Table};
+use crate::io::schema::ExecRecord;
 use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
 use crate::sampling::{NoiseKey, Sampling};
 use crate::study::{
@@ -42,8 +44,10 @@ pub struct Manifest {
     pub model_sha256: Option<String>,
     /// Run device.
     pub device: String,
-    /// Execution policy.
-    pub policy: String,
+    /// Execution policy and its tiles; the engine is always `eager` (the study steps the
+    /// decoder itself).
+    #[serde(flatten)]
+    pub exec: ExecRecord,
     /// TF32 for fp32 matmuls: libtorch's default (`allow_tf32` for cuBLAS off) is never
     /// changed by kvcredit.
     pub tf32: bool,
@@ -94,6 +98,8 @@ pub struct RunOptions {
     pub out_dir: PathBuf,
     /// Hide the per-batch progress lines.
     pub quiet: bool,
+    /// Tiles as resolved from the command's arguments (`None`: the device's defaults).
+    pub exec: Option<ExecSettings>,
 }
 
 fn shard_dir(out: &Path, dtype: Dtype, problem: usize) -> PathBuf {
@@ -109,9 +115,12 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     let device = runtime::parse_device(&spec.device)?;
     let source = ModelSource::resolve(&spec.model)?;
     let (task, problems) = spec.problems.task()?;
+    let settings = opts.exec.unwrap_or_else(|| ExecSettings::defaults(device));
+    let policy = settings.policy(spec.policy);
+    let record = settings.record(spec.policy, Some(EngineMode::Eager));
     let manifest_path = out.join("manifest.json");
     let previous: Option<Manifest> = if manifest_path.exists() {
-        let m: Manifest = read_json(&manifest_path)?;
+        let mut m: Manifest = read_json(&manifest_path)?;
         if m.spec_sha256 != spec_sha256 {
             return Err(Error::Spec(format!(
                 "{} holds a run of a different spec (sha256 {}…); use another --out",
@@ -119,6 +128,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
                 &m.spec_sha256[..12]
             )));
         }
+        m.exec.resume_with(&record, &out.display().to_string())?;
         Some(m)
     } else {
         None
@@ -154,7 +164,8 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         for p in &problems {
             model.encode_prompt(&task.prompt(p))?;
         }
-        let m = manifest.get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems));
+        let m = manifest
+            .get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems, record));
         write_json(&manifest_path, m)?;
         prepare_shards(out)?;
         m.failed_dtypes.remove(&dtype);
@@ -167,6 +178,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
             );
             let shards = match run_batch(
                 spec,
+                policy,
                 dtype,
                 &model,
                 &task,
@@ -273,6 +285,7 @@ fn new_manifest(
     sha: &str,
     model: &LoadedModel,
     problems: &[Problem],
+    exec: ExecRecord,
 ) -> Manifest {
     Manifest {
         name: spec.name.clone(),
@@ -281,7 +294,7 @@ fn new_manifest(
         model: model.name.clone(),
         model_sha256: model.sha256.clone(),
         device: spec.device.clone(),
-        policy: spec.policy.to_string(),
+        exec,
         tf32: false,
         attention: "kvcredit eager attention via the execution policy".into(),
         off_chunking: "whole sequence in one forward per step".into(),
@@ -370,6 +383,7 @@ type ShardTables = (Vec<(&'static str, Table)>, ShardInfo);
 #[allow(clippy::too_many_arguments)]
 fn run_batch(
     spec: &DivergenceSpec,
+    policy: ExecPolicy,
     dtype: Dtype,
     model: &LoadedModel,
     task: &Gsm8k,
@@ -392,7 +406,7 @@ fn run_batch(
     };
     let settings = |sampling: Sampling| Settings {
         model: dec,
-        policy: spec.policy,
+        policy,
         sampling,
         max_new_tokens: spec.max_new_tokens,
         stop_tokens: &model.stop_tokens,
@@ -481,7 +495,7 @@ fn run_batch(
             {
                 let r = patch::run(
                     dec,
-                    &spec.policy,
+                    &policy,
                     &prompts[i],
                     &o.on,
                     &o.off,
@@ -511,7 +525,7 @@ fn run_batch(
                 let rows = replay::run(
                     dec,
                     fp32.map(|m| &m.decoder),
-                    &spec.policy,
+                    &policy,
                     &prompts[i],
                     &o.on,
                     b,

@@ -1,6 +1,6 @@
 //! Divergence study specification: a TOML file fixed before anything runs (its SHA-256 goes
 //! into the manifest). One spec drives every step of the study on one model.
-use crate::exec::ExecPolicy;
+use crate::exec::PolicyKind;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
 use crate::{Error, Result};
@@ -23,7 +23,7 @@ pub struct DivergenceSpec {
     pub device: String,
     /// Execution policy (`batch_invariant` is the control: no divergence may remain).
     #[serde(default)]
-    pub policy: ExecPolicy,
+    pub policy: PolicyKind,
     /// Seed of all sampling noise.
     pub seed: u64,
     /// Problems decoded together (rows of one batch) in every step.

@@ -32,11 +32,13 @@
 //! Tile sizes are per device ([`BiTiles::for_device`]): a large row tile is free on the GPU but
 //! multiplies the work of a batch-1 decode on the CPU. Results are invariant for *one* tile
 //! configuration; changing the tiles changes the numerics (like changing the kernel), so keep
-//! them fixed across runs that are compared (they are recorded by `kvcredit invariance`).
+//! them fixed across runs that are compared. The tiles travel in the policy value
+//! ([`super::ExecPolicy::BatchInvariant`]): they are resolved once from a command's arguments
+//! (`--tiles`, else `KVCREDIT_BI_TILES`, over the device's defaults) and recorded in every
+//! manifest.
 use super::{AttnParams, accum_kind};
 use crate::config::Activation;
 use crate::{Error, Result};
-use std::sync::{OnceLock, RwLock};
 use tch::{Device, Kind, Tensor};
 
 /// Fixed shapes of the batch-invariant policy's calls.
@@ -73,20 +75,12 @@ impl BiTiles {
         units: 256,
     };
 
-    /// The tiles used on `device`: the default of its kind, then the `KVCREDIT_BI_TILES`
-    /// environment variable, then [`set_tile_overrides`], each overriding the one before.
+    /// The default tiles of `device`'s kind.
     pub fn for_device(device: Device) -> BiTiles {
-        let mut t = match device {
+        match device {
             Device::Cpu => BiTiles::CPU,
             _ => BiTiles::CUDA,
-        };
-        if let Some(env) = env_overrides() {
-            t = env.apply(t);
         }
-        if let Some(o) = *OVERRIDES.read().expect("tile overrides lock") {
-            t = o.apply(t);
-        }
-        t
     }
 
     /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…`.
@@ -141,7 +135,8 @@ impl TileOverrides {
         Ok(o)
     }
 
-    fn apply(&self, mut t: BiTiles) -> BiTiles {
+    /// `t` with the settings given here replaced.
+    pub fn apply(&self, mut t: BiTiles) -> BiTiles {
         t.gemm_rows = self.gemm_rows.unwrap_or(t.gemm_rows);
         t.norm_rows = self.norm_rows.unwrap_or(t.norm_rows);
         t.query_tile = self.query_tile.unwrap_or(t.query_tile);
@@ -149,25 +144,6 @@ impl TileOverrides {
         t.units = self.units.unwrap_or(t.units);
         t
     }
-}
-
-static OVERRIDES: RwLock<Option<TileOverrides>> = RwLock::new(None);
-
-fn env_overrides() -> Option<TileOverrides> {
-    static ENV: OnceLock<Option<TileOverrides>> = OnceLock::new();
-    *ENV.get_or_init(|| {
-        let s = std::env::var("KVCREDIT_BI_TILES").ok()?;
-        match TileOverrides::parse(&s) {
-            Ok(o) => Some(o),
-            Err(e) => panic!("KVCREDIT_BI_TILES: {e}"),
-        }
-    })
-}
-
-/// Set (or clear) process-wide tile overrides. Change them only between runs whose results
-/// are not compared with each other.
-pub fn set_tile_overrides(o: Option<TileOverrides>) {
-    *OVERRIDES.write().expect("tile overrides lock") = o;
 }
 
 fn ceil_div(a: i64, b: i64) -> i64 {
@@ -188,8 +164,8 @@ fn padded_rows(x: &Tensor, rows_per_tile: i64, kind: Kind) -> (Tensor, i64, i64)
 }
 
 /// `x @ w^T + b`, one fixed-shape matmul per row tile.
-pub(super) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
-    let m = BiTiles::for_device(x.device()).gemm_rows;
+pub(super) fn linear(tiles: &BiTiles, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+    let m = tiles.gemm_rows;
     let dims = x.size();
     let n = w.size()[0];
     let (buf, rows, tiles) = padded_rows(x, m, x.kind());
@@ -215,8 +191,8 @@ pub(super) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
 }
 
 /// `x / rms(x)` in fp32 (fp64 for fp64 runs) over the last dimension, the sums of squares taken over fixed row tiles.
-pub(super) fn rms_normalize(x: &Tensor, eps: f64) -> Tensor {
-    let m = BiTiles::for_device(x.device()).norm_rows;
+pub(super) fn rms_normalize(tiles: &BiTiles, x: &Tensor, eps: f64) -> Tensor {
+    let m = tiles.norm_rows;
     let dims = x.size();
     let h = *dims.last().expect("at least 1-d");
     let acc = accum_kind(x.kind());
@@ -264,8 +240,13 @@ pub(super) fn activation(x: &Tensor, act: Activation) -> Tensor {
 }
 
 /// Grouped-query attention by fixed-shape split-KV; see the module documentation.
-pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
-    let tiles = BiTiles::for_device(q.device());
+pub(super) fn attention(
+    tiles: &BiTiles,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &AttnParams,
+) -> Tensor {
     let (b, hq, t, d) = q.size4().expect("q is 4-d");
     let (hkv, l) = (k.size()[1], k.size()[2]);
     let group = hq / hkv;

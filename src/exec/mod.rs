@@ -11,9 +11,9 @@ pub mod batch_invariant;
 pub mod invariance;
 mod stock;
 
-pub use batch_invariant::{BiTiles, TileOverrides, set_tile_overrides};
+pub use batch_invariant::{BiTiles, TileOverrides};
 
-/// How reductions are executed.
+/// An execution policy as specs, arguments and records name it: without its settings.
 #[derive(
     Debug,
     Clone,
@@ -26,7 +26,7 @@ pub use batch_invariant::{BiTiles, TileOverrides, set_tile_overrides};
     clap::ValueEnum,
 )]
 #[serde(rename_all = "snake_case")]
-pub enum ExecPolicy {
+pub enum PolicyKind {
     /// Plain libtorch kernels: fastest, but a token's numerics depend on batch shape.
     #[default]
     Stock,
@@ -37,12 +37,64 @@ pub enum ExecPolicy {
     BatchInvariant,
 }
 
-impl std::fmt::Display for ExecPolicy {
+impl PolicyKind {
+    /// The policy of this kind with `tiles` (used by the batch-invariant policy only).
+    pub fn with_tiles(self, tiles: BiTiles) -> ExecPolicy {
+        match self {
+            PolicyKind::Stock => ExecPolicy::Stock,
+            PolicyKind::BatchInvariant => ExecPolicy::BatchInvariant(tiles),
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            ExecPolicy::Stock => "stock",
-            ExecPolicy::BatchInvariant => "batch_invariant",
+            PolicyKind::Stock => "stock",
+            PolicyKind::BatchInvariant => "batch_invariant",
         })
+    }
+}
+
+/// How reductions are executed: the policy with the settings its ops run with. (Serialized as
+/// `"stock"` or `{"batch_invariant": tiles}`; records use [`crate::io::schema::ExecRecord`].)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecPolicy {
+    /// Plain libtorch kernels: fastest, but a token's numerics depend on batch shape.
+    Stock,
+    /// Fixed-shape, fixed-order reductions over these tiles: a token's logits and KV rows do
+    /// not depend on how many tokens or sequences share the forward pass (for these tiles;
+    /// other tiles give other, equally invariant, numerics).
+    BatchInvariant(BiTiles),
+}
+
+impl ExecPolicy {
+    /// The batch-invariant policy with `device`'s default tiles.
+    pub fn batch_invariant(device: tch::Device) -> ExecPolicy {
+        ExecPolicy::BatchInvariant(BiTiles::for_device(device))
+    }
+
+    /// The policy's name.
+    pub fn kind(&self) -> PolicyKind {
+        match self {
+            ExecPolicy::Stock => PolicyKind::Stock,
+            ExecPolicy::BatchInvariant(_) => PolicyKind::BatchInvariant,
+        }
+    }
+
+    /// The tiles, under the batch-invariant policy.
+    pub fn tiles(&self) -> Option<BiTiles> {
+        match self {
+            ExecPolicy::Stock => None,
+            ExecPolicy::BatchInvariant(t) => Some(*t),
+        }
+    }
+}
+
+impl std::fmt::Display for ExecPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.kind().fmt(f)
     }
 }
 
@@ -95,7 +147,7 @@ impl ExecPolicy {
     pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
         match self {
             ExecPolicy::Stock => stock::linear(x, w, b),
-            ExecPolicy::BatchInvariant => batch_invariant::linear(x, w, b),
+            ExecPolicy::BatchInvariant(t) => batch_invariant::linear(t, x, w, b),
         }
     }
 
@@ -104,7 +156,7 @@ impl ExecPolicy {
     pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
         match self {
             ExecPolicy::Stock => stock::attention(q, k, v, p),
-            ExecPolicy::BatchInvariant => batch_invariant::attention(q, k, v, p),
+            ExecPolicy::BatchInvariant(t) => batch_invariant::attention(t, q, k, v, p),
         }
     }
 
@@ -119,7 +171,7 @@ impl ExecPolicy {
                 let h = *x.size().last().expect("at least 1-d");
                 x.to_kind(out).rms_norm([h], None::<Tensor>, eps)
             }
-            ExecPolicy::BatchInvariant => batch_invariant::rms_normalize(x, eps).to_kind(out),
+            ExecPolicy::BatchInvariant(t) => batch_invariant::rms_normalize(t, x, eps).to_kind(out),
         }
     }
 
@@ -131,7 +183,84 @@ impl ExecPolicy {
                 Activation::GeluTanh => x.gelu("tanh"),
                 Activation::Gelu => x.gelu("none"),
             },
-            ExecPolicy::BatchInvariant => batch_invariant::activation(x, act),
+            ExecPolicy::BatchInvariant(_) => batch_invariant::activation(x, act),
+        }
+    }
+}
+
+/// What a run resolves once from its arguments besides device and dtype: the batch-invariant
+/// policy's tiles and the continuation engine. Ops and the engine get these values; neither
+/// reads the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecSettings {
+    /// Tiles of the batch-invariant policy.
+    pub tiles: BiTiles,
+    /// Continuation engine, resolved (never `auto`).
+    pub engine: crate::decode::engine::EngineMode,
+}
+
+impl ExecSettings {
+    /// `device`'s default tiles and the engine `auto` stands for there.
+    pub fn defaults(device: tch::Device) -> ExecSettings {
+        ExecSettings {
+            tiles: BiTiles::for_device(device),
+            engine: crate::decode::engine::EngineMode::Auto.resolve(device),
+        }
+    }
+
+    /// Resolve arguments as typed, for `device`: tile overrides `tiles` (else the environment
+    /// variable `KVCREDIT_BI_TILES`) over the device's defaults, and `engine` (else
+    /// `KVCREDIT_ENGINE`, else `auto`) resolved for the device. The two variables are a
+    /// documented fallback read here, once, and nowhere else.
+    pub fn resolve(
+        device: tch::Device,
+        tiles: Option<&str>,
+        engine: Option<crate::decode::engine::EngineMode>,
+    ) -> crate::Result<ExecSettings> {
+        use crate::decode::engine::EngineMode;
+        let env = |name: &str| std::env::var(name).ok().filter(|s| !s.trim().is_empty());
+        let overrides = match tiles
+            .map(str::to_string)
+            .or_else(|| env("KVCREDIT_BI_TILES"))
+        {
+            Some(s) => TileOverrides::parse(&s)?,
+            None => TileOverrides::default(),
+        };
+        let engine = match engine {
+            Some(e) => e,
+            None => match env("KVCREDIT_ENGINE") {
+                Some(s) => {
+                    <EngineMode as clap::ValueEnum>::from_str(s.trim(), true).map_err(|_| {
+                        crate::Error::Spec(format!(
+                            "KVCREDIT_ENGINE=`{s}`: not an engine (auto, eager, static, graph)"
+                        ))
+                    })?
+                }
+                None => EngineMode::Auto,
+            },
+        };
+        Ok(ExecSettings {
+            tiles: overrides.apply(BiTiles::for_device(device)),
+            engine: engine.resolve(device),
+        })
+    }
+
+    /// The policy of `kind` with these tiles.
+    pub fn policy(&self, kind: PolicyKind) -> ExecPolicy {
+        kind.with_tiles(self.tiles)
+    }
+
+    /// What a manifest records of a run of `kind` with these settings (`engine`: the one that
+    /// ran, if any; tiles only under the batch-invariant policy).
+    pub fn record(
+        &self,
+        kind: PolicyKind,
+        engine: Option<crate::decode::engine::EngineMode>,
+    ) -> crate::io::schema::ExecRecord {
+        crate::io::schema::ExecRecord {
+            policy: kind,
+            tiles: self.policy(kind).tiles(),
+            engine,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! schedule are enums that serialize to the same strings earlier runs hold.
 use crate::credit::spec::CampaignSpec;
 use crate::decode::engine::EngineMode;
-use crate::exec::ExecPolicy;
+use crate::exec::{BiTiles, PolicyKind};
 use crate::runtime::Dtype;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -337,6 +337,51 @@ impl RecordedSpec {
     }
 }
 
+/// How a run executed, recorded (flattened) in every manifest — campaign, divergence, and the
+/// spectrum journals' headers: the policy, the tiles it ran with, and the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRecord {
+    /// Execution policy.
+    pub policy: PolicyKind,
+    /// The batch-invariant policy's tiles (absent under stock, and in runs written before they
+    /// were recorded). Other tiles give other numerics, so a run resumes only with the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiles: Option<BiTiles>,
+    /// Continuation engine as resolved (never `auto`); `eager` for studies that step the
+    /// decoder themselves; absent in runs written before it was recorded. Under the stock
+    /// policy it decides rounding, so a stock run resumes only with the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineMode>,
+}
+
+impl ExecRecord {
+    /// Refuse to resume a run recorded as `self` with `now` (same policy): another engine under
+    /// stock, or other tiles under batch-invariant; fill in what an older run did not record.
+    pub fn resume_with(&mut self, now: &ExecRecord, what: &str) -> crate::Result<()> {
+        if let (Some(was), Some(e)) = (self.engine, now.engine)
+            && self.policy == PolicyKind::Stock
+            && was != e
+        {
+            return Err(crate::Error::Spec(format!(
+                "{what} was run with the {was} engine and would resume with {e} (stock numerics differ between them); pass --engine {was} (or set KVCREDIT_ENGINE={was}) to resume"
+            )));
+        }
+        if let (Some(was), Some(t)) = (self.tiles, now.tiles)
+            && was != t
+        {
+            return Err(crate::Error::Spec(format!(
+                "{what} was run with batch-invariant tiles {} and would resume with {} (other tiles, other numerics); pass --tiles {} to resume",
+                was.describe(),
+                t.describe(),
+                was.describe()
+            )));
+        }
+        self.engine = self.engine.or(now.engine);
+        self.tiles = self.tiles.or(now.tiles);
+        Ok(())
+    }
+}
+
 /// What a campaign run records about itself (`manifest.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -354,8 +399,9 @@ pub struct Manifest {
     pub dtype: Dtype,
     /// Run device.
     pub device: String,
-    /// Execution policy.
-    pub policy: ExecPolicy,
+    /// Execution policy, its tiles and the continuation engine.
+    #[serde(flatten)]
+    pub exec: ExecRecord,
     /// Replica schedule.
     pub replica_schedule: ReplicaSchedule,
     /// Continuations per branch.
@@ -366,11 +412,6 @@ pub struct Manifest {
     pub kvcredit_version: String,
     /// libtorch version the binary was built against.
     pub libtorch_version: String,
-    /// Continuation engine as resolved (never `auto`); absent in runs written before it was
-    /// recorded. Under the stock policy it decides rounding, so a stock run resumes only with
-    /// the same one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<EngineMode>,
     /// When the run first started (UTC, RFC 3339).
     pub started_at: String,
     /// When each later invocation resumed it.
@@ -578,8 +619,8 @@ mod tests {
         assert_eq!(serde_json::to_value(&trust).unwrap(), value);
         assert!(matches!(trust.spec, RecordedSpec::Full(_)));
         assert_eq!(
-            (trust.policy, trust.dtype, trust.engine),
-            (ExecPolicy::Stock, Dtype::Bf16, Some(EngineMode::Graph))
+            (trust.exec.policy, trust.dtype, trust.exec.engine),
+            (PolicyKind::Stock, Dtype::Bf16, Some(EngineMode::Graph))
         );
         assert_eq!(trust.replica_schedule, ReplicaSchedule::Shuffled);
         assert_eq!(trust.passes(), Pass::ALL[..3]);
@@ -601,11 +642,11 @@ mod tests {
     fn enums_serialize_to_the_recorded_strings() {
         let s = |v: serde_json::Value| v.as_str().unwrap().to_string();
         assert_eq!(
-            s(serde_json::to_value(ExecPolicy::BatchInvariant).unwrap()),
+            s(serde_json::to_value(PolicyKind::BatchInvariant).unwrap()),
             "batch_invariant"
         );
-        let alias: ExecPolicy = serde_json::from_str("\"batch-invariant\"").unwrap();
-        assert_eq!(alias, ExecPolicy::BatchInvariant);
+        let alias: PolicyKind = serde_json::from_str("\"batch-invariant\"").unwrap();
+        assert_eq!(alias, PolicyKind::BatchInvariant);
         for d in [Dtype::Fp32, Dtype::Fp16, Dtype::Bf16] {
             assert_eq!(s(serde_json::to_value(d).unwrap()), d.to_string());
         }
@@ -616,5 +657,47 @@ mod tests {
             assert_eq!(s(serde_json::to_value(p).unwrap()), p.as_str());
             assert_eq!(Pass::parse(p.as_str()), Some(p));
         }
+    }
+
+    #[test]
+    fn exec_record_resumes_only_with_the_same_engine_and_tiles() {
+        let stock = |e| ExecRecord {
+            policy: PolicyKind::Stock,
+            tiles: None,
+            engine: Some(e),
+        };
+        let mut was = stock(EngineMode::Graph);
+        let err = was
+            .resume_with(&stock(EngineMode::Eager), "run")
+            .unwrap_err();
+        assert!(err.to_string().contains("--engine graph"), "{err}");
+        assert!(was.resume_with(&stock(EngineMode::Graph), "run").is_ok());
+        let bi = |t: BiTiles| ExecRecord {
+            policy: PolicyKind::BatchInvariant,
+            tiles: Some(t),
+            engine: Some(EngineMode::Eager),
+        };
+        let small = BiTiles {
+            gemm_rows: 4,
+            ..BiTiles::CPU
+        };
+        let mut was = bi(BiTiles::CPU);
+        let err = was.resume_with(&bi(small), "run").unwrap_err().to_string();
+        assert!(
+            err.contains("--tiles gemm_rows=16,") && !err.contains('\n'),
+            "{err}"
+        );
+        // Batch-invariant numerics do not depend on the engine; an older record gains tiles.
+        let mut old = ExecRecord {
+            policy: PolicyKind::BatchInvariant,
+            tiles: None,
+            engine: Some(EngineMode::Graph),
+        };
+        old.resume_with(&bi(small), "run").unwrap();
+        assert_eq!(old.tiles, Some(small));
+        let v = serde_json::to_value(bi(small)).unwrap();
+        assert_eq!(v["policy"], "batch_invariant");
+        assert_eq!(v["tiles"]["gemm_rows"], 4);
+        assert_eq!(v["engine"], "eager");
     }
 }

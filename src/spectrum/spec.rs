@@ -4,7 +4,7 @@ use super::Quantizer;
 use super::allocate::{Policy, Protect};
 use super::eval::Variant;
 use super::importance::ImportanceSpec;
-use crate::exec::ExecPolicy;
+use crate::exec::PolicyKind;
 use crate::runtime::Dtype;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -25,7 +25,7 @@ pub struct SpectrumSpec {
     pub device: String,
     /// Execution policy of the decoder.
     #[serde(default)]
-    pub policy: ExecPolicy,
+    pub policy: PolicyKind,
     /// Importance settings.
     #[serde(default)]
     pub importance: ImportanceSpec,
