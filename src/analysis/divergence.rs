@@ -8,7 +8,7 @@
 //! with a "Figures" section listing the ones written.
 use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
 use super::read::Frame;
-use crate::stats::wilson;
+use crate::stats::{wilson, wilson_rate as rate};
 use crate::{Error, Result};
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::ValueFormatter;
@@ -553,18 +553,6 @@ pub const TAU_STEM: &str = "tau-ecdf";
 /// See [`RATE_STEM`] (written only with a `drift.parquet`).
 pub const DRIFT_STEM: &str = "drift";
 
-fn rate(k: u64, n: u64, level: f64) -> Result<String> {
-    Ok(match wilson(k, n, level)? {
-        Some((lo, hi)) => format!(
-            "{:.1}% [{:.1}, {:.1}] ({k}/{n})",
-            100.0 * k as f64 / n as f64,
-            100.0 * lo,
-            100.0 * hi
-        ),
-        None => "n/a (0 rows)".into(),
-    })
-}
-
 /// Write `out/report.md` for the run dirs (one per model); returns its path.
 pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<PathBuf> {
     let mut cells = BTreeMap::new();
@@ -727,10 +715,6 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
 }
 
 pub(super) type Cells = BTreeMap<(String, String, String), Cell>;
-
-fn wilson_ci(k: u64, n: u64, level: f64) -> Result<Option<(f64, f64)>> {
-    wilson(k, n, level)
-}
 
 /// Teacher-forced, ratio, patching, replay and seed-claim sections.
 #[allow(clippy::too_many_arguments)]
@@ -965,7 +949,7 @@ fn seed_claims(
         let mut parts = vec![];
         let mut all_contain = true;
         for ((m, s, _), c) in &fp16 {
-            let hi = wilson_ci(c.diverged, c.n, level)?.map_or(0.0, |x| x.1);
+            let hi = wilson(c.diverged, c.n, level)?.map_or(0.0, |x| x.1);
             all_contain &= hi >= 1.0 - 1e-12;
             parts.push(format!("{m} {s}: {}", rate(c.diverged, c.n, level)?));
         }
@@ -1104,7 +1088,7 @@ fn seed_claims(
     let v6 = if informative.1 == 0 {
         "not measured (REPLAY = LIVE at every boundary)"
     } else {
-        match wilson_ci(informative.0, informative.1, level)? {
+        match wilson(informative.0, informative.1, level)? {
             Some((lo, _)) if lo > 0.5 => "replicates",
             Some((_, hi)) if hi < 0.5 => "does not replicate",
             _ => "inconclusive (interval straddles 50%)",
@@ -1129,7 +1113,7 @@ fn write_figures(
     let mut bars = vec![];
     let mut ecdfs = vec![];
     for ((m, _, d), c) in cells.iter().filter(|(k, _)| k.1 == "greedy") {
-        let (lo, hi) = wilson_ci(c.diverged, c.n, level)?.unwrap_or((0.0, 0.0));
+        let (lo, hi) = wilson(c.diverged, c.n, level)?.unwrap_or((0.0, 0.0));
         let rate = if c.n == 0 {
             0.0
         } else {

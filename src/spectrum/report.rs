@@ -856,16 +856,7 @@ fn seed_claims(md: &mut String, rows: &[SeedRow]) -> Result<()> {
     }
     md.push_str("\n## Seed claims beside ours\n\nThe seed's numbers are for 7–8B models at its own contexts; a verdict is read off the interval in the same row (t over windows for PPL, Wilson for NIAH); TTFT cuts are medians of few repeats, with no interval, so they get no verdict.\n\n| claim (seed) | model | ours | verdict |\n| --- | --- | --- | --- |\n");
     let wilson = |(k, n): (u64, u64)| -> Result<(String, Option<(f64, f64)>)> {
-        let ci = stats::wilson(k, n, 0.95)?;
-        let text = ci.map_or(format!("{k}/{n}"), |(lo, hi)| {
-            format!(
-                "{:.1}% [{:.1}, {:.1}] ({k}/{n})",
-                100.0 * k as f64 / n as f64,
-                100.0 * lo,
-                100.0 * hi
-            )
-        });
-        Ok((text, ci))
+        Ok((stats::wilson_rate(k, n, 0.95)?, stats::wilson(k, n, 0.95)?))
     };
     for row in rows {
         match row {

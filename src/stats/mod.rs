@@ -708,6 +708,20 @@ where
     cluster_bootstrap_ci(&codes, &problems, stat, reps, seed, level)
 }
 
+/// `successes / n` as "p% [lo, hi] (k/n)" with its Wilson interval at `level`;
+/// "n/a (0 rows)" when `n == 0`.
+pub fn wilson_rate(successes: u64, n: u64, level: f64) -> Result<String> {
+    Ok(match wilson(successes, n, level)? {
+        Some((lo, hi)) => format!(
+            "{:.1}% [{:.1}, {:.1}] ({successes}/{n})",
+            100.0 * successes as f64 / n as f64,
+            100.0 * lo,
+            100.0 * hi
+        ),
+        None => "n/a (0 rows)".into(),
+    })
+}
+
 /// Wilson score interval for a binomial proportion `successes / n`, clamped to `[0, 1]`.
 /// `Ok(None)` when `n == 0`; errors if `successes > n` or `level` is not in `(0, 1)`.
 pub fn wilson(successes: u64, n: u64, level: f64) -> Result<Option<(f64, f64)>> {
