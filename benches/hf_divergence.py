@@ -20,6 +20,10 @@ finished) and prints a table of divergence rates.
     python benches/hf_divergence.py --gguf ~/.cache/kvcredit/models/smollm2-135m-instruct/smollm2-135m-instruct.gguf \\
         --pairs runs/divergence-gpu-smollm2/pairs.parquet --dtypes fp16,bf16,fp32 --out $OUT/hf-div.json
 
+One model's problems can be split over processes (``--skip S --problems N``, one dtype each) and
+the JSONs joined afterwards: ``python benches/hf_divergence.py --merge a.json b.json --out hf-div.json``
+(refuses files that share a problem or differ in settings).
+
 Exits 0 with a message when transformers, gguf or pyarrow is missing, or CUDA is requested but
 absent, so it can run inside a larger batch of commands.
 """
@@ -32,12 +36,17 @@ import time
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gguf", required=True, help="GGUF file (the one kvcredit ran)")
-    p.add_argument("--pairs", required=True, help="pairs.parquet of a kvcredit divergence run")
+    p.add_argument("--gguf", help="GGUF file (the one kvcredit ran)")
+    p.add_argument("--pairs", help="pairs.parquet of a kvcredit divergence run")
+    p.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                   help="combine the JSONs of runs over disjoint problem ranges into --out")
     p.add_argument("--dtypes", default="fp16,bf16,fp32")
     p.add_argument("--device", default="cuda")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's cap")
-    p.add_argument("--problems", type=int, default=None, help="first N problems only")
+    p.add_argument("--problems", type=int, default=None, help="N problems only")
+    p.add_argument("--skip", type=int, default=0,
+                   help="skip the first S problems (with --problems: problems S..S+N, so one "
+                        "model's problems can be split over processes and joined by --merge)")
     p.add_argument("--strategies", default="greedy,temperature=0.7,top_p=0.9:0.7",
                    help="greedy | temperature=T | top_p=P:T, comma-separated")
     p.add_argument("--attn", default="eager", help="attn_implementation (eager, sdpa)")
@@ -59,6 +68,10 @@ def parse_strategy(s):
 
 def main():
     a = parse_args()
+    if a.merge:
+        return merge(a.merge, a.out)
+    if not (a.gguf and a.pairs):
+        raise SystemExit("hf_divergence: --gguf and --pairs are required (or --merge)")
     try:
         import pyarrow.parquet as pq
         import torch
@@ -76,7 +89,8 @@ def main():
     prompts = {}
     for prob, ids in zip(table["problem"], table["prompt_ids"]):
         prompts.setdefault(int(prob), list(ids))
-    problems = sorted(prompts)[: a.problems] if a.problems else sorted(prompts)
+    problems = sorted(prompts)[a.skip:]
+    problems = problems[: a.problems] if a.problems else problems
     cap = a.max_new_tokens or max(len(t) for t in table["tokens_on"])
     strategies = [parse_strategy(s) for s in a.strategies.split(",")]
     kinds = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -94,8 +108,8 @@ def main():
         for si, (kind, temp, top_p) in enumerate(strategies):
             rows, started = [], time.time()
             for prob in problems:
-                rows.append(pair(torch, model, prompts[prob], cap, eos, vocab, dev,
-                                 (kind, temp, top_p), (a.seed, prob, si)))
+                rows.append({"problem": prob, **pair(torch, model, prompts[prob], cap, eos, vocab,
+                                                     dev, (kind, temp, top_p), (a.seed, prob, si))})
             div = sum(r["diverged"] for r in rows)
             label = kind if kind == "greedy" else f"{kind}={temp}" if top_p is None else f"top_p={top_p},t={temp}"
             summary = {"dtype": dname, "strategy": label, "problems": len(rows), "diverged": div,
@@ -109,6 +123,45 @@ def main():
             if a.out:
                 write_atomic(a.out, results)
         del model
+    return 0
+
+
+def merge(paths, out):
+    """Join runs of the same model over disjoint problem sets: per (dtype, strategy), counts add
+    up and pairs concatenate; a problem in two files, or files of different settings, is refused."""
+    if not out:
+        raise SystemExit("hf_divergence: --merge needs --out")
+    parts = []
+    for p in paths:
+        with open(p) as f:
+            parts.append(json.load(f))
+    keys = ("transformers", "torch", "device", "attn", "max_new_tokens")
+    for p, part in zip(paths[1:], parts[1:]):
+        if any(part.get(k) != parts[0].get(k) for k in keys):
+            raise SystemExit(f"hf_divergence: {p} has other settings than {paths[0]} ({keys})")
+    problems = [q for part in parts for q in part["problems"]]
+    if len(set(problems)) != len(problems):
+        raise SystemExit("hf_divergence: the files share problems; merge disjoint ranges only")
+    merged = {k: parts[0].get(k) for k in keys}
+    merged.update({"problems": sorted(problems), "merged_from": [os.path.basename(p) for p in paths],
+                   "runs": []})
+    runs = {}
+    for part in parts:
+        for r in part["runs"]:
+            key = (r["dtype"], r["strategy"])
+            if key not in runs:
+                runs[key] = {**r, "pairs": list(r["pairs"])}
+                merged["runs"].append(runs[key])
+                continue
+            m = runs[key]
+            for k in ("problems", "diverged", "flips", "seconds"):
+                m[k] += r[k]
+            m["max_abs"] = max(m["max_abs"], r["max_abs"])
+            m["pairs"] += r["pairs"]
+    for m in merged["runs"]:
+        m["rate"] = m["diverged"] / max(m["problems"], 1)
+        print(f"{m['dtype']:5} {m['strategy']:22} diverged {m['diverged']:3}/{m['problems']}")
+    write_atomic(out, merged)
     return 0
 
 
