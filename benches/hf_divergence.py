@@ -22,7 +22,7 @@ finished) and prints a table of divergence rates.
 
 One model's problems can be split over processes (``--skip S --problems N``, one dtype each) and
 the JSONs joined afterwards: ``python benches/hf_divergence.py --merge a.json b.json --out hf-div.json``
-(refuses files that share a problem or differ in settings).
+(refuses files that hold the same dtype × strategy × problem, or differ in settings).
 
 Exits 0 with a message when transformers, gguf or pyarrow is missing, or CUDA is requested but
 absent, so it can run inside a larger batch of commands.
@@ -115,8 +115,11 @@ def main():
             summary = {"dtype": dname, "strategy": label, "problems": len(rows), "diverged": div,
                        "rate": div / max(len(rows), 1), "seconds": time.time() - started,
                        "flips": sum(r["flips"] for r in rows),
+                       "non_finite": sum(r["non_finite"] is not None for r in rows),
                        "max_abs": max((r["max_abs"] for r in rows), default=0.0), "pairs": rows}
             results["runs"].append(summary)
+            if summary["non_finite"]:
+                print(f"{dname:5} {label:22} non-finite logits in {summary['non_finite']}/{len(rows)} pairs")
             print(f"{dname:5} {label:22} diverged {div:3}/{len(rows)}  flips {summary['flips']:4}  "
                   f"max|dlogit| {summary['max_abs']:.3e}  ({summary['seconds']:.1f} s)", flush=True)
             # Written after every (dtype, strategy): a run cut short keeps what finished.
@@ -127,8 +130,8 @@ def main():
 
 
 def merge(paths, out):
-    """Join runs of the same model over disjoint problem sets: per (dtype, strategy), counts add
-    up and pairs concatenate; a problem in two files, or files of different settings, is refused."""
+    """Join runs of one model: per (dtype, strategy), counts add up and pairs concatenate; two
+    files holding the same (dtype, strategy, problem), or files of different settings, are refused."""
     if not out:
         raise SystemExit("hf_divergence: --merge needs --out")
     parts = []
@@ -139,11 +142,9 @@ def merge(paths, out):
     for p, part in zip(paths[1:], parts[1:]):
         if any(part.get(k) != parts[0].get(k) for k in keys):
             raise SystemExit(f"hf_divergence: {p} has other settings than {paths[0]} ({keys})")
-    problems = [q for part in parts for q in part["problems"]]
-    if len(set(problems)) != len(problems):
-        raise SystemExit("hf_divergence: the files share problems; merge disjoint ranges only")
+    problems = sorted({q for part in parts for q in part["problems"]})
     merged = {k: parts[0].get(k) for k in keys}
-    merged.update({"problems": sorted(problems), "merged_from": [os.path.basename(p) for p in paths],
+    merged.update({"problems": problems, "merged_from": [os.path.basename(p) for p in paths],
                    "runs": []})
     runs = {}
     for part in parts:
@@ -154,13 +155,18 @@ def merge(paths, out):
                 merged["runs"].append(runs[key])
                 continue
             m = runs[key]
-            for k in ("problems", "diverged", "flips", "seconds"):
-                m[k] += r[k]
+            seen = {q["problem"] for q in m["pairs"]}
+            if any(q["problem"] in seen for q in r["pairs"]):
+                raise SystemExit(f"hf_divergence: two files hold {key[0]} {key[1]} pairs of the same "
+                                 "problem; merge disjoint ranges only")
+            for k in ("problems", "diverged", "flips", "seconds", "non_finite"):
+                m[k] = m.get(k, 0) + r.get(k, 0)
             m["max_abs"] = max(m["max_abs"], r["max_abs"])
             m["pairs"] += r["pairs"]
     for m in merged["runs"]:
         m["rate"] = m["diverged"] / max(m["problems"], 1)
-        print(f"{m['dtype']:5} {m['strategy']:22} diverged {m['diverged']:3}/{m['problems']}")
+        bad = f"  non-finite logits in {m['non_finite']}" if m.get("non_finite") else ""
+        print(f"{m['dtype']:5} {m['strategy']:22} diverged {m['diverged']:3}/{m['problems']}{bad}")
     write_atomic(out, merged)
     return 0
 
@@ -195,6 +201,7 @@ def pair(torch, model, prompt, cap, eos, vocab, dev, strategy, key):
         return g
 
     on, off, max_abs, flips = [], [], 0.0, 0
+    non_finite = None
     with torch.no_grad():
         ids = torch.tensor([prompt], device=dev)
         out = model(ids, use_cache=True)
@@ -203,6 +210,13 @@ def pair(torch, model, prompt, cap, eos, vocab, dev, strategy, key):
         for step in range(cap):
             seq = torch.tensor([prompt + off], device=dev)
             z_off = model(seq, use_cache=False).logits[0, -1]
+            # Overflowed logits (NaN/inf) would make both paths pick the same token and look
+            # like agreement: the pair is recorded as non-finite and stops there.
+            bad = [n for n, z in (("cache-ON", z_on), ("cache-OFF", z_off))
+                   if not bool(torch.isfinite(z).all())]
+            if bad:
+                non_finite = {"step": step, "paths": bad}
+                break
             if on == off and not done_on:
                 d = (z_on.double() - z_off.double()).abs().max().item()
                 max_abs = max(max_abs, d)
@@ -220,7 +234,10 @@ def pair(torch, model, prompt, cap, eos, vocab, dev, strategy, key):
                 past, z_on = out.past_key_values, out.logits[0, -1]
     tau = next((i for i, (x, y) in enumerate(zip(on, off)) if x != y),
                None if len(on) == len(off) else min(len(on), len(off)))
+    if non_finite:
+        tau = None
     return {"diverged": tau is not None, "tau": tau, "max_abs": max_abs, "flips": flips,
+            "non_finite": non_finite,
             "tokens_on": len(on), "tokens_off": len(off)}
 
 

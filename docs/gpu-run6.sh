@@ -132,6 +132,20 @@ drive)
   lane_h > $R/lane-h.log 2>&1 &
   wait
   ;;
+rehf)
+  # The first Gemma-3/SmolLM2 references ran out of GPU memory beside the fp32 study (it held
+  # ~92 GiB); the 1.5B's fp16 reference gave NaN logits that looked like agreement. Rerun those
+  # with the script that records non-finite logits, now that memory is free.
+  cp benches/hf_divergence.py $P/benches/ && cp docs/gpu-run6.sh $P/docs/
+  for n in gemma3-bf16-0 gemma3-fp16-0 smollm2-fp16-0 smollm2-fp32-0 qwen15-fp16-0 qwen15-fp16-8; do
+    rm -f $R/hf-$n.ended $R/hf/part-$n.json; mv $R/hf-$n.log $R/hf-$n.first.log 2>/dev/null
+  done
+  (cd $P && PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True setsid nohup bash docs/gpu-run6.sh lane_h >> $R/lane-h2.log 2>&1 < /dev/null &)
+  sleep 2; pgrep -af hf_divergence | wc -l
+  ;;
+lane_h)
+  rm -f $R/lane-h.done; lane_h
+  ;;
 poll)
   ensure_driver
   end=$(( $(date +%s) + $2 ))

@@ -668,10 +668,14 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
                         }
                         _ => "not in these runs".into(),
                     };
+                    // Overflowed logits make both paths agree on garbage: no rate then.
+                    let theirs = match run["non_finite"].as_u64().unwrap_or(0) {
+                        0 => rate(k, n, level)?,
+                        bad => format!("non-finite logits in {bad}/{n} pairs"),
+                    };
                     let _ = writeln!(
                         r,
-                        "| {file} | {m} | {dtype} | {strategy} | {n} | {} | {ours} |",
-                        rate(k, n, level)?
+                        "| {file} | {m} | {dtype} | {strategy} | {n} | {theirs} | {ours} |"
                     );
                 }
             }
