@@ -544,3 +544,62 @@ fn slurm_array_and_dependent_merge_reproduce_the_unsharded_run() {
         "analyze wrote no report: {log}"
     );
 }
+
+fn local_gpus(spec: &Path, root: &Path, compare: &Path) -> Output {
+    Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm/local-gpus.sh"))
+        .args([spec.to_str().unwrap(), "2", root.to_str().unwrap()])
+        .env("KVCREDIT", BIN)
+        .env("GPUS", "")
+        .env("COMPARE", compare)
+        .output()
+        .unwrap()
+}
+
+/// `slurm/local-gpus.sh` (one host, one process per shard) runs the Slurm template's scripts
+/// without Slurm: two shards side by side merge byte-identically to the unsharded run, and its
+/// own byte-identity check fails against a run whose Parquet differs in one byte.
+#[test]
+fn local_gpus_script_merges_byte_identical_and_its_check_catches_a_difference() {
+    let r = runs();
+    let root = r.root.join("local");
+    let o = local_gpus(&r.spec, &root, &r.whole);
+    ok(&o, "local-gpus.sh");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("byte-identical: 16 Parquet files"),
+        "{stdout}"
+    );
+    assert_same_parquet(&r.whole, &root.join("merged"));
+    assert!(root.join("report/report.md").is_file());
+    let timing: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("local-gpus.json")).unwrap())
+            .unwrap();
+    assert_eq!(timing["shards"], 2);
+    assert_eq!(timing["shard_seconds"].as_array().unwrap().len(), 2);
+
+    // Negative control: the same finished shards (a rerun resumes them) checked against a copy
+    // of the unsharded run with one byte of its estimates table changed.
+    let again = r.root.join("local-again");
+    std::fs::create_dir_all(&again).unwrap();
+    for i in 0..2 {
+        copy_run(
+            &root.join(format!("shard-{i}")),
+            &again.join(format!("shard-{i}")),
+        );
+    }
+    let altered = r.root.join("whole-altered");
+    copy_run(&r.whole, &altered);
+    let table = altered.join("estimates.parquet");
+    let mut bytes = std::fs::read(&table).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(&table, bytes).unwrap();
+    let o = local_gpus(&r.spec, &again, &altered);
+    assert!(!o.status.success(), "the check passed a differing table");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("estimates.parquet differs"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
