@@ -460,21 +460,12 @@ pub fn run(
     Ok(report)
 }
 
-/// Run one measurement; record its error (or panic) and go on without it.
+/// Run one measurement; record its error and go on without it.
 fn attempt<T>(errors: &mut Vec<String>, what: &str, f: impl FnOnce() -> Result<T>) -> Option<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Some(v),
-        Ok(Err(e)) => {
+    match f() {
+        Ok(v) => Some(v),
+        Err(e) => {
             errors.push(format!("{what}: {e}"));
-            None
-        }
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "panic".into());
-            errors.push(format!("{what}: panicked: {msg}"));
             None
         }
     }
