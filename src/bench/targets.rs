@@ -355,3 +355,4 @@ impl BenchReport {
         self.targets = targets;
     }
 }
+
