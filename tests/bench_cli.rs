@@ -106,7 +106,11 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
 fn bench_rejects_bad_settings_in_one_line() {
     let out = common::scratch("bench", "bad");
     let bad_targets = out.join("bad-targets.toml");
-    std::fs::write(&bad_targets, "[continuation]\nbatch = 64\nmin_speedup = -1.0\n").unwrap();
+    std::fs::write(
+        &bad_targets,
+        "[continuation]\nbatch = 64\nmin_speedup = -1.0\n",
+    )
+    .unwrap();
     let missing_targets = out.join("no-such-targets.toml");
     for args in [
         vec!["--batches", "0"],

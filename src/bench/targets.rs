@@ -114,7 +114,16 @@ impl TargetFile {
     pub fn load(path: &std::path::Path) -> Result<TargetFile> {
         let bad = |msg: String| Error::Spec(format!("bench targets {}: {msg}", path.display()));
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let file: TargetFile = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let file: TargetFile = toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|r| text[..r.start.min(text.len())].lines().count().max(1));
+            let msg = e.message().trim();
+            bad(match line {
+                Some(l) => format!("line {l}: {msg}"),
+                None => msg.to_string(),
+            })
+        })?;
         file.validate().map_err(bad)?;
         Ok(file)
     }
@@ -131,10 +140,10 @@ impl TargetFile {
         positive("continuation.min_speedup", self.continuation.min_speedup)?;
         positive("decode.max_ms", self.decode.max_ms)?;
         positive("snapshot.max_ratio", self.snapshot.max_ratio)?;
-        let batches = std::iter::once(self.continuation.batch)
+        let mut batches = std::iter::once(self.continuation.batch)
             .chain(self.invariant_cost_batches.iter().copied())
             .chain(self.hf_baselines.results.iter().map(|r| r.batch));
-        if batches.into_iter().any(|b| b == 0) {
+        if batches.any(|b| b == 0) {
             return Err("batch sizes must be positive".into());
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -355,4 +364,3 @@ impl BenchReport {
         self.targets = targets;
     }
 }
-
