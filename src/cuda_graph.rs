@@ -9,11 +9,10 @@
 //! outside the graph), then again under capture; the tensors the step returns live in the
 //! graph's private memory pool and are rewritten by every [`CudaGraph::replay`]. The step must
 //! only issue device work on tensors whose storage outlives the graph (no host syncs, no
-//! host→device copies); `tch` ops that fail inside a capture panic, and the panic is caught
-//! and turned into an error after the capture is closed.
+//! host→device copies). The step's ops are fallible (`f_*` forms): an error inside the capture
+//! is returned after the capture is closed.
 use crate::{Error, Result};
 use std::ffi::{c_char, c_int, c_long, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use tch::Device;
 
 #[cfg(kvcredit_shim)]
@@ -124,14 +123,14 @@ impl CudaGraph {
             kvc_graph_enter(graph.ptr, e, n)
         })?;
         let captured: Result<T> = (|| {
-            catch_unwind(AssertUnwindSafe(&mut step)).map_err(|p| panic_error("warm-up", p))??;
+            step()?;
             call("capture start", |e, n| unsafe {
                 kvc_graph_begin(graph.ptr, e, n)
             })?;
-            let out = catch_unwind(AssertUnwindSafe(&mut step));
+            let out = step();
             // Close the capture whatever happened inside it.
             let ended = call("capture", |e, n| unsafe { kvc_graph_end(graph.ptr, e, n) });
-            let out = out.map_err(|p| panic_error("capture", p))??;
+            let out = out?;
             ended?;
             Ok(out)
         })();
@@ -162,15 +161,6 @@ impl Drop for CudaGraph {
         // SAFETY: `self.ptr` came from `kvc_graph_new` and is freed once.
         unsafe { kvc_graph_free(self.ptr) }
     }
-}
-
-fn panic_error(what: &str, p: Box<dyn std::any::Any + Send>) -> Error {
-    let msg = p
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into());
-    Error::Spec(format!("CUDA graph {what}: {msg}"))
 }
 
 /// Count the top-level, non-view ATen ops `f` dispatches on this thread (about the kernel

@@ -233,13 +233,13 @@ impl KvCache {
                 let mut dims = buf.size();
                 dims[2] = cap;
                 let grown = Tensor::f_zeros(dims, (self.kind, self.device))?;
-                grown.narrow(2, 0, self.capacity).f_copy_(buf)?;
+                grown.f_narrow(2, 0, self.capacity)?.f_copy_(buf)?;
                 *buf = grown;
             }
         }
         if let Some(m) = &mut self.masked {
             let grown = Tensor::f_zeros([m.size()[0], cap], (Kind::Bool, self.device))?;
-            grown.narrow(1, 0, self.capacity).f_copy_(m)?;
+            grown.f_narrow(1, 0, self.capacity)?.f_copy_(m)?;
             *m = grown;
         }
         self.capacity = cap;
@@ -262,17 +262,22 @@ impl KvCache {
         let buf = &mut self.layers[layer];
         match how {
             KvWrite::At(start) => {
-                buf.k.narrow(2, start, t).f_copy_(k)?;
-                buf.v.narrow(2, start, t).f_copy_(v)?;
+                buf.k.f_narrow(2, start, t)?.f_copy_(k)?;
+                buf.v.f_narrow(2, start, t)?.f_copy_(v)?;
             }
             KvWrite::Scatter => {
                 let dims = k.size();
-                let index = positions.view([dims[0], 1, t, 1]).expand(&dims, false);
+                let index = positions
+                    .f_view([dims[0], 1, t, 1])?
+                    .f_expand(&dims, false)?;
                 let _ = buf.k.f_scatter_(2, &index, k)?;
                 let _ = buf.v.f_scatter_(2, &index, v)?;
             }
         }
-        Ok((buf.k.narrow(2, 0, key_len), buf.v.narrow(2, 0, key_len)))
+        Ok((
+            buf.k.f_narrow(2, 0, key_len)?,
+            buf.v.f_narrow(2, 0, key_len)?,
+        ))
     }
 
     /// A cache sharing this one's buffers, restricted to rows `0..n` (views: writes through it
@@ -536,14 +541,17 @@ impl KvCache {
 
     /// Which keys `0..key_len` attention may see, `[B, 1, key_len]` bool, or `None` when no
     /// position is masked.
-    pub(crate) fn attended(&self, key_len: i64) -> Option<Tensor> {
+    pub(crate) fn attended(&self, key_len: i64) -> Result<Option<Tensor>> {
         let b = self.batch() as i64;
-        self.masked.as_ref().map(|m| {
-            m.narrow(0, 0, b)
-                .narrow(1, 0, key_len)
-                .logical_not()
-                .unsqueeze(1)
-        })
+        self.masked
+            .as_ref()
+            .map(|m| {
+                Ok(m.f_narrow(0, 0, b)?
+                    .f_narrow(1, 0, key_len)?
+                    .f_logical_not()?
+                    .f_unsqueeze(1)?)
+            })
+            .transpose()
     }
 
     /// Rows the buffers hold (at least [`Self::batch`]).

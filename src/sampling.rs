@@ -159,13 +159,13 @@ pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<
         Sampling::Greedy => logits.f_to_kind(Kind::Float)?.f_argmax(-1, false)?,
         Sampling::Temperature { .. } | Sampling::TopP { .. } => {
             let b = keys.len() as i64;
-            let words = Tensor::from_slice(&noise_words(keys))
-                .to_device(logits.device())
-                .view([2, b, 1]);
+            let words = Tensor::f_from_slice(&noise_words(keys))?
+                .f_to_device(logits.device())?
+                .f_view([2, b, 1])?;
             select_on_device(logits, sampling, &words)?
         }
     };
-    Ok(Vec::<i64>::try_from(chosen.to_device(Device::Cpu))?)
+    Ok(Vec::<i64>::try_from(chosen.f_to_device(Device::Cpu)?)?)
 }
 
 /// The chosen token of each row as a device tensor `[B]`, from device-resident key words
@@ -211,7 +211,7 @@ pub fn select_and_check_on_device(
         .f_isfinite()?
         .f_all()?
         .f_to_kind(Kind::Int64)?
-        .view([1]);
+        .f_view([1])?;
     Ok(Tensor::f_cat(&[chosen, finite], 0)?)
 }
 
@@ -228,7 +228,7 @@ pub fn select_checked(
 
 /// Split the output of [`select_and_check_on_device`] after copying it to the host.
 pub fn split_checked(both: &Tensor) -> Result<(Vec<i64>, bool)> {
-    let mut v = Vec::<i64>::try_from(both.to_device(Device::Cpu))?;
+    let mut v = Vec::<i64>::try_from(both.f_to_device(Device::Cpu)?)?;
     let finite = v.pop() == Some(1);
     Ok((v, finite))
 }

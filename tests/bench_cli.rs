@@ -105,10 +105,19 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
 #[test]
 fn bench_rejects_bad_settings_in_one_line() {
     let out = common::scratch("bench", "bad");
+    let bad_targets = out.join("bad-targets.toml");
+    std::fs::write(
+        &bad_targets,
+        "[continuation]\nbatch = 64\nmin_speedup = -1.0\n",
+    )
+    .unwrap();
+    let missing_targets = out.join("no-such-targets.toml");
     for args in [
         vec!["--batches", "0"],
         vec!["--prompt", "0"],
         vec!["--synthetic", "no-such-shape"],
+        vec!["--targets", bad_targets.to_str().unwrap()],
+        vec!["--targets", missing_targets.to_str().unwrap()],
     ] {
         let mut all = vec!["bench", "--quiet", "--out", out.to_str().unwrap()];
         if !args.contains(&"--synthetic") {

@@ -60,10 +60,15 @@ pub struct Args {
     #[arg(long)]
     bandwidth_gbs: Option<f64>,
     /// JSON from `benches/hf_generate.py` to compare against (matched on shape and dtype; a
-    /// missing file is skipped with a warning). Without one, bf16 CUDA runs of a synthetic
-    /// shape use the H200 numbers in docs/h200-facts.md.
+    /// missing file is skipped with a warning). Without one, runs of a synthetic shape use the
+    /// reference numbers of the targets file that match their device and dtype (the H200 bf16
+    /// numbers of docs/h200-facts.md).
     #[arg(long)]
     hf: Vec<PathBuf>,
+    /// Targets and reference baselines (TOML; default: the repository's
+    /// benches/targets.toml). Read before anything is measured; a bad file is an error.
+    #[arg(long)]
+    targets: Option<PathBuf>,
     /// Output folder of the JSON report.
     #[arg(long, default_value = "runs/bench")]
     out: PathBuf,
@@ -96,6 +101,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
     )?;
     let device = run.device;
+    let targets_path = a
+        .targets
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(bench::TargetFile::DEFAULT_PATH));
+    let targets = bench::TargetFile::load(&targets_path)?;
     let Chosen {
         decoder: model,
         what,
@@ -137,7 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut report = bench::run(&model, &what, shape.as_deref(), &cfg, &mut bar)?;
     bar.0.finish_and_clear();
 
-    // Baselines: files given, else the measured H200 numbers for a bf16 CUDA synthetic run.
+    // Baselines: files given, else the targets file's reference numbers for this device/dtype.
     let dtype = run.dtype.to_string();
     if let Some(shape) = &shape {
         for path in &a.hf {
@@ -152,21 +162,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .hf
                 .extend(bench::read_hf_baselines(path, shape, &dtype)?);
         }
-        if report.hf.is_empty() && device != Device::Cpu && run.dtype == Dtype::Bf16 {
+        if report.hf.is_empty() {
+            let kind = if device == Device::Cpu { "cpu" } else { "cuda" };
             for b in a.cont_batches.iter().chain(&a.batches) {
-                if let Some(tps) = bench::builtin_hf_baseline(shape, *b)
+                if let Some(base) = targets.reference_baseline(shape, *b, kind, &dtype)
                     && !report.hf.iter().any(|h| h.batch == *b)
                 {
-                    report.hf.push(bench::HfBaseline {
-                        source: "docs/h200-facts.md (H200, transformers 5.17)".into(),
-                        batch: *b,
-                        generate_tokens_per_s: tps,
-                    });
+                    report.hf.push(base);
                 }
             }
         }
     }
-    report.evaluate_targets();
+    report.evaluate_targets(&targets);
     print!("{}", report.table());
 
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;

@@ -4,12 +4,13 @@
 use super::model_args::{Chosen, ModelArgs};
 use super::run_args::{Defaults, RunArgs, RunConfig};
 use anyhow::bail;
+use kvcredit::bench::{self, BenchConfig, runners};
+use kvcredit::decode::engine::EngineMode;
 use kvcredit::exec::BiTiles;
 use kvcredit::exec::invariance::{self, CheckOptions};
-use kvcredit::runtime::{Dtype, sync};
-use kvcredit::{Decoder, ExecPolicy, LogitsAt, PolicyKind};
+use kvcredit::runtime::Dtype;
+use kvcredit::{Decoder, ExecPolicy, PolicyKind};
 use std::time::Instant;
-use tch::Tensor;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,7 +54,8 @@ pub struct Args {
     bench_reps: usize,
 }
 
-/// Seconds per decode step at batch `b` after `ctx` cached tokens.
+/// Seconds per decode step at batch `b` after `ctx` cached tokens: `kvcredit bench`'s eager
+/// decode-step timing (one warm-up step, greedy, tokens read back).
 fn bench_decode(
     model: &Decoder,
     policy: ExecPolicy,
@@ -61,38 +63,21 @@ fn bench_decode(
     ctx: usize,
     steps: usize,
 ) -> anyhow::Result<f64> {
-    let vocab = model.config().vocab_size as i64;
-    let dev = model.device();
-    let mut cache = model.new_cache(b, (ctx + steps + 1) as i64)?;
-    let prompt = Tensor::randint(vocab, [b as i64, ctx as i64], (tch::Kind::Int64, dev));
-    let _ = model.forward(&prompt, &mut cache, &policy, &LogitsAt::Last)?;
-    let next = Tensor::randint(vocab, [b as i64, 1], (tch::Kind::Int64, dev));
-    let _ = model.forward(&next, &mut cache, &policy, &LogitsAt::Last)?; // warm-up
-    sync(dev);
-    let start = Instant::now();
-    for _ in 0..steps {
-        let _ = model.forward(&next, &mut cache, &policy, &LogitsAt::Last)?;
-    }
-    sync(dev);
-    Ok(start.elapsed().as_secs_f64() / steps as f64)
+    let prompt = bench::random_ids(ctx, model.config().vocab_size as i64, 0);
+    let base = runners::prefilled(model, policy, &prompt)?;
+    let cfg = BenchConfig {
+        warmup_steps: 1,
+        steps,
+        ..BenchConfig::default()
+    };
+    Ok(runners::decode_steps(model, policy, EngineMode::Eager, &base, b, &cfg)?.seconds)
 }
 
-/// Seconds of one batch-1 prefill of `n` tokens (after a warm-up run).
+/// Seconds of one batch-1 prefill of `n` tokens (after a warm-up run): `kvcredit bench`'s
+/// prefill timing.
 fn bench_prefill(model: &Decoder, policy: ExecPolicy, n: usize) -> anyhow::Result<f64> {
-    let vocab = model.config().vocab_size as i64;
-    let dev = model.device();
-    let prompt = Tensor::randint(vocab, [1, n as i64], (tch::Kind::Int64, dev));
-    let run = || -> anyhow::Result<()> {
-        let mut cache = model.new_cache(1, n as i64)?;
-        let _ = model.forward(&prompt, &mut cache, &policy, &LogitsAt::Last)?;
-        Ok(())
-    };
-    run()?; // warm-up
-    sync(dev);
-    let start = Instant::now();
-    run()?;
-    sync(dev);
-    Ok(start.elapsed().as_secs_f64())
+    let prompt = bench::random_ids(n, model.config().vocab_size as i64, 0);
+    Ok(runners::prefill(model, policy, &prompt, 1)?.seconds)
 }
 
 /// Best of `reps` interleaved runs of `f` under each policy: (stock, batch-invariant).
@@ -111,6 +96,11 @@ fn best_of(
 
 fn bench(model: &Decoder, a: &Args, cfg: &RunConfig) -> anyhow::Result<()> {
     let _guard = tch::no_grad_guard();
+    if a.bench_context == 0 || a.bench_steps == 0 || a.bench_prefill == 0 {
+        bail!(
+            "invariance --bench: --bench-context, --bench-steps and --bench-prefill must be positive"
+        );
+    }
     println!(
         "bench: decode step after {} cached tokens ({} timed steps), prefill of {} tokens at \
          batch 1; best of {} interleaved repetitions",
@@ -158,7 +148,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } = a.model.load(cfg.dtype, cfg.device)?;
     if a.bench {
         model.check_context(
-            (a.bench_context + a.bench_steps + 1).max(a.bench_prefill),
+            (a.bench_context + a.bench_steps + 2).max(a.bench_prefill),
             "invariance --bench (--bench-context + --bench-steps, or --bench-prefill)",
         )?;
     }

@@ -199,14 +199,14 @@ impl<'m> Stepper<'m> {
             };
             step.run(st, &mut self.cache, &mut self.counters, feed, keys)?
         } else {
-            let ids = Tensor::from_slice(feed).view([b as i64, 1]);
+            let ids = Tensor::f_from_slice(feed)?.f_view([b as i64, 1])?;
             let logits = self
                 .model
                 .forward(&ids, &mut self.cache, &self.policy, &LogitsAt::Last)?
-                .view([b as i64, -1]);
-            let words = Tensor::from_slice(&sampling::noise_words(keys))
-                .to_device(self.model.device())
-                .view([2, b as i64, 1]);
+                .f_view([b as i64, -1])?;
+            let words = Tensor::f_from_slice(&sampling::noise_words(keys))?
+                .f_to_device(self.model.device())?
+                .f_view([2, b as i64, 1])?;
             sampling::select_checked(&logits, self.sampling, &words)?
         };
         if !finite {
@@ -272,8 +272,8 @@ impl StaticStep<'_> {
             host.extend_from_slice(&[feed[r], lens[r], words[r], words[b + r]]);
         }
         st.io
-            .narrow(0, 0, b as i64)
-            .f_copy_(&Tensor::from_slice(&host).view([b as i64, 4]))?;
+            .f_narrow(0, 0, b as i64)?
+            .f_copy_(&Tensor::f_from_slice(&host)?.f_view([b as i64, 4])?)?;
 
         let use_graphs = self.graphs && st.fallback.is_none();
         let out = if !use_graphs {
@@ -312,10 +312,13 @@ impl StaticStep<'_> {
     /// device (tokens, then the all-finite flag). Device work only (what a graph captures).
     fn body(&self, st: &StaticState, cache: &KvCache, b: usize) -> Result<Tensor> {
         let b = b as i64;
-        let cols = st.io.narrow(0, 0, b);
-        let tokens = cols.select(1, 0).view([b, 1]);
-        let positions = cols.select(1, 1).view([b, 1]);
-        let words = cols.narrow(1, 2, 2).transpose(0, 1).view([2, b, 1]);
+        let cols = st.io.f_narrow(0, 0, b)?;
+        let tokens = cols.f_select(1, 0)?.f_view([b, 1])?;
+        let positions = cols.f_select(1, 1)?.f_view([b, 1])?;
+        let words = cols
+            .f_narrow(1, 2, 2)?
+            .f_transpose(0, 1)?
+            .f_view([2, b, 1])?;
         let mut view = cache.rows_view(b as usize);
         let logits = self
             .model

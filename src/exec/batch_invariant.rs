@@ -151,92 +151,117 @@ fn ceil_div(a: i64, b: i64) -> i64 {
 }
 
 /// `x` (`[…, K]`) as a fresh zero-padded `[tiles·rows, K]` buffer, with the number of real rows.
-fn padded_rows(x: &Tensor, rows_per_tile: i64, kind: Kind) -> (Tensor, i64, i64) {
+fn padded_rows(x: &Tensor, rows_per_tile: i64, kind: Kind) -> Result<(Tensor, i64, i64)> {
     let dims = x.size();
-    let k = *dims.last().expect("at least 1-d");
+    let k = super::last_dim(x)?;
     let rows: i64 = dims[..dims.len() - 1].iter().product();
     let tiles = ceil_div(rows.max(1), rows_per_tile);
-    let buf = Tensor::zeros([tiles * rows_per_tile, k], (kind, x.device()));
+    let buf = Tensor::f_zeros([tiles * rows_per_tile, k], (kind, x.device()))?;
     if rows > 0 {
-        buf.narrow(0, 0, rows).copy_(&x.reshape([rows, k]));
+        buf.f_narrow(0, 0, rows)?
+            .f_copy_(&x.f_reshape([rows, k])?)?;
     }
-    (buf, rows, tiles)
+    Ok((buf, rows, tiles))
+}
+
+/// `parts` joined along dimension 0 (the one part itself when there is one).
+fn join(parts: Vec<Tensor>) -> Result<Tensor> {
+    if parts.len() == 1 {
+        Ok(parts.into_iter().next().expect("one part"))
+    } else {
+        Ok(Tensor::f_cat(&parts, 0)?)
+    }
 }
 
 /// `x @ w^T + b`, one fixed-shape matmul per row tile.
-pub(super) fn linear(tiles: &BiTiles, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+pub(super) fn linear(
+    tiles: &BiTiles,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+) -> Result<Tensor> {
     let m = tiles.gemm_rows;
     let dims = x.size();
     let n = w.size()[0];
-    let (buf, rows, tiles) = padded_rows(x, m, x.kind());
+    let (buf, rows, tiles) = padded_rows(x, m, x.kind())?;
     let k = buf.size()[1];
     // Tiles start at multiples of m·K elements of a fresh buffer; copy a tile when that offset
     // would change the pointer alignment a BLAS library sees (up to 256 bytes).
     let aligned = (m * k * x.kind().elt_size_in_bytes() as i64) % 256 == 0;
-    let outs: Vec<Tensor> = (0..tiles)
+    let outs = (0..tiles)
         .map(|i| {
-            let tile = buf.narrow(0, i * m, m);
-            let tile = if aligned || i == 0 { tile } else { tile.copy() };
-            tile.linear(w, b)
+            let tile = buf.f_narrow(0, i * m, m)?;
+            let tile = if aligned || i == 0 {
+                tile
+            } else {
+                // `Tensor::copy` without its panic: a zeroed tensor like `tile`, copied into.
+                let mut fresh = tile.f_zeros_like()?;
+                fresh.f_copy_(&tile)?;
+                fresh
+            };
+            Ok(tile.f_linear(w, b)?)
         })
-        .collect();
-    let out = if outs.len() == 1 {
-        outs.into_iter().next().expect("one tile")
-    } else {
-        Tensor::cat(&outs, 0)
-    };
+        .collect::<Result<Vec<Tensor>>>()?;
+    let out = join(outs)?;
     let mut shape = dims[..dims.len() - 1].to_vec();
     shape.push(n);
-    out.narrow(0, 0, rows).reshape(shape)
+    Ok(out.f_narrow(0, 0, rows)?.f_reshape(shape)?)
 }
 
 /// `x / rms(x)` in fp32 (fp64 for fp64 runs) over the last dimension, the sums of squares taken over fixed row tiles.
-pub(super) fn rms_normalize(tiles: &BiTiles, x: &Tensor, eps: f64) -> Tensor {
+pub(super) fn rms_normalize(tiles: &BiTiles, x: &Tensor, eps: f64) -> Result<Tensor> {
     let m = tiles.norm_rows;
     let dims = x.size();
-    let h = *dims.last().expect("at least 1-d");
+    let h = super::last_dim(x)?;
     let acc = accum_kind(x.kind());
-    let xf = x.to_kind(acc);
+    let xf = x.f_to_kind(acc)?;
     // The squares, written straight into a zero-padded buffer of whole tiles.
     let rows: i64 = dims[..dims.len() - 1].iter().product();
     let tiles = ceil_div(rows.max(1), m);
-    let buf = Tensor::zeros([tiles * m, h], (acc, x.device()));
+    let buf = Tensor::f_zeros([tiles * m, h], (acc, x.device()))?;
     if rows > 0 {
-        let flat = xf.reshape([rows, h]);
-        let _ = flat.mul_out(&buf.narrow(0, 0, rows), &flat);
+        let flat = xf.f_reshape([rows, h])?;
+        let _ = flat.f_mul_out(&buf.f_narrow(0, 0, rows)?, &flat)?;
     }
-    let sums: Vec<Tensor> = (0..tiles)
+    let sums = (0..tiles)
         .map(|i| {
-            buf.narrow(0, i * m, m)
-                .sum_dim_intlist([-1i64].as_slice(), false, acc)
+            Ok(buf
+                .f_narrow(0, i * m, m)?
+                .f_sum_dim_intlist([-1i64].as_slice(), false, acc)?)
         })
-        .collect();
-    let sums = if sums.len() == 1 {
-        sums.into_iter().next().expect("one tile")
-    } else {
-        Tensor::cat(&sums, 0)
-    };
+        .collect::<Result<Vec<Tensor>>>()?;
+    let sums = join(sums)?;
     let mut shape = dims[..dims.len() - 1].to_vec();
     shape.push(1);
-    let var = sums.narrow(0, 0, rows).reshape(shape) / (h as f64);
-    xf * (var + eps).rsqrt()
+    let var = sums
+        .f_narrow(0, 0, rows)?
+        .f_reshape(shape)?
+        .f_div_scalar(h as f64)?;
+    Ok(xf.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?)
 }
 
 /// MLP activation from position-independent elementwise primitives, in fp32 (fp64 for fp64).
-pub(super) fn activation(x: &Tensor, act: Activation) -> Tensor {
-    let xf = x.to_kind(accum_kind(x.kind()));
+pub(super) fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
+    let xf = x.f_to_kind(accum_kind(x.kind()))?;
     let y = match act {
-        Activation::Silu => &xf / ((-&xf).exp() + 1.0),
+        Activation::Silu => xf.f_div(&xf.f_neg()?.f_exp()?.f_add_scalar(1.0)?)?,
         Activation::GeluTanh => {
             // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), as ATen writes it.
             let k_beta = std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5;
-            let cube = &xf * &xf * &xf;
-            let inner = (&xf + cube * 0.044715) * k_beta;
-            &xf * 0.5 * (inner.tanh() + 1.0)
+            let cube = xf.f_mul(&xf)?.f_mul(&xf)?;
+            let inner = xf
+                .f_add(&cube.f_mul_scalar(0.044715)?)?
+                .f_mul_scalar(k_beta)?;
+            xf.f_mul_scalar(0.5)?
+                .f_mul(&inner.f_tanh()?.f_add_scalar(1.0)?)?
         }
-        Activation::Gelu => &xf * 0.5 * ((&xf * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0),
+        Activation::Gelu => xf.f_mul_scalar(0.5)?.f_mul(
+            &xf.f_mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?
+                .f_erf()?
+                .f_add_scalar(1.0)?,
+        )?,
     };
-    y.to_kind(x.kind())
+    Ok(y.f_to_kind(x.kind())?)
 }
 
 /// Grouped-query attention by fixed-shape split-KV; see the module documentation.
@@ -246,8 +271,8 @@ pub(super) fn attention(
     k: &Tensor,
     v: &Tensor,
     p: &AttnParams,
-) -> Tensor {
-    let (b, hq, t, d) = q.size4().expect("q is 4-d");
+) -> Result<Tensor> {
+    let (b, hq, t, d) = q.size4()?;
     let (hkv, l) = (k.size()[1], k.size()[2]);
     let group = hq / hkv;
     let (tq, c, w) = (tiles.query_tile, tiles.key_chunk, tiles.units);
@@ -258,30 +283,31 @@ pub(super) fn attention(
     let dev = q.device();
 
     let msize = p.mask.size();
-    assert!(
-        msize.len() == 5 && msize[1] == 1 && msize[2] == 1,
-        "batch-invariant attention needs a mask of shape [B, 1, 1, T, L], got {msize:?}"
-    );
+    if !(msize.len() == 5 && msize[1] == 1 && msize[2] == 1) {
+        return Err(Error::Torch(format!(
+            "batch-invariant attention needs a mask of shape [B, 1, 1, T, L], got {msize:?}"
+        )));
+    }
 
     // Query blocks [B·nt, Hkv, group·tq, D]: rows are (query head of the group, position).
     let qb = q
-        .to_kind(f)
-        .reshape([b, hkv, group, t, d])
-        .constant_pad_nd([0, 0, 0, t_pad - t])
-        .reshape([b, hkv, group, nt, tq, d])
-        .permute([0, 3, 1, 2, 4, 5])
-        .contiguous()
-        .reshape([b * nt, hkv, rows, d]);
+        .f_to_kind(f)?
+        .f_reshape([b, hkv, group, t, d])?
+        .f_constant_pad_nd([0, 0, 0, t_pad - t])?
+        .f_reshape([b, hkv, group, nt, tq, d])?
+        .f_permute([0, 3, 1, 2, 4, 5])?
+        .f_contiguous()?
+        .f_reshape([b * nt, hkv, rows, d])?;
     // Key/value chunks [B·nc, Hkv, c, D].
-    let chunks = |x: &Tensor| {
-        x.to_kind(f)
-            .constant_pad_nd([0, 0, 0, l_pad - l])
-            .reshape([b, hkv, nc, c, d])
-            .permute([0, 2, 1, 3, 4])
-            .contiguous()
-            .reshape([b * nc, hkv, c, d])
+    let chunks = |x: &Tensor| -> Result<Tensor> {
+        Ok(x.f_to_kind(f)?
+            .f_constant_pad_nd([0, 0, 0, l_pad - l])?
+            .f_reshape([b, hkv, nc, c, d])?
+            .f_permute([0, 2, 1, 3, 4])?
+            .f_contiguous()?
+            .f_reshape([b * nc, hkv, c, d])?)
     };
-    let (kc, vc) = (chunks(k), chunks(v));
+    let (kc, vc) = (chunks(k)?, chunks(v)?);
     // Mask per unit [B·nt·nc, tq, c], units ordered (sequence, block, chunk). Padded keys and
     // padded query positions are masked. Unit u < units is (block u / nc, chunk u % nc);
     // padding units read block 0, chunk 0. Built on the device (no host copy, so the step can
@@ -289,78 +315,80 @@ pub(super) fn attention(
     let units = b * nt * nc;
     let batches = ceil_div(units, w);
     let u_pad = batches * w;
-    let make = || {
+    let make = || -> Result<Vec<Tensor>> {
         let mask = p
             .mask
-            .to_kind(f)
-            .expand([b, 1, 1, t, l], false)
-            .reshape([b, t, l])
-            .pad(
+            .f_to_kind(f)?
+            .f_expand([b, 1, 1, t, l], false)?
+            .f_reshape([b, t, l])?
+            .f_pad(
                 [0, l_pad - l, 0, t_pad - t],
                 "constant",
                 f64::from(f32::MIN),
-            )
-            .reshape([b, nt, tq, nc, c])
-            .permute([0, 1, 3, 2, 4])
-            .contiguous()
-            .reshape([units, tq, c])
-            .constant_pad_nd([0, 0, 0, 0, 0, u_pad - units]);
-        let u = Tensor::arange(u_pad, (Kind::Int64, dev));
-        let u = u.masked_fill(&u.ge(units), 0);
-        let q_idx = u.divide_scalar_mode(nc, "floor");
-        let kv_idx = q_idx.divide_scalar_mode(nt, "floor") * nc + u.remainder(nc);
-        vec![mask, q_idx, kv_idx]
+            )?
+            .f_reshape([b, nt, tq, nc, c])?
+            .f_permute([0, 1, 3, 2, 4])?
+            .f_contiguous()?
+            .f_reshape([units, tq, c])?
+            .f_constant_pad_nd([0, 0, 0, 0, 0, u_pad - units])?;
+        let u = Tensor::f_arange(u_pad, (Kind::Int64, dev))?;
+        let u = u.f_masked_fill(&u.f_ge(units)?, 0)?;
+        let q_idx = u.f_divide_scalar_mode(nc, "floor")?;
+        let kv_idx = q_idx
+            .f_divide_scalar_mode(nt, "floor")?
+            .f_mul_scalar(nc)?
+            .f_add(&u.f_remainder(nc)?)?;
+        Ok(vec![mask, q_idx, kv_idx])
     };
     let prepared = match p.scratch {
-        Some(scratch) => scratch.get_or([b, t, l, tq, c, w], make),
-        None => make(),
+        Some(scratch) => scratch.get_or([b, t, l, tq, c, w], make)?,
+        None => make()?,
     };
     let (mask, q_idx, kv_idx) = (&prepared[0], &prepared[1], &prepared[2]);
 
     let (mut maxes, mut sums, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..batches {
-        let qi = q_idx.narrow(0, i * w, w);
-        let ki = kv_idx.narrow(0, i * w, w);
-        let qs = qb.index_select(0, &qi).reshape([w * hkv, rows, d]);
-        let ks = kc.index_select(0, &ki).reshape([w * hkv, c, d]);
-        let vs = vc.index_select(0, &ki).reshape([w * hkv, c, d]);
-        let mut s = qs.bmm(&ks.transpose(1, 2)) * p.scale;
+        let qi = q_idx.f_narrow(0, i * w, w)?;
+        let ki = kv_idx.f_narrow(0, i * w, w)?;
+        let qs = qb.f_index_select(0, &qi)?.f_reshape([w * hkv, rows, d])?;
+        let ks = kc.f_index_select(0, &ki)?.f_reshape([w * hkv, c, d])?;
+        let vs = vc.f_index_select(0, &ki)?.f_reshape([w * hkv, c, d])?;
+        let mut s = qs.f_bmm(&ks.f_transpose(1, 2)?)?.f_mul_scalar(p.scale)?;
         if let Some(cap) = p.softcap {
-            s = (s / cap).tanh() * cap;
+            s = s.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?;
         }
-        let s = (s.view([w, hkv, group, tq, c]) + mask.narrow(0, i * w, w).view([w, 1, 1, tq, c]))
-            .view([w * hkv, rows, c]);
-        let m = s.amax([-1i64].as_slice(), true);
-        let e = (s - &m).exp();
-        sums.push(e.sum_dim_intlist([-1i64].as_slice(), true, f));
-        outs.push(e.bmm(&vs));
+        let s = s
+            .f_view([w, hkv, group, tq, c])?
+            .f_add(&mask.f_narrow(0, i * w, w)?.f_view([w, 1, 1, tq, c])?)?
+            .f_view([w * hkv, rows, c])?;
+        let m = s.f_amax([-1i64].as_slice(), true)?;
+        let e = s.f_sub(&m)?.f_exp()?;
+        sums.push(e.f_sum_dim_intlist([-1i64].as_slice(), true, f)?);
+        outs.push(e.f_bmm(&vs)?);
         maxes.push(m);
     }
-    let gather = |parts: Vec<Tensor>, last: i64| {
-        let all = if parts.len() == 1 {
-            parts.into_iter().next().expect("one batch")
-        } else {
-            Tensor::cat(&parts, 0)
-        };
-        all.narrow(0, 0, units * hkv)
-            .view([b * nt, nc, hkv, rows, last])
+    let gather = |parts: Vec<Tensor>, last: i64| -> Result<Tensor> {
+        Ok(join(parts)?
+            .f_narrow(0, 0, units * hkv)?
+            .f_view([b * nt, nc, hkv, rows, last])?)
     };
-    let (maxes, sums, outs) = (gather(maxes, 1), gather(sums, 1), gather(outs, d));
-    let top = maxes.amax([1i64].as_slice(), true);
-    let factor = (maxes - top).exp();
+    let (maxes, sums, outs) = (gather(maxes, 1)?, gather(sums, 1)?, gather(outs, d)?);
+    let top = maxes.f_amax([1i64].as_slice(), true)?;
+    let factor = maxes.f_sub(&top)?.f_exp()?;
     // Numerators and denominators side by side ([…, D + 1]): one product and one add per
     // chunk for both (elementwise, so bitwise the same as two separate folds).
-    let both = Tensor::cat(&[outs, sums], -1) * &factor;
+    let both = Tensor::f_cat(&[outs, sums], -1)?.f_mul(&factor)?;
     // Fixed-order fold over chunks (key order).
-    let mut acc = both.select(1, 0);
+    let mut acc = both.f_select(1, 0)?;
     for ci in 1..nc {
-        acc = &acc + both.select(1, ci);
+        acc = acc.f_add(&both.f_select(1, ci)?)?;
     }
-    let (num, den) = (acc.narrow(-1, 0, d), acc.narrow(-1, d, 1));
-    (num / den)
-        .view([b, nt, hkv, group, tq, d])
-        .permute([0, 2, 3, 1, 4, 5])
-        .reshape([b, hq, t_pad, d])
-        .narrow(2, 0, t)
-        .to_kind(q.kind())
+    let (num, den) = (acc.f_narrow(-1, 0, d)?, acc.f_narrow(-1, d, 1)?);
+    Ok(num
+        .f_div(&den)?
+        .f_view([b, nt, hkv, group, tq, d])?
+        .f_permute([0, 2, 3, 1, 4, 5])?
+        .f_reshape([b, hq, t_pad, d])?
+        .f_narrow(2, 0, t)?
+        .f_to_kind(q.kind())?)
 }

@@ -108,6 +108,16 @@ pub fn accum_kind(kind: Kind) -> Kind {
     }
 }
 
+/// The size of `x`'s last dimension (an error for a 0-d tensor).
+fn last_dim(x: &Tensor) -> crate::Result<i64> {
+    x.size().last().copied().ok_or_else(|| {
+        crate::Error::Torch(format!(
+            "expected a tensor of at least 1 dimension, got {:?}",
+            x.size()
+        ))
+    })
+}
+
 /// Parameters of one attention call, shared by all policies.
 pub struct AttnParams<'a> {
     /// Multiplier applied to `q·k`.
@@ -130,21 +140,25 @@ pub struct AttnScratch {
 
 impl AttnScratch {
     /// The tensors stored under `key`, made by `make` the first time.
-    pub(crate) fn get_or(&self, key: [i64; 6], make: impl FnOnce() -> Vec<Tensor>) -> Vec<Tensor> {
+    pub(crate) fn get_or(
+        &self,
+        key: [i64; 6],
+        make: impl FnOnce() -> crate::Result<Vec<Tensor>>,
+    ) -> crate::Result<Vec<Tensor>> {
         if let Some((_, v)) = self.entries.borrow().iter().find(|(k, _)| *k == key) {
-            return v.iter().map(Tensor::shallow_clone).collect();
+            return Ok(v.iter().map(Tensor::shallow_clone).collect());
         }
-        let v = make();
+        let v = make()?;
         self.entries
             .borrow_mut()
             .push((key, v.iter().map(Tensor::shallow_clone).collect()));
-        v
+        Ok(v)
     }
 }
 
 impl ExecPolicy {
     /// `x @ w^T + b` over the last dimension of `x`.
-    pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+    pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> crate::Result<Tensor> {
         match self {
             ExecPolicy::Stock => stock::linear(x, w, b),
             ExecPolicy::BatchInvariant(t) => batch_invariant::linear(t, x, w, b),
@@ -153,7 +167,13 @@ impl ExecPolicy {
 
     /// Grouped-query attention. `q`: `[B, Hq, T, D]`; `k`, `v`: `[B, Hkv, L, D]`.
     /// Returns `[B, Hq, T, D]`.
-    pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
+    pub fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        p: &AttnParams,
+    ) -> crate::Result<Tensor> {
         match self {
             ExecPolicy::Stock => stock::attention(q, k, v, p),
             ExecPolicy::BatchInvariant(t) => batch_invariant::attention(t, q, k, v, p),
@@ -162,27 +182,29 @@ impl ExecPolicy {
 
     /// `x / rms(x)` over the last dimension, computed in the accumulation type (fp32, fp64
     /// for fp64 runs) and returned as `out` (that type, or `x`'s own, rounded once).
-    pub fn rms_normalize(&self, x: &Tensor, eps: f64, out: Kind) -> Tensor {
+    pub fn rms_normalize(&self, x: &Tensor, eps: f64, out: Kind) -> crate::Result<Tensor> {
         match self {
             ExecPolicy::Stock => {
                 // libtorch's rms_norm upcasts half types internally: one kernel instead of the
                 // six of the written-out formula, bitwise equal to it on the CPU. (`to_kind` to
                 // `x`'s own kind is a no-op.)
-                let h = *x.size().last().expect("at least 1-d");
-                x.to_kind(out).rms_norm([h], None::<Tensor>, eps)
+                let h = last_dim(x)?;
+                Ok(x.f_to_kind(out)?.f_rms_norm([h], None::<Tensor>, eps)?)
             }
-            ExecPolicy::BatchInvariant(t) => batch_invariant::rms_normalize(t, x, eps).to_kind(out),
+            ExecPolicy::BatchInvariant(t) => {
+                Ok(batch_invariant::rms_normalize(t, x, eps)?.f_to_kind(out)?)
+            }
         }
     }
 
     /// The gated MLP's activation, elementwise, returning `x`'s dtype.
-    pub fn activation(&self, x: &Tensor, act: Activation) -> Tensor {
+    pub fn activation(&self, x: &Tensor, act: Activation) -> crate::Result<Tensor> {
         match self {
-            ExecPolicy::Stock => match act {
-                Activation::Silu => x.silu(),
-                Activation::GeluTanh => x.gelu("tanh"),
-                Activation::Gelu => x.gelu("none"),
-            },
+            ExecPolicy::Stock => Ok(match act {
+                Activation::Silu => x.f_silu()?,
+                Activation::GeluTanh => x.f_gelu("tanh")?,
+                Activation::Gelu => x.f_gelu("none")?,
+            }),
             ExecPolicy::BatchInvariant(_) => batch_invariant::activation(x, act),
         }
     }

@@ -1,28 +1,31 @@
 //! Stock policy: plain libtorch ops, as an eager Hugging Face model would run them.
 use super::AttnParams;
+use crate::Result;
 use tch::Tensor;
 
-pub(super) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
-    x.linear(w, b)
+pub(super) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    Ok(x.f_linear(w, b)?)
 }
 
-pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Tensor {
-    let (b, hq, t, d) = q.size4().expect("q is 4-d");
+pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> Result<Tensor> {
+    let (b, hq, t, d) = q.size4()?;
     let hkv = k.size()[1];
     let group = hq / hkv;
     let l = k.size()[2];
     // Fold the query heads of a group into rows so K/V are never copied per query head.
-    let qg = q.reshape([b, hkv, group * t, d]);
-    let mut scores = qg.matmul(&k.transpose(-1, -2)) * p.scale;
+    let qg = q.f_reshape([b, hkv, group * t, d])?;
+    let mut scores = qg
+        .f_matmul(&k.f_transpose(-1, -2)?)?
+        .f_mul_scalar(p.scale)?;
     if let Some(cap) = p.softcap {
-        scores = (scores / cap).tanh() * cap;
+        scores = scores.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?;
     }
-    let scores = scores.view([b, hkv, group, t, l]) + p.mask;
+    let scores = scores.f_view([b, hkv, group, t, l])?.f_add(p.mask)?;
     let probs = scores
-        .softmax(-1, super::accum_kind(q.kind()))
-        .to_kind(q.kind());
-    probs
-        .view([b, hkv, group * t, l])
-        .matmul(v)
-        .view([b, hq, t, d])
+        .f_softmax(-1, super::accum_kind(q.kind()))?
+        .f_to_kind(q.kind())?;
+    Ok(probs
+        .f_view([b, hkv, group * t, l])?
+        .f_matmul(v)?
+        .f_view([b, hq, t, d])?)
 }

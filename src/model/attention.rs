@@ -53,15 +53,17 @@ impl Attention {
         shape: (i64, i64, i64),
         scale: f64,
         softcap: Option<f64>,
-    ) -> Attention {
+    ) -> Result<Attention> {
         let (heads, kv_heads, head_dim) = shape;
         let (q_norm, k_norm) = match qk_norm {
             Some((qn, kn)) => (Some(qn), Some(kn)),
             None => (None, None),
         };
-        Attention {
-            qkv: Tensor::cat(&[q, k, v], 0),
-            qkv_bias: bias.map(|(bq, bk, bv)| Tensor::cat(&[bq, bk, bv], 0)),
+        Ok(Attention {
+            qkv: Tensor::f_cat(&[q, k, v], 0)?,
+            qkv_bias: bias
+                .map(|(bq, bk, bv)| Tensor::f_cat(&[bq, bk, bv], 0))
+                .transpose()?,
             o,
             q_norm,
             k_norm,
@@ -70,7 +72,7 @@ impl Attention {
             head_dim,
             scale,
             softcap,
-        }
+        })
     }
 
     /// Attend `x` (`[B, T, hidden]`) over the cache of `layer` plus the new tokens.
@@ -84,31 +86,31 @@ impl Attention {
     ) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
-        let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref());
+        let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref())?;
         let v = qkv
-            .narrow(-1, (hq + hkv) * d, hkv * d)
-            .view([b, t, hkv, d])
-            .transpose(1, 2);
+            .f_narrow(-1, (hq + hkv) * d, hkv * d)?
+            .f_view([b, t, hkv, d])?
+            .f_transpose(1, 2)?;
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => {
-                let q = qn.forward(&qkv.narrow(-1, 0, hq * d).view([b, t, hq, d]), policy);
+                let q = qn.forward(&qkv.f_narrow(-1, 0, hq * d)?.f_view([b, t, hq, d])?, policy)?;
                 let k = kn.forward(
-                    &qkv.narrow(-1, hq * d, hkv * d).view([b, t, hkv, d]),
+                    &qkv.f_narrow(-1, hq * d, hkv * d)?.f_view([b, t, hkv, d])?,
                     policy,
-                );
+                )?;
                 (
-                    rope::apply(&q.transpose(1, 2), inputs.cos, inputs.sin),
-                    rope::apply(&k.transpose(1, 2), inputs.cos, inputs.sin),
+                    rope::apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?,
+                    rope::apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?,
                 )
             }
             _ => {
                 // Rotate the query and key heads together: one set of elementwise ops.
                 let qk = qkv
-                    .narrow(-1, 0, (hq + hkv) * d)
-                    .view([b, t, hq + hkv, d])
-                    .transpose(1, 2);
-                let qk = rope::apply(&qk, inputs.cos, inputs.sin);
-                (qk.narrow(1, 0, hq), qk.narrow(1, hq, hkv))
+                    .f_narrow(-1, 0, (hq + hkv) * d)?
+                    .f_view([b, t, hq + hkv, d])?
+                    .f_transpose(1, 2)?;
+                let qk = rope::apply(&qk, inputs.cos, inputs.sin)?;
+                (qk.f_narrow(1, 0, hq)?, qk.f_narrow(1, hq, hkv)?)
             }
         };
         let (k_all, v_all) = cache.write(
@@ -125,22 +127,28 @@ impl Attention {
             mask: inputs.mask,
             scratch: Some(inputs.scratch),
         };
-        let out = policy.attention(&q, &k_all, &v_all, &params);
-        let out = out.transpose(1, 2).reshape([b, t, hq * d]);
-        Ok(policy.linear(&out, &self.o, None))
+        let out = policy.attention(&q, &k_all, &v_all, &params)?;
+        let out = out.f_transpose(1, 2)?.f_reshape([b, t, hq * d])?;
+        policy.linear(&out, &self.o, None)
     }
 
     /// The post-RoPE queries `[B, Hq, T, D]` this layer computes from `x` (`[B, T, hidden]`),
     /// as [`Self::forward`] does before attending; nothing is written to a cache.
-    pub fn queries(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, policy: &ExecPolicy) -> Tensor {
+    pub fn queries(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        policy: &ExecPolicy,
+    ) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (hq, d) = (self.heads, self.head_dim);
-        let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref());
-        let q = qkv.narrow(-1, 0, hq * d).view([b, t, hq, d]);
+        let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref())?;
+        let q = qkv.f_narrow(-1, 0, hq * d)?.f_view([b, t, hq, d])?;
         let q = match &self.q_norm {
-            Some(qn) => qn.forward(&q, policy),
+            Some(qn) => qn.forward(&q, policy)?,
             None => q,
         };
-        rope::apply(&q.transpose(1, 2), cos, sin)
+        rope::apply(&q.f_transpose(1, 2)?, cos, sin)
     }
 }

@@ -57,8 +57,8 @@ impl ForwardHook for NoHook {
 /// Gather one position per row of a `[B, T, H]` tensor: `[B, H]`.
 fn at_positions(x: &Tensor, positions: &Tensor) -> Result<Tensor> {
     let (b, h) = (x.size()[0], x.size()[2]);
-    let idx = positions.view([b, 1, 1]).expand([b, 1, h], false);
-    Ok(x.f_gather(1, &idx, false)?.view([b, h]))
+    let idx = positions.f_view([b, 1, 1])?.f_expand([b, 1, h], false)?;
+    Ok(x.f_gather(1, &idx, false)?.f_view([b, h])?)
 }
 
 fn positions_tensor(positions: &[i64], b: usize, device: Device) -> Result<Tensor> {
@@ -68,7 +68,7 @@ fn positions_tensor(positions: &[i64], b: usize, device: Device) -> Result<Tenso
             positions.len()
         )));
     }
-    Ok(Tensor::from_slice(positions).to_device(device))
+    Ok(Tensor::f_from_slice(positions)?.f_to_device(device)?)
 }
 
 /// Records the residual stream (and optionally the sublayer outputs) of every layer at one
@@ -187,9 +187,9 @@ impl ForwardHook for Patch {
             }
             mask[(r * t + p) as usize] = 1;
         }
-        let mask = Tensor::from_slice(&mask)
-            .to_device(dev)
-            .view([b, t, 1])
+        let mask = Tensor::f_from_slice(&mask)?
+            .f_to_device(dev)?
+            .f_view([b, t, 1])?
             .f_to_kind(Kind::Bool)?;
         // New values broadcast over T, selected only where the mask is set.
         let new = self
@@ -197,7 +197,7 @@ impl ForwardHook for Patch {
             .get(layer as i64)
             .f_to_kind(h.kind())?
             .f_to_device(dev)?
-            .view([b, 1, hd])
+            .f_view([b, 1, hd])?
             .f_expand([b, t, hd], false)?;
         Ok(Some(new.f_where_self(&mask, h)?))
     }

@@ -1,4 +1,5 @@
 //! Gated MLP: `down(act(gate(x)) * up(x))`, with gate and up fused into one projection.
+use crate::Result;
 use crate::config::Activation;
 use crate::exec::ExecPolicy;
 use tch::Tensor;
@@ -14,21 +15,21 @@ pub struct Mlp {
 
 impl Mlp {
     /// Fuse the checkpoint's `gate_proj` and `up_proj` weights.
-    pub fn new(gate: &Tensor, up: &Tensor, down: Tensor, activation: Activation) -> Mlp {
-        Mlp {
+    pub fn new(gate: &Tensor, up: &Tensor, down: Tensor, activation: Activation) -> Result<Mlp> {
+        Ok(Mlp {
             intermediate: gate.size()[0],
-            gate_up: Tensor::cat(&[gate, up], 0),
+            gate_up: Tensor::f_cat(&[gate, up], 0)?,
             down,
             activation,
-        }
+        })
     }
 
     /// Apply to `x` (`[B, T, hidden]`).
-    pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Tensor {
-        let gu = policy.linear(x, &self.gate_up, None);
-        let gate = gu.narrow(-1, 0, self.intermediate);
-        let up = gu.narrow(-1, self.intermediate, self.intermediate);
-        let act = policy.activation(&gate, self.activation);
-        policy.linear(&(act * up), &self.down, None)
+    pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Result<Tensor> {
+        let gu = policy.linear(x, &self.gate_up, None)?;
+        let gate = gu.f_narrow(-1, 0, self.intermediate)?;
+        let up = gu.f_narrow(-1, self.intermediate, self.intermediate)?;
+        let act = policy.activation(&gate, self.activation)?;
+        policy.linear(&act.f_mul(&up)?, &self.down, None)
     }
 }

@@ -112,7 +112,7 @@ impl Decoder {
             } else {
                 w.kind
             };
-            Ok(RmsNorm::new(w.take_as(key, &[n], kind)?, eps, off))
+            RmsNorm::new(w.take_as(key, &[n], kind)?, eps, off)
         };
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_layers());
@@ -146,13 +146,13 @@ impl Decoder {
                 (hq, hkv, d),
                 cfg.softmax_scale,
                 cfg.attn_logit_softcapping,
-            );
+            )?;
             let mlp = Mlp::new(
                 &w.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
                 &w.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
                 w.take(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
                 cfg.activation,
-            );
+            )?;
             let ffn_norms = if cfg.sandwich_norms {
                 Some((
                     norm(&mut w, &format!("{p}.pre_feedforward_layernorm.weight"), h)?,
@@ -192,17 +192,21 @@ impl Decoder {
                 unused[0]
             )));
         }
-        let embed_scale = cfg.scale_embeddings.then(|| {
-            Tensor::from((cfg.hidden_size as f64).sqrt())
-                .to_kind(kind)
-                .to_device(device)
-        });
+        let embed_scale = cfg
+            .scale_embeddings
+            .then(|| {
+                Tensor::from((cfg.hidden_size as f64).sqrt())
+                    .f_to_kind(kind)?
+                    .f_to_device(device)
+            })
+            .transpose()?;
         Ok(Decoder {
-            rope_full: RopeTable::new(&cfg.rope, cfg.head_dim, device),
+            rope_full: RopeTable::new(&cfg.rope, cfg.head_dim, device)?,
             rope_local: cfg
                 .rope_local
                 .as_ref()
-                .map(|r| RopeTable::new(r, cfg.head_dim, device)),
+                .map(|r| RopeTable::new(r, cfg.head_dim, device))
+                .transpose()?,
             cfg,
             embed,
             embed_scale,
@@ -302,7 +306,8 @@ impl Decoder {
         }
         let (b, t) = (dims[0], dims[1]);
         // Range check where the ids are (host ids cost no device sync), one readback.
-        let range = Tensor::f_stack(&[tokens.f_min()?, tokens.f_max()?], 0)?.to_device(Device::Cpu);
+        let range =
+            Tensor::f_stack(&[tokens.f_min()?, tokens.f_max()?], 0)?.f_to_device(Device::Cpu)?;
         let (lo, hi) = (range.int64_value(&[0]), range.int64_value(&[1]));
         if lo < 0 || hi >= self.cfg.vocab_size as i64 {
             return Err(Error::Spec(format!(
@@ -317,13 +322,16 @@ impl Decoder {
         let lens = cache.lens();
         let start = lens.first().copied().unwrap_or(0);
         let uniform = lens.iter().all(|&l| l == start);
-        let steps = Tensor::arange(t, (Kind::Int64, self.device)).view([1, t]);
+        let steps = Tensor::f_arange(t, (Kind::Int64, self.device))?.f_view([1, t])?;
         let (positions, write) = if uniform {
             // Every row continues at `start`: positions need no host→device copy.
-            ((steps + start).expand([b, t], false), KvWrite::At(start))
+            (
+                steps.f_add_scalar(start)?.f_expand([b, t], false)?,
+                KvWrite::At(start),
+            )
         } else {
-            let lens = Tensor::from_slice(lens).to_device(self.device);
-            (lens.view([b, 1]) + steps, KvWrite::Scatter)
+            let lens = Tensor::f_from_slice(lens)?.f_to_device(self.device)?;
+            (lens.f_view([b, 1])?.f_add(&steps)?, KvWrite::Scatter)
         };
         let key_len = lens.iter().copied().max().unwrap_or(0) + t;
         let inputs = StepInputs {
@@ -384,7 +392,7 @@ impl Decoder {
         };
         let logits = self.forward_inputs(&inputs, cache, policy, &LogitsAt::Last, &mut NoHook)?;
         cache.advance(1);
-        Ok(logits.view([b, -1]))
+        Ok(logits.f_view([b, -1])?)
     }
 
     /// The layers over device-resident inputs: embedding, masks and RoPE angles built on the
@@ -400,41 +408,47 @@ impl Decoder {
     ) -> Result<Tensor> {
         let (b, t) = (inputs.tokens.size()[0], inputs.tokens.size()[1]);
         let (positions, key_len) = (inputs.positions, inputs.key_len);
-        let keys = Tensor::arange(key_len, (Kind::Int64, self.device)).view([1, 1, key_len]);
-        let qpos = positions.view([b, t, 1]);
-        let mut causal = keys.le_tensor(&qpos);
-        if let Some(attended) = cache.attended(key_len) {
-            causal = causal.logical_and(&attended);
+        let keys =
+            Tensor::f_arange(key_len, (Kind::Int64, self.device))?.f_view([1, 1, key_len])?;
+        let qpos = positions.f_view([b, t, 1])?;
+        let mut causal = keys.f_le_tensor(&qpos)?;
+        if let Some(attended) = cache.attended(key_len)? {
+            causal = causal.f_logical_and(&attended)?;
         }
         let min = match self.kind {
             Kind::Half => f64::from(half::f16::MIN),
             Kind::BFloat16 => f64::from(half::bf16::MIN),
             _ => f64::from(f32::MIN),
         };
-        let to_mask = |allowed: &Tensor| {
-            Tensor::zeros([b, 1, 1, t, key_len], (self.kind, self.device))
-                .masked_fill(&allowed.logical_not().view([b, 1, 1, t, key_len]), min)
+        let to_mask = |allowed: &Tensor| -> Result<Tensor> {
+            Ok(
+                Tensor::f_zeros([b, 1, 1, t, key_len], (self.kind, self.device))?.f_masked_fill(
+                    &allowed.f_logical_not()?.f_view([b, 1, 1, t, key_len])?,
+                    min,
+                )?,
+            )
         };
-        let full_mask = (to_mask(&causal), AttnScratch::default());
+        let full_mask = (to_mask(&causal)?, AttnScratch::default());
         let mut window_masks: Vec<(usize, (Tensor, AttnScratch))> = Vec::new();
         for kind in &self.cfg.layer_types {
             if let LayerKind::Sliding { window } = *kind
                 && !window_masks.iter().any(|(w, _)| *w == window)
             {
-                let recent = keys.gt_tensor(&(&qpos - window as i64));
-                let mask = to_mask(&causal.logical_and(&recent));
+                let recent = keys.f_gt_tensor(&qpos.f_sub_scalar(window as i64)?)?;
+                let mask = to_mask(&causal.f_logical_and(&recent)?)?;
                 window_masks.push((window, (mask, AttnScratch::default())));
             }
         }
-        let (cos, sin) = self.rope_full.cos_sin(positions, self.kind);
+        let (cos, sin) = self.rope_full.cos_sin(positions, self.kind)?;
         let local = self
             .rope_local
             .as_ref()
-            .map(|r| r.cos_sin(positions, self.kind));
+            .map(|r| r.cos_sin(positions, self.kind))
+            .transpose()?;
 
         let mut h = Tensor::f_embedding(&self.embed, inputs.tokens, -1, false, false)?;
         if let Some(s) = &self.embed_scale {
-            h *= s;
+            let _ = h.f_mul_(s)?;
         }
         for (i, layer) in self.layers.iter().enumerate() {
             let (mask, (cos, sin)) = match layer.kind {
@@ -460,24 +474,24 @@ impl Decoder {
                 key_len,
                 scratch: &mask.1,
             };
-            let x = layer.input_norm.forward(&h, policy);
+            let x = layer.input_norm.forward(&h, policy)?;
             let a = layer.attn.forward(&x, i, cache, &layer_inputs, policy)?;
             let mut site = |x: Tensor, site: Site| -> Result<Tensor> {
                 Ok(hook.on_sublayer(i, site, &x)?.unwrap_or(x))
             };
             h = match &layer.ffn_norms {
                 Some((pre, post)) => {
-                    let a = site(layer.post_attn_norm.forward(&a, policy), Site::AttnOut)?;
-                    let h = h + a;
-                    let m = layer.mlp.forward(&pre.forward(&h, policy), policy);
-                    &h + site(post.forward(&m, policy), Site::MlpOut)?
+                    let a = site(layer.post_attn_norm.forward(&a, policy)?, Site::AttnOut)?;
+                    let h = h.f_add(&a)?;
+                    let m = layer.mlp.forward(&pre.forward(&h, policy)?, policy)?;
+                    h.f_add(&site(post.forward(&m, policy)?, Site::MlpOut)?)?
                 }
                 None => {
-                    let h = h + site(a, Site::AttnOut)?;
+                    let h = h.f_add(&site(a, Site::AttnOut)?)?;
                     let m = layer
                         .mlp
-                        .forward(&layer.post_attn_norm.forward(&h, policy), policy);
-                    &h + site(m, Site::MlpOut)?
+                        .forward(&layer.post_attn_norm.forward(&h, policy)?, policy)?;
+                    h.f_add(&site(m, Site::MlpOut)?)?
                 }
             };
             if let Some(patched) = hook.on_residual(i, &h)? {
@@ -486,27 +500,27 @@ impl Decoder {
         }
         let h = match at {
             LogitsAt::All => h,
-            LogitsAt::Last => h.narrow(1, t - 1, 1),
+            LogitsAt::Last => h.f_narrow(1, t - 1, 1)?,
             LogitsAt::PerRow(idx) => {
                 if idx.len() as i64 != b || idx.iter().any(|&i| i < 0 || i >= t) {
                     return Err(Error::Spec(format!(
                         "per-row logit positions {idx:?} out of range 0..{t}"
                     )));
                 }
-                let idx = Tensor::from_slice(idx)
-                    .to_device(self.device)
-                    .view([b, 1, 1]);
-                h.gather(
+                let idx = Tensor::f_from_slice(idx)?
+                    .f_to_device(self.device)?
+                    .f_view([b, 1, 1])?;
+                h.f_gather(
                     1,
-                    &idx.expand([b, 1, self.cfg.hidden_size as i64], false),
+                    &idx.f_expand([b, 1, self.cfg.hidden_size as i64], false)?,
                     false,
-                )
+                )?
             }
         };
-        let h = self.norm.forward(&h, policy);
-        let mut logits = policy.linear(&h, &self.lm_head, None);
+        let h = self.norm.forward(&h, policy)?;
+        let mut logits = policy.linear(&h, &self.lm_head, None)?;
         if let Some(cap) = self.cfg.final_logit_softcapping {
-            logits = (logits / cap).tanh() * cap;
+            logits = logits.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?;
         }
         Ok(logits)
     }
@@ -532,28 +546,30 @@ impl Decoder {
                 trace.residual.len()
             )));
         }
-        let last = tokens.f_to_device(self.device)?.narrow(1, t - w, w);
+        let last = tokens.f_to_device(self.device)?.f_narrow(1, t - w, w)?;
         let mut h = Tensor::f_embedding(&self.embed, &last, -1, false, false)?;
         if let Some(s) = &self.embed_scale {
-            h *= s;
+            let _ = h.f_mul_(s)?;
         }
-        let positions = (Tensor::arange(w, (Kind::Int64, self.device)) + (start + t - w))
-            .view([1, w])
-            .expand([b, w], false);
-        let (cos, sin) = self.rope_full.cos_sin(&positions, self.kind);
+        let positions = Tensor::f_arange(w, (Kind::Int64, self.device))?
+            .f_add_scalar(start + t - w)?
+            .f_view([1, w])?
+            .f_expand([b, w], false)?;
+        let (cos, sin) = self.rope_full.cos_sin(&positions, self.kind)?;
         let local = self
             .rope_local
             .as_ref()
-            .map(|r| r.cos_sin(&positions, self.kind));
+            .map(|r| r.cos_sin(&positions, self.kind))
+            .transpose()?;
         let mut out = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter().enumerate() {
             let (c, s) = match (layer.kind, &local) {
                 (LayerKind::Sliding { .. }, Some((c, s))) => (c, s),
                 _ => (&cos, &sin),
             };
-            let x = layer.input_norm.forward(&h, policy);
-            out.push(layer.attn.queries(&x, c, s, policy));
-            h = trace.residual[i].narrow(1, t - w, w);
+            let x = layer.input_norm.forward(&h, policy)?;
+            out.push(layer.attn.queries(&x, c, s, policy)?);
+            h = trace.residual[i].f_narrow(1, t - w, w)?;
         }
         Ok(out)
     }

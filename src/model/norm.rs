@@ -1,4 +1,5 @@
 //! RMSNorm in the two flavours the supported families use.
+use crate::Result;
 use crate::exec::{ExecPolicy, accum_kind};
 use tch::Tensor;
 
@@ -13,22 +14,28 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     /// A norm with the checkpoint's weight vector.
-    pub fn new(weight: Tensor, eps: f64, weight_offset: bool) -> RmsNorm {
-        let weight = if weight_offset { &weight + 1.0 } else { weight };
-        RmsNorm {
+    pub fn new(weight: Tensor, eps: f64, weight_offset: bool) -> Result<RmsNorm> {
+        let weight = if weight_offset {
+            weight.f_add_scalar(1.0)?
+        } else {
+            weight
+        };
+        Ok(RmsNorm {
             weight,
             eps,
             weight_offset,
-        }
+        })
     }
 
     /// Normalize `x`, returning its dtype.
-    pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Tensor {
+    pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Result<Tensor> {
         if self.weight_offset {
-            let normed = policy.rms_normalize(x, self.eps, accum_kind(x.kind()));
-            (normed * &self.weight).to_kind(x.kind())
+            let normed = policy.rms_normalize(x, self.eps, accum_kind(x.kind()))?;
+            Ok(normed.f_mul(&self.weight)?.f_to_kind(x.kind())?)
         } else {
-            &self.weight * policy.rms_normalize(x, self.eps, x.kind())
+            Ok(self
+                .weight
+                .f_mul(&policy.rms_normalize(x, self.eps, x.kind())?)?)
         }
     }
 }

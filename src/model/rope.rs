@@ -1,6 +1,7 @@
 //! Rotary position embeddings (half-rotation layout, as in Hugging Face), with linear and
 //! Llama-3 frequency scaling. Angles are computed in fp32 from the absolute positions of the
 //! tokens in each forward pass, so a token's rotation never depends on its batch neighbours.
+use crate::Result;
 use crate::config::{Rope, RopeScaling};
 use tch::{Device, Kind, Tensor};
 
@@ -11,7 +12,7 @@ pub struct RopeTable {
 
 impl RopeTable {
     /// Inverse frequencies `1 / θ^(2i/d)`, scaled as the configuration asks.
-    pub fn new(rope: &Rope, head_dim: usize, device: Device) -> RopeTable {
+    pub fn new(rope: &Rope, head_dim: usize, device: Device) -> Result<RopeTable> {
         let d = head_dim as f64;
         let base: Vec<f64> = (0..head_dim / 2)
             .map(|i| 1.0 / rope.theta.powf(2.0 * i as f64 / d))
@@ -42,24 +43,30 @@ impl RopeTable {
                 }
             } as f32)
             .collect();
-        RopeTable {
-            inv_freq: Tensor::from_slice(&scaled).to_device(device),
-        }
+        Ok(RopeTable {
+            inv_freq: Tensor::f_from_slice(&scaled)?.f_to_device(device)?,
+        })
     }
 
     /// `(cos, sin)` of shape `[B, 1, T, D]` in `kind` for absolute `positions` `[B, T]`, with
     /// the sign of `rotate_half` folded into the sines: the first half of `sin` is negated, so
     /// that [`apply`] rotates with one `roll`.
-    pub fn cos_sin(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
-        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
-        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
-        let sin = emb.sin().to_kind(kind);
+    pub fn cos_sin(&self, positions: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
+        let freqs = positions
+            .f_to_kind(Kind::Float)?
+            .f_unsqueeze(-1)?
+            .f_mul(&self.inv_freq.f_view([1, 1, -1])?)?;
+        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?.f_unsqueeze(1)?;
+        let sin = emb.f_sin()?.f_to_kind(kind)?;
         let half = sin.size()[3] / 2;
-        let signed = Tensor::cat(
-            &[sin.narrow(3, 0, half).neg(), sin.narrow(3, half, half)],
+        let signed = Tensor::f_cat(
+            &[
+                sin.f_narrow(3, 0, half)?.f_neg()?,
+                sin.f_narrow(3, half, half)?,
+            ],
             3,
-        );
-        (emb.cos().to_kind(kind), signed)
+        )?;
+        Ok((emb.f_cos()?.f_to_kind(kind)?, signed))
     }
 }
 
@@ -67,8 +74,8 @@ impl RopeTable {
 /// it). Bitwise the same as Hugging Face's `x·cos + rotate_half(x)·sin`: `rotate_half(x)·sin`
 /// is `[−x₂·s, x₁·s]` and `roll(x)·signed` is `[x₂·(−s), x₁·s]`, equal since IEEE products
 /// are sign-symmetric.
-pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let half = x.size()[3] / 2;
-    let rotated = x.roll([half], [3]);
-    x * cos + rotated * sin
+    let rotated = x.f_roll([half], [3])?;
+    Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
 }

@@ -1,0 +1,306 @@
+//! What a [`BenchReport`] looks like on the page: the stdout table and the Parquet rows.
+use super::BenchReport;
+
+impl BenchReport {
+    /// One row per measurement (prefill, decode, continuations), for Parquet: columns
+    /// `measurement, policy, engine, batch, tokens, seconds, tokens_per_s, step_ms, floor_ms,
+    /// launches_per_step, hf_generate_tokens_per_s, tokens_sha256` plus the run's `model, shape,
+    /// dtype, device`.
+    pub fn to_table(&self) -> crate::io::parquet::Table {
+        use crate::io::parquet::{Column, Table};
+        struct Row {
+            measurement: &'static str,
+            policy: String,
+            engine: Option<String>,
+            batch: i64,
+            tokens: i64,
+            seconds: f64,
+            tokens_per_s: f64,
+            step_ms: Option<f64>,
+            floor_ms: Option<f64>,
+            launches: Option<i64>,
+            digest: Option<String>,
+        }
+        let mut rows = Vec::new();
+        for p in &self.prefill {
+            rows.push(Row {
+                measurement: "prefill",
+                policy: p.policy.to_string(),
+                engine: None,
+                batch: 1,
+                tokens: p.tokens as i64,
+                seconds: p.seconds,
+                tokens_per_s: p.tokens_per_s,
+                step_ms: None,
+                floor_ms: None,
+                launches: None,
+                digest: None,
+            });
+        }
+        for d in &self.decode {
+            rows.push(Row {
+                measurement: "decode",
+                policy: d.policy.to_string(),
+                engine: Some(d.engine.to_string()),
+                batch: d.batch as i64,
+                tokens: d.batch as i64,
+                seconds: d.step_ms / 1e3,
+                tokens_per_s: d.tokens_per_s,
+                step_ms: Some(d.step_ms),
+                floor_ms: d.floor_ms,
+                launches: d.launches_per_step.map(|n| n as i64),
+                digest: None,
+            });
+        }
+        for c in &self.continuations {
+            rows.push(Row {
+                measurement: "continuations",
+                policy: c.policy.to_string(),
+                engine: Some(c.engine.to_string()),
+                batch: c.batch as i64,
+                tokens: c.tokens as i64,
+                seconds: c.seconds,
+                tokens_per_s: c.tokens_per_s,
+                step_ms: None,
+                floor_ms: None,
+                launches: c
+                    .stats
+                    .as_ref()
+                    .and_then(|s| s.graph_nodes)
+                    .map(|n| n as i64),
+                digest: Some(c.tokens_sha256.clone()),
+            });
+        }
+        let hf = |b: i64| {
+            self.hf
+                .iter()
+                .find(|h| h.batch as i64 == b)
+                .map(|h| h.generate_tokens_per_s)
+        };
+        let n = rows.len();
+        let same = |v: &str| Column::Str(vec![v.to_string(); n]);
+        Table::new()
+            .with("model", same(&self.model))
+            .with("shape", Column::OptStr(vec![self.shape.clone(); n]))
+            .with("dtype", same(&self.dtype))
+            .with("device", same(&self.device))
+            .with(
+                "measurement",
+                Column::Str(rows.iter().map(|r| r.measurement.to_string()).collect()),
+            )
+            .with(
+                "policy",
+                Column::Str(rows.iter().map(|r| r.policy.clone()).collect()),
+            )
+            .with(
+                "engine",
+                Column::OptStr(rows.iter().map(|r| r.engine.clone()).collect()),
+            )
+            .with("batch", Column::I64(rows.iter().map(|r| r.batch).collect()))
+            .with(
+                "tokens",
+                Column::I64(rows.iter().map(|r| r.tokens).collect()),
+            )
+            .with(
+                "seconds",
+                Column::F64(rows.iter().map(|r| r.seconds).collect()),
+            )
+            .with(
+                "tokens_per_s",
+                Column::F64(rows.iter().map(|r| r.tokens_per_s).collect()),
+            )
+            .with(
+                "step_ms",
+                Column::OptF64(rows.iter().map(|r| r.step_ms).collect()),
+            )
+            .with(
+                "floor_ms",
+                Column::OptF64(rows.iter().map(|r| r.floor_ms).collect()),
+            )
+            .with(
+                "launches_per_step",
+                Column::OptI64(rows.iter().map(|r| r.launches).collect()),
+            )
+            .with(
+                "hf_generate_tokens_per_s",
+                Column::OptF64(
+                    rows.iter()
+                        .map(|r| {
+                            if r.measurement == "prefill" {
+                                None
+                            } else {
+                                hf(r.batch)
+                            }
+                        })
+                        .collect(),
+                ),
+            )
+            .with(
+                "tokens_sha256",
+                Column::OptStr(rows.iter().map(|r| r.digest.clone()).collect()),
+            )
+    }
+
+    /// The human-readable summary.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{} | {} {} | threads {} | libtorch {} | {:.0} MB of weights per decode step{}",
+            self.model,
+            self.dtype,
+            self.device,
+            self.threads,
+            self.libtorch_version,
+            self.decode_weight_bytes as f64 / 1e6,
+            match (
+                self.config.bandwidth_gbs,
+                self.decode.first().and_then(|d| d.floor_ms)
+            ) {
+                (Some(bw), Some(f)) => format!(" | floor {f:.3} ms at {bw:.0} GB/s"),
+                _ => String::new(),
+            }
+        );
+        let _ = writeln!(s, "\nprefill (batch 1)");
+        for p in &self.prefill {
+            let _ = writeln!(
+                s,
+                "  {:<16} {:>6} tokens {:>10.1} ms {:>12.0} tok/s",
+                p.policy.to_string(),
+                p.tokens,
+                p.seconds * 1e3,
+                p.tokens_per_s
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\ndecode step (forward + greedy pick + readback) after {} cached tokens",
+            self.config.prompt
+        );
+        let _ = writeln!(
+            s,
+            "  {:<16} {:<8} {:>6} {:>11} {:>12} {:>9} {:>20} {:>10}",
+            "policy",
+            "engine",
+            "batch",
+            "ms/step",
+            "tok/s",
+            "x floor",
+            "launches/step",
+            "vs HF gen"
+        );
+        for d in &self.decode {
+            let launches = d
+                .launches_per_step
+                .map_or("-".to_string(), |n| format!("{n} {}", d.launches_source));
+            let hf = self
+                .hf
+                .iter()
+                .find(|h| h.batch == d.batch)
+                .map_or("-".to_string(), |h| {
+                    format!("{:.1}x", d.tokens_per_s / h.generate_tokens_per_s)
+                });
+            let _ = writeln!(
+                s,
+                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20} {:>10}",
+                d.policy.to_string(),
+                d.engine.to_string(),
+                d.batch,
+                d.step_ms,
+                d.tokens_per_s,
+                d.floor_ms
+                    .map_or("-".to_string(), |f| format!("{:.1}", d.step_ms / f)),
+                launches,
+                hf
+            );
+            if let Some(why) = &d.graph_fallback {
+                let _ = writeln!(s, "  {:<16} graphs abandoned: {why}", "");
+            }
+        }
+        if !self.continuations.is_empty() {
+            let c0 = &self.config;
+            let _ = writeln!(
+                s,
+                "\ncontinuations: {} pivots × 2 branches × k={} from a rollout of {} tokens, {} tokens each (temperature {})",
+                self.memory.as_ref().map_or(c0.pivots, |m| m.pivots),
+                c0.k,
+                c0.rollout_tokens,
+                c0.new_tokens,
+                c0.temperature
+            );
+            let _ = writeln!(
+                s,
+                "  {:<16} {:<8} {:>6} {:>6} {:>9} {:>10} {:>12} {:>8}",
+                "policy", "engine", "batch", "jobs", "tokens", "seconds", "tok/s", "vs HF"
+            );
+            for c in &self.continuations {
+                let hf = self
+                    .hf
+                    .iter()
+                    .find(|h| h.batch == c.batch)
+                    .map_or("-".to_string(), |h| {
+                        format!("{:.1}x", c.tokens_per_s / h.generate_tokens_per_s)
+                    });
+                let _ = writeln!(
+                    s,
+                    "  {:<16} {:<8} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>8}",
+                    c.policy.to_string(),
+                    c.engine.to_string(),
+                    c.batch,
+                    c.jobs,
+                    c.tokens,
+                    c.seconds,
+                    c.tokens_per_s,
+                    hf
+                );
+                if let Some(st) = &c.stats {
+                    let _ = writeln!(s, "  {:<16} {}", "", st.describe());
+                }
+            }
+        }
+        if let Some(m) = &self.memory {
+            let _ = writeln!(
+                s,
+                "\nsnapshot memory: {} pivots of a rollout of {} positions ({} KiB/position)",
+                m.pivots,
+                m.rollout_len,
+                m.kv_bytes_per_token / 1024
+            );
+            let _ = writeln!(
+                s,
+                "  rollout KV {:.1} MiB; as references {:.1} MiB ({:.4}x); as prefix copies {:.1} MiB ({:.2}x)",
+                m.rollout_kv_bytes as f64 / 1048576.0,
+                m.snapshot_ref_bytes as f64 / 1048576.0,
+                m.snapshot_ref_ratio,
+                m.prefix_copy_bytes as f64 / 1048576.0,
+                m.prefix_copy_ratio
+            );
+        }
+        if !self.errors.is_empty() {
+            let _ = writeln!(s, "\nfailed measurements");
+            for e in &self.errors {
+                let _ = writeln!(s, "  {e}");
+            }
+        }
+        if !self.targets.is_empty() {
+            let _ = writeln!(s, "\ntargets");
+            for t in &self.targets {
+                let verdict = match t.met {
+                    Some(true) => "MET",
+                    Some(false) => "MISSED",
+                    None => "-",
+                };
+                let _ = writeln!(
+                    s,
+                    "  [{verdict:^6}] {}: {} (target {}) — {}",
+                    t.name,
+                    t.value.map_or("n/a".into(), |v| format!("{v:.3}")),
+                    t.target,
+                    t.note
+                );
+            }
+        }
+        s
+    }
+}

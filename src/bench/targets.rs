@@ -1,0 +1,366 @@
+//! The project's targets and reference baselines, read from a data file
+//! (`benches/targets.toml`), and their evaluation against a [`BenchReport`].
+use super::{BenchReport, ContinuationResult};
+use crate::decode::engine::EngineMode;
+use crate::exec::PolicyKind;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// A target of the issue, checked against the measurements.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Target {
+    /// What is measured.
+    pub name: String,
+    /// Measured value.
+    pub value: Option<f64>,
+    /// Threshold.
+    pub target: String,
+    /// Whether it is met (`None`: not measurable in this run).
+    pub met: Option<bool>,
+    /// Context: the baseline, the roofline, the gap.
+    pub note: String,
+}
+
+/// Hugging Face `generate` baseline of one batch size (from `benches/hf_generate.py`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HfBaseline {
+    /// Where the number comes from.
+    pub source: String,
+    /// Batch size.
+    pub batch: usize,
+    /// `generate` tokens/s.
+    pub generate_tokens_per_s: f64,
+}
+
+/// The targets of the issue and the H200 reference baselines, as `benches/targets.toml` holds
+/// them; read with [`TargetFile::load`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetFile {
+    /// Continuation throughput against Hugging Face `generate`.
+    pub continuation: ContinuationTarget,
+    /// Batch-1 stock decode step time.
+    pub decode: DecodeTarget,
+    /// Batch sizes at which the batch-invariant / stock decode cost is reported.
+    pub invariant_cost_batches: Vec<usize>,
+    /// Snapshot memory of the pivots against the rollout's KV.
+    pub snapshot: SnapshotTarget,
+    /// Reference `generate` numbers used when no baseline file is given.
+    pub hf_baselines: ReferenceBaselines,
+}
+
+/// Continuations at `batch` must reach `min_speedup` × HF `generate` at that batch.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContinuationTarget {
+    /// Batch size compared.
+    pub batch: usize,
+    /// Required ratio to HF `generate`.
+    pub min_speedup: f64,
+}
+
+/// The batch-1 stock decode step of `shape` must take at most `max_ms`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeTarget {
+    /// Synthetic shape the target is for.
+    pub shape: String,
+    /// How the report names that shape (e.g. `1.5B`).
+    pub label: String,
+    /// Milliseconds per step.
+    pub max_ms: f64,
+}
+
+/// Snapshot references must hold every pivot in at most `max_ratio` × the rollout's KV.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotTarget {
+    /// Ratio bound.
+    pub max_ratio: f64,
+}
+
+/// Measured `generate` tokens/s per (shape, batch) and where they come from.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceBaselines {
+    /// Provenance, recorded as each baseline's `source`.
+    pub source: String,
+    /// Runs these numbers apply to (device kind and dtype), e.g. `cuda` and `bf16`.
+    pub device: String,
+    /// Dtype of the reference runs.
+    pub dtype: String,
+    /// One entry per (shape, batch).
+    pub results: Vec<ReferenceBaseline>,
+}
+
+/// One reference `generate` number.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceBaseline {
+    /// Synthetic shape.
+    pub shape: String,
+    /// Batch size.
+    pub batch: usize,
+    /// `generate` tokens/s.
+    pub generate_tokens_per_s: f64,
+}
+
+impl TargetFile {
+    /// The file the repository ships (`benches/targets.toml` of the source tree).
+    pub const DEFAULT_PATH: &'static str =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/benches/targets.toml");
+
+    /// Read and validate `path`; any problem is one `spec:` line naming the file.
+    pub fn load(path: &std::path::Path) -> Result<TargetFile> {
+        let bad = |msg: String| Error::Spec(format!("bench targets {}: {msg}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let file: TargetFile = toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|r| text[..r.start.min(text.len())].lines().count().max(1));
+            let msg = e.message().trim();
+            bad(match line {
+                Some(l) => format!("line {l}: {msg}"),
+                None => msg.to_string(),
+            })
+        })?;
+        file.validate().map_err(bad)?;
+        Ok(file)
+    }
+
+    /// Positive, finite thresholds; positive batches; no (shape, batch) given twice.
+    fn validate(&self) -> std::result::Result<(), String> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a positive number (got {v})"))
+            }
+        };
+        positive("continuation.min_speedup", self.continuation.min_speedup)?;
+        positive("decode.max_ms", self.decode.max_ms)?;
+        positive("snapshot.max_ratio", self.snapshot.max_ratio)?;
+        let mut batches = std::iter::once(self.continuation.batch)
+            .chain(self.invariant_cost_batches.iter().copied())
+            .chain(self.hf_baselines.results.iter().map(|r| r.batch));
+        if batches.any(|b| b == 0) {
+            return Err("batch sizes must be positive".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for r in &self.hf_baselines.results {
+            positive(
+                &format!("hf_baselines {} batch {}", r.shape, r.batch),
+                r.generate_tokens_per_s,
+            )?;
+            if !seen.insert((r.shape.as_str(), r.batch)) {
+                return Err(format!(
+                    "hf_baselines: {} batch {} is given twice",
+                    r.shape, r.batch
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The reference `generate` baseline of `shape` at `batch` for a run on `device` in
+    /// `dtype`, if the file has one.
+    pub fn reference_baseline(
+        &self,
+        shape: &str,
+        batch: usize,
+        device: &str,
+        dtype: &str,
+    ) -> Option<HfBaseline> {
+        let refs = &self.hf_baselines;
+        if refs.device != device || refs.dtype != dtype {
+            return None;
+        }
+        refs.results
+            .iter()
+            .find(|r| r.shape == shape && r.batch == batch)
+            .map(|r| HfBaseline {
+                source: refs.source.clone(),
+                batch,
+                generate_tokens_per_s: r.generate_tokens_per_s,
+            })
+    }
+}
+
+/// Read the `generate` numbers of `benches/hf_generate.py`'s JSON that match this run's shape
+/// and dtype.
+pub fn read_hf_baselines(
+    path: &std::path::Path,
+    shape: &str,
+    dtype: &str,
+) -> Result<Vec<HfBaseline>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Spec(format!("{}: {e}", path.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Spec(format!("{}: not JSON: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for r in v["results"].as_array().into_iter().flatten() {
+        let same = r["shape"].as_str() == Some(shape) && r["dtype"].as_str() == Some(dtype);
+        if let (true, Some(b), Some(tps)) = (
+            same,
+            r["batch"].as_u64(),
+            r["generate"]["tokens_per_s"].as_f64(),
+        ) {
+            out.push(HfBaseline {
+                source: path.display().to_string(),
+                batch: b as usize,
+                generate_tokens_per_s: tps,
+            });
+        }
+    }
+    Ok(out)
+}
+
+impl BenchReport {
+    fn decode_ms(&self, policy: PolicyKind, batch: usize) -> Option<(f64, EngineMode)> {
+        self.decode
+            .iter()
+            .filter(|d| d.policy == policy && d.batch == batch)
+            .map(|d| (d.step_ms, d.engine))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    }
+
+    fn best_continuation(&self, policy: PolicyKind, batch: usize) -> Option<&ContinuationResult> {
+        self.continuations
+            .iter()
+            .filter(|c| c.policy == policy && c.batch == batch)
+            .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s))
+    }
+
+    /// Check the issue's targets; fills [`Self::targets`].
+    pub fn evaluate_targets(&mut self, file: &TargetFile) {
+        let mut targets = Vec::new();
+        // 1. Continuations at batch B ≥ S× HF generate at batch B.
+        let (cb, speedup) = (file.continuation.batch, file.continuation.min_speedup);
+        let base = self
+            .hf
+            .iter()
+            .find(|h| h.batch == cb)
+            .map(|h| h.generate_tokens_per_s);
+        for policy in [PolicyKind::Stock, PolicyKind::BatchInvariant] {
+            let Some(c) = self.best_continuation(policy, cb) else {
+                continue;
+            };
+            let (met, note) = match base {
+                Some(hf) => (
+                    Some(c.tokens_per_s >= speedup * hf),
+                    format!(
+                        "HF generate {hf:.0} tok/s at batch {cb} ({}); ratio {:.1}x (engine {})",
+                        self.hf
+                            .iter()
+                            .find(|h| h.batch == cb)
+                            .map(|h| h.source.as_str())
+                            .unwrap_or("?"),
+                        c.tokens_per_s / hf,
+                        c.engine
+                    ),
+                ),
+                None => (
+                    None,
+                    "no HF baseline for this shape/dtype (pass --hf)".into(),
+                ),
+            };
+            targets.push(Target {
+                name: format!("continuation tok/s, batch {cb}, {policy}"),
+                value: Some(c.tokens_per_s),
+                target: base.map_or(format!("≥ {speedup}× HF generate"), |b| {
+                    format!("≥ {:.0}", speedup * b)
+                }),
+                met,
+                note,
+            });
+        }
+        // 2. Batch-1 decode step (of the target's shape), with the roofline.
+        if let Some((ms, mode)) = self.decode_ms(PolicyKind::Stock, 1) {
+            let floor = self.decode.first().and_then(|d| d.floor_ms);
+            let d = &file.decode;
+            let is_shape = self.shape.as_deref() == Some(d.shape.as_str());
+            targets.push(Target {
+                name: "decode step, batch 1, stock (ms)".into(),
+                value: Some(ms),
+                target: if is_shape {
+                    format!("≤ {} ({} shape)", d.max_ms, d.label)
+                } else {
+                    format!("— (target is for {})", d.label)
+                },
+                met: is_shape.then_some(ms <= d.max_ms),
+                note: match (floor, self.config.bandwidth_gbs) {
+                    (Some(f), Some(bw)) => format!(
+                        "roofline {f:.3} ms at {bw:.0} GB/s; {:.1}x the roofline (engine {mode})",
+                        ms / f
+                    ),
+                    _ => format!("no roofline (give --bandwidth-gbs); engine {mode}"),
+                },
+            });
+        }
+        // 3. Batch-invariant cost relative to stock.
+        for &b in &file.invariant_cost_batches {
+            if let (Some((s, _)), Some((i, _))) = (
+                self.decode_ms(PolicyKind::Stock, b),
+                self.decode_ms(PolicyKind::BatchInvariant, b),
+            ) {
+                targets.push(Target {
+                    name: format!("batch_invariant / stock decode step, batch {b}"),
+                    value: Some(i / s),
+                    target: "report".into(),
+                    met: None,
+                    note: format!("{i:.3} ms vs {s:.3} ms"),
+                });
+            }
+        }
+        // Correctness beside speed: do engines and batch sizes sample the same tokens?
+        for policy in [PolicyKind::Stock, PolicyKind::BatchInvariant] {
+            let runs: Vec<&ContinuationResult> = self
+                .continuations
+                .iter()
+                .filter(|c| c.policy == policy)
+                .collect();
+            if runs.len() < 2 {
+                continue;
+            }
+            let distinct: std::collections::BTreeSet<&str> =
+                runs.iter().map(|c| c.tokens_sha256.as_str()).collect();
+            let invariant = policy == PolicyKind::BatchInvariant;
+            targets.push(Target {
+                name: format!("continuation tokens identical across engines and batches, {policy}"),
+                value: Some(distinct.len() as f64),
+                target: if invariant {
+                    "1 distinct digest".into()
+                } else {
+                    "report".into()
+                },
+                met: invariant.then_some(distinct.len() == 1),
+                note: format!(
+                    "{} runs ({}), {} distinct token digests",
+                    runs.len(),
+                    runs.iter()
+                        .map(|c| format!("{} b{}", c.engine, c.batch))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    distinct.len()
+                ),
+            });
+        }
+        // 4. Snapshot memory for the pivots ≤ R× the rollout's KV.
+        if let Some(m) = &self.memory {
+            let max = file.snapshot.max_ratio;
+            targets.push(Target {
+                name: format!("snapshot memory, {} pivots / rollout KV", m.pivots),
+                value: Some(m.snapshot_ref_ratio),
+                target: format!("≤ {max}"),
+                met: Some(m.snapshot_ref_ratio <= max),
+                note: format!(
+                    "copying each prefix instead: {:.2}x ({} MiB vs {} MiB)",
+                    m.prefix_copy_ratio,
+                    m.prefix_copy_bytes >> 20,
+                    m.rollout_kv_bytes >> 20
+                ),
+            });
+        }
+        self.targets = targets;
+    }
+}
