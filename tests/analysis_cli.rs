@@ -284,3 +284,125 @@ fn check_fails_several_dirs_if_any_fails() {
     assert!(out.contains("check passed: "), "{out}");
     assert!(err.contains("bad_hit_rate"), "{err}");
 }
+
+/// The `## Reproduction table` section of a report, up to the next `## ` section.
+fn reproduction_section(report: &str) -> &str {
+    let start = report
+        .find("## Reproduction table")
+        .expect("reproduction table");
+    let rest = &report[start + 3..];
+    &report[start..start + 3 + rest.find("\n## ").unwrap_or(rest.len())]
+}
+
+/// The table row of `config` in `section` (the first line starting `| config |`).
+fn row<'a>(section: &'a str, config: &str) -> &'a str {
+    section
+        .lines()
+        .find(|l| l.starts_with(&format!("| {config} |")))
+        .unwrap_or_else(|| panic!("no row for {config} in\n{section}"))
+}
+
+#[test]
+fn analyze_several_runs_writes_one_side_by_side_table_with_claims_and_dollars() {
+    let names = ["stock_shuffled", "stock_k5", "batch_invariant"];
+    let root = copy_runs(&names, "repro");
+    let dirs: Vec<String> = names.iter().map(|n| s(&root.join(n))).collect();
+    let report_at = |usd: &str, out: &str| {
+        let out = root.join(out);
+        let out_s = s(&out);
+        let mut args: Vec<&str> = vec!["analyze", "--out", &out_s, "--reps", "200"];
+        args.extend(dirs.iter().map(String::as_str));
+        if !usd.is_empty() {
+            args.extend(["--usd-per-gpu-hour", usd]);
+        }
+        let (code, o, err) = common::kvcredit(&args);
+        assert_eq!(code, 0, "{o}{err}");
+        std::fs::read_to_string(out.join("report.md")).unwrap()
+    };
+    let report = report_at("", "default");
+    let sec = reproduction_section(&report);
+    let configs: Vec<String> = {
+        let configs_sec = &report[report.find("## Configurations").unwrap()..];
+        configs_sec
+            .lines()
+            .skip(4)
+            .take_while(|l| l.starts_with("| "))
+            .map(|l| l.split(" | ").next().unwrap()[2..].to_string())
+            .collect()
+    };
+    assert_eq!(configs.len(), 3, "{configs:?}");
+    for c in &configs {
+        let r = row(sec, c);
+        assert_eq!(r.matches(" | ").count() + 1, 17, "17 columns: {r}");
+    }
+    assert!(
+        sec.contains("| seed paper (6 stock configs) | stock |"),
+        "{sec}"
+    );
+    assert!(sec.contains("14–28") && sec.contains("2.9–6.4"), "{sec}");
+    // stock_shuffled's manifest records 78.374 device-seconds in all: $0.08 at the default
+    // $3.50/GPU-hour, $0.78 at $36.
+    let stock = "qwen-stock-fp16";
+    assert!(
+        row(sec, stock).ends_with("| 78.4 | 0.08 |"),
+        "{}",
+        row(sec, stock)
+    );
+    let pricey = report_at("36", "pricey");
+    let r36 = row(reproduction_section(&pricey), stock).to_string();
+    assert!(r36.ends_with("| 78.4 | 0.78 |"), "{r36}");
+    assert!(
+        pricey.contains("| **total** | 78.4 | 0.78 |"),
+        "cost section total"
+    );
+    // One claim line per seed claim, one verdict cell per stock configuration.
+    let claims = &sec[sec.find("### Seed claims").expect("claims")..];
+    let claim_lines: Vec<&str> = claims
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| claim") && !l.starts_with("| ---"))
+        .take_while(|l| !l.contains("exact≠replica"))
+        .collect();
+    assert_eq!(claim_lines.len(), 5, "{claims}");
+    for l in &claim_lines {
+        let cells = l.matches(" | ").count();
+        assert_eq!(cells, 2, "a verdict per stock config: {l}");
+        assert!(
+            ["yes", "not shown", "no (opposite", "no interval"]
+                .iter()
+                .any(|v| l.contains(v)),
+            "{l}"
+        );
+    }
+    // The batch-invariant twin: both rates exactly 0, with their Wilson intervals.
+    let twins = &sec[sec.find("### Batch-invariant twins").expect("twins")..];
+    let bi: Vec<&str> = twins
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| config") && !l.starts_with("| ---"))
+        .take_while(|l| l.starts_with("| "))
+        .collect();
+    assert_eq!(bi.len(), 1, "{twins}");
+    let r = bi[0];
+    assert!(r.contains("0.0% [0.0, ") && r.ends_with("| yes |"), "{r}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn reproduction_table_flags_a_twin_that_disagrees_and_refuses_a_bad_price() {
+    // Negative control: bad_batch_inv plants disagreements under the batch-invariant policy.
+    let root = copy_runs(&["bad_batch_inv"], "repro-bad");
+    let run = root.join("bad_batch_inv");
+    let (code, o, err) = common::kvcredit(&["analyze", &s(&run), "--reps", "100"]);
+    assert_eq!(code, 0, "{o}{err}");
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    let sec = reproduction_section(&report);
+    let twins = &sec[sec.find("### Batch-invariant twins").expect("twins")..];
+    assert!(twins.contains("| **no** |"), "{twins}");
+    for bad in ["-1", "nan"] {
+        let (code, _, err) =
+            common::kvcredit(&["analyze", &s(&run), &format!("--usd-per-gpu-hour={bad}")]);
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("--usd-per-gpu-hour"), "{err}");
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -114,6 +114,7 @@ fn opts() -> AnalyzeOptions {
         reps: 500,
         seed: 7,
         level: 0.95,
+        ..AnalyzeOptions::default()
     }
 }
 

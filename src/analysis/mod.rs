@@ -27,7 +27,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use read::{EstimateRow, Key, Manifest, OutputCounts, Pass, PassCost};
-pub use summary::{AnalyzeOptions, Conditioning, ConfigMeta, ConfigSummary, summarize};
+pub use summary::{
+    AnalyzeOptions, Conditioning, ConfigMeta, ConfigSummary, DEFAULT_USD_PER_GPU_HOUR, summarize,
+};
 
 use crate::{Error, Result};
 
@@ -234,6 +236,12 @@ pub fn write_outputs(
 fn check_options(opts: &AnalyzeOptions) -> Result<()> {
     if opts.reps == 0 {
         return Err(Error::Spec("analyze: --reps must be at least 1".into()));
+    }
+    if !(opts.usd_per_gpu_hour.is_finite() && opts.usd_per_gpu_hour >= 0.0) {
+        return Err(Error::Spec(format!(
+            "analyze: --usd-per-gpu-hour {} is not a non-negative number",
+            opts.usd_per_gpu_hour
+        )));
     }
     if !(opts.level > 0.0 && opts.level < 1.0) {
         return Err(Error::Spec(format!(

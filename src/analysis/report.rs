@@ -306,6 +306,265 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
     out.push('\n');
 }
 
+fn usd(device_seconds: f64, opts: &AnalyzeOptions) -> f64 {
+    device_seconds / 3600.0 * opts.usd_per_gpu_hour
+}
+
+fn total_seconds(m: &super::summary::ConfigMeta) -> f64 {
+    m.cost.values().map(|c| c.device_seconds).sum()
+}
+
+/// `k/n` as a Wilson-interval rate at `level` ([`crate::stats::wilson_rate`]).
+fn wilson(k: usize, n: usize, level: f64) -> String {
+    crate::stats::wilson_rate(k as u64, n as u64, level).unwrap_or_else(|_| dash())
+}
+
+/// Index of the τ used in the side-by-side table: the first τ = m/K ≥ 1/2.
+fn side_tau(s: &ConfigSummary) -> Option<usize> {
+    s.taus.iter().position(|&t| t >= 0.5 - 1e-12)
+}
+
+/// What a confidence interval says about a positive claim: above 0, below 0, or neither.
+fn sign_verdict(ci: Option<(f64, f64)>) -> &'static str {
+    match ci {
+        Some((lo, _)) if lo > 0.0 => "yes",
+        Some((_, hi)) if hi < 0.0 => "no (opposite sign)",
+        Some(_) => "not shown (CI covers 0)",
+        None => "no interval",
+    }
+}
+
+/// Whether the interval `ci` (scaled) overlaps the seed's range.
+fn overlaps(ci: Option<(f64, f64)>, range: (f64, f64), scale: f64) -> &'static str {
+    match ci {
+        Some((lo, hi)) if lo * scale <= range.1 && hi * scale >= range.0 => "overlaps",
+        Some(_) => "outside",
+        None => "—",
+    }
+}
+
+fn excess_ci(r: &ConditioningSummary) -> Option<(f64, f64)> {
+    r.excess
+        .as_ref()
+        .and_then(|e| e.bootstrap.map(|b| (b.ci.lo, b.ci.hi)))
+}
+
+fn jaccard_ci(c: &Comparison, i: usize) -> Option<(f64, f64)> {
+    c.jaccard.get(i).and_then(|j| j.ci.map(|ci| (ci.lo, ci.hi)))
+}
+
+/// The side-by-side reproduction table: one row per configuration (any-informative unless
+/// the column says otherwise), the seed's ranges in the last row, then one line per seed claim
+/// with its verdict in each configuration, read off the interval or test in that row.
+fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOptions) {
+    use seed_paper as sp;
+    let ai = Conditioning::AnyInformative;
+    let ti = Conditioning::TreatmentIndependent;
+    let lvl = 100.0 * opts.level;
+    let _ = write!(
+        out,
+        "## Reproduction table\n\n\
+         One row per configuration (run dir), any-informative conditioning unless a column \
+         says otherwise; every rate has its {lvl:.0}% interval (cluster bootstrap, or Wilson \
+         for counts of disagreements and snapshot checks) and every difference its test, as in \
+         the sections below. *Crossing classes* are the exact≠refeed disagreements that are a \
+         zero-boundary crossing or a polarity reversal (shares of the disagreements, Wilson). \
+         *Mean-zero* is the cluster-mean t test of mean(Â_refeed − Â_exact) = 0. Jaccard is at \
+         the first τ = m/K ≥ 1/2. Cost is the device-seconds of all passes in the manifests, \
+         in dollars at ${:.2} per GPU-hour (`--usd-per-gpu-hour`).\n\n\
+         | config | policy | G | N replica / refeed | replica floor [CI] | excess (pp) [CI] | \
+         clustered t (df), p | excess TI (pp) [CI], t | zero-boundary | polarity reversal | \
+         mean-zero: mean [CI], p | τ | Jaccard(exact, refeed) [CI] | ceiling [CI] | \
+         snapshot hit rate | device-s | USD |\n\
+         | --- | --- | ---: | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---: | ---: |\n",
+        opts.usd_per_gpu_hour
+    );
+    for s in summaries {
+        let Some(r) = row_of(s, ai) else { continue };
+        let e = r.excess.as_ref();
+        let rt = row_of(s, ti);
+        let et = rt.and_then(|r| r.excess.as_ref());
+        let c = &r.treatment;
+        let m = c.mean_diff.as_ref();
+        let tau = side_tau(s);
+        let secs = total_seconds(&s.meta);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} / {} | {} {} | {} {} | {} ({}), p {} | {} {}, t {} | {} | {} | {} {}, p {} | {} | {} | {} | {} | {:.1} | {:.2} |",
+            s.meta.config,
+            s.meta.policy,
+            e.map_or(0, |e| e.n_problems),
+            r.replica.n_eligible,
+            c.n_eligible,
+            pct(r.replica.rate),
+            ci_pct(r.replica.rate_ci),
+            pp(e.map(|e| e.estimate)),
+            ci_pp(e.and_then(|e| e.bootstrap.map(|b| b.ci))),
+            num(e.and_then(|e| e.t_test.t), 2),
+            e.map_or_else(dash, |e| e.t_test.df.to_string()),
+            pval(e.and_then(|e| e.t_test.p_value)),
+            pp(et.map(|e| e.estimate)),
+            ci_pp(et.and_then(|e| e.bootstrap.map(|b| b.ci))),
+            num(et.and_then(|e| e.t_test.t), 2),
+            wilson(c.classes.zero_boundary, c.n_disagree, opts.level),
+            wilson(c.classes.polarity_reversal, c.n_disagree, opts.level),
+            num(m.map(|m| m.t_test.estimate), 4),
+            ci_num(m.and_then(|m| m.t_ci), 4),
+            pval(m.and_then(|m| m.t_test.p_value)),
+            tau.map_or_else(dash, |i| tau_label(s.taus[i], s.meta.k)),
+            tau.map_or_else(dash, |i| jaccard_cell(c, i)),
+            tau.map_or_else(dash, |i| jaccard_cell(&r.replica, i)),
+            wilson(
+                s.meta.snapshot_hits as usize,
+                s.meta.snapshot_checks as usize,
+                opts.level
+            ),
+            secs,
+            usd(secs, opts),
+        );
+    }
+    let _ = write!(
+        out,
+        "| seed paper (6 stock configs) | stock | | | {:.0}–{:.0}% | {:.0}–{:.0} | {:.1}–{:.1} | {:.0}–{:.0} | | | | not stated | {:.2}–{:.2} | {:.2}–{:.2} | | | |\n\n",
+        100.0 * sp::FLOOR.0,
+        100.0 * sp::FLOOR.1,
+        sp::EXCESS_PP.0,
+        sp::EXCESS_PP.1,
+        sp::CLUSTERED_T.0,
+        sp::CLUSTERED_T.1,
+        sp::EXCESS_TI_PP.0,
+        sp::EXCESS_TI_PP.1,
+        sp::JACCARD.0,
+        sp::JACCARD.1,
+        sp::CEILING.0,
+        sp::CEILING.1,
+    );
+    let stock: Vec<&ConfigSummary> = summaries
+        .iter()
+        .filter(|s| !is_batch_invariant(&s.meta.policy))
+        .collect();
+    if !stock.is_empty() {
+        let alpha = 1.0 - opts.level;
+        let _ = write!(
+            out,
+            "### Seed claims, configuration by configuration\n\n\
+             Each verdict is read off the interval or test in the row above: *yes* when the \
+             {lvl:.0}% interval (or the test at α = {alpha:.2}) supports the claim, *not shown* \
+             when it covers the null; in brackets whether the interval overlaps the seed's \
+             range.\n\n| claim | {} |\n| --- |{}\n",
+            stock
+                .iter()
+                .map(|s| format!("`{}`", s.meta.config))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            " --- |".repeat(stock.len()),
+        );
+        type Claim<'a> = (&'a str, Box<dyn Fn(&ConfigSummary) -> String + 'a>);
+        let claims: Vec<Claim> = vec![
+            (
+                "re-feed excess above the replica floor > 0, any-informative (seed: +14 to +28 pp)",
+                Box::new(|s| {
+                    row_of(s, ai).map_or_else(dash, |r| {
+                        let ci = excess_ci(r);
+                        format!(
+                            "{} ({})",
+                            sign_verdict(ci),
+                            overlaps(ci, sp::EXCESS_PP, 100.0)
+                        )
+                    })
+                }),
+            ),
+            (
+                "re-feed excess > 0, treatment-independent (seed: +7 to +21 pp)",
+                Box::new(|s| {
+                    row_of(s, ti).map_or_else(dash, |r| {
+                        let ci = excess_ci(r);
+                        format!(
+                            "{} ({})",
+                            sign_verdict(ci),
+                            overlaps(ci, sp::EXCESS_TI_PP, 100.0)
+                        )
+                    })
+                }),
+            ),
+            (
+                "problem-clustered t of the excess significant, any-informative (seed: t = 2.9 to 6.4)",
+                Box::new(move |s| {
+                    let t = row_of(s, ai)
+                        .and_then(|r| r.excess.as_ref())
+                        .map(|e| e.t_test);
+                    match t.and_then(|t| t.p_value.zip(t.t)) {
+                        Some((p, t)) if p < alpha && t > 0.0 => {
+                            format!("yes (p {})", pval(Some(p)))
+                        }
+                        Some((p, _)) => format!("not shown (p {})", pval(Some(p))),
+                        None => "no test".into(),
+                    }
+                }),
+            ),
+            (
+                "replica floor > 0 (seed: 9 to 23%)",
+                Box::new(|s| {
+                    row_of(s, ai).map_or_else(dash, |r| {
+                        let ci = r.replica.rate_ci.map(|c| (c.lo, c.hi));
+                        format!("{} ({})", sign_verdict(ci), overlaps(ci, sp::FLOOR, 1.0))
+                    })
+                }),
+            ),
+            (
+                "Jaccard(exact, refeed) below the replica ceiling (seed: 0.34–0.90 vs 0.63–0.96; intervals disjoint)",
+                Box::new(|s| {
+                    let (Some(r), Some(i)) = (row_of(s, ai), side_tau(s)) else {
+                        return dash();
+                    };
+                    match (jaccard_ci(&r.treatment, i), jaccard_ci(&r.replica, i)) {
+                        (Some(j), Some(c)) if j.1 < c.0 => {
+                            format!("yes ({})", overlaps(Some(j), sp::JACCARD, 1.0))
+                        }
+                        (Some(j), Some(_)) => {
+                            format!(
+                                "not shown (CIs overlap; {})",
+                                overlaps(Some(j), sp::JACCARD, 1.0)
+                            )
+                        }
+                        _ => "no interval".into(),
+                    }
+                }),
+            ),
+        ];
+        for (claim, verdict) in &claims {
+            let cells: Vec<String> = stock.iter().map(|s| verdict(s)).collect();
+            let _ = writeln!(out, "| {claim} | {} |", cells.join(" | "));
+        }
+        out.push('\n');
+    }
+    let bi: Vec<&ConfigSummary> = summaries
+        .iter()
+        .filter(|s| is_batch_invariant(&s.meta.policy))
+        .collect();
+    if !bi.is_empty() {
+        out.push_str(
+            "### Batch-invariant twins\n\n\
+             Under the batch-invariant policy every pass must agree bitwise: both disagreement \
+             rates must be exactly 0 (Wilson interval of the observed 0).\n\n\
+             | config | exact≠replica | exact≠refeed | exactly 0 |\n| --- | --- | --- | --- |\n",
+        );
+        for s in bi {
+            let Some(r) = row_of(s, ai) else { continue };
+            let ok = r.replica.n_disagree == 0 && r.treatment.n_disagree == 0;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} |",
+                s.meta.config,
+                wilson(r.replica.n_disagree, r.replica.n_eligible, opts.level),
+                wilson(r.treatment.n_disagree, r.treatment.n_eligible, opts.level),
+                if ok { "yes" } else { "**no**" },
+            );
+        }
+        out.push('\n');
+    }
+}
+
 fn classes(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
     let _ = write!(
         out,
@@ -510,17 +769,23 @@ fn outputs(out: &mut String, summaries: &[ConfigSummary]) {
     out.push('\n');
 }
 
-fn cost(out: &mut String, summaries: &[ConfigSummary]) {
-    out.push_str(
+fn cost(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOptions) {
+    let _ = write!(
+        out,
         "## Cost\n\nFrom each run's `manifest.json` (summed when several run dirs share a \
-         configuration).\n\n\
-         | config | pass | device-seconds | share | tokens | continuations |\n\
-         | --- | --- | ---: | ---: | ---: | ---: |\n",
+         configuration); dollars at ${:.2} per GPU-hour (`--usd-per-gpu-hour`).\n\n\
+         | config | pass | device-seconds | USD | share | tokens | continuations |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
+        opts.usd_per_gpu_hour
     );
     for s in summaries {
         let total: f64 = s.meta.cost.values().map(|c| c.device_seconds).sum();
         if s.meta.cost.is_empty() {
-            let _ = writeln!(out, "| {} | (no cost in manifest) | | | | |", s.meta.config);
+            let _ = writeln!(
+                out,
+                "| {} | (no cost in manifest) | | | | | |",
+                s.meta.config
+            );
         }
         for (pass, c) in &s.meta.cost {
             let share = if total > 0.0 {
@@ -530,8 +795,22 @@ fn cost(out: &mut String, summaries: &[ConfigSummary]) {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.1} | {} | {} | {} |",
-                s.meta.config, pass, c.device_seconds, share, c.tokens, c.continuations
+                "| {} | {} | {:.1} | {:.2} | {} | {} | {} |",
+                s.meta.config,
+                pass,
+                c.device_seconds,
+                usd(c.device_seconds, opts),
+                share,
+                c.tokens,
+                c.continuations
+            );
+        }
+        if s.meta.cost.len() > 1 {
+            let _ = writeln!(
+                out,
+                "| {} | **total** | {total:.1} | {:.2} | 100% | | |",
+                s.meta.config,
+                usd(total, opts)
             );
         }
     }
@@ -684,6 +963,10 @@ pub fn render(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
     );
     let configs = per_config(summaries);
     inputs(&mut out, &configs, opts);
+    let refeed = of_treatment(summaries, Pass::Refeed);
+    if !refeed.is_empty() {
+        reproduction(&mut out, &refeed, opts);
+    }
     for t in Pass::TREATMENTS {
         let group = of_treatment(summaries, t);
         if group.is_empty() {
@@ -714,7 +997,7 @@ pub fn render(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
         sensitivity(&mut out, &group, t);
     }
     outputs(&mut out, &configs);
-    cost(&mut out, &configs);
+    cost(&mut out, &configs, opts);
     definitions(&mut out);
     out
 }

@@ -53,7 +53,13 @@ pub struct AnalyzeOptions {
     pub seed: u64,
     /// Confidence level of every interval.
     pub level: f64,
+    /// Price of one GPU-hour in US dollars, for the cost columns (device-seconds × price).
+    pub usd_per_gpu_hour: f64,
 }
+
+/// Default `usd_per_gpu_hour`: an assumption, the order of an on-demand single-H200 hour at
+/// cloud providers in late 2026 (not a quote; pass your own price).
+pub const DEFAULT_USD_PER_GPU_HOUR: f64 = 3.50;
 
 impl Default for AnalyzeOptions {
     fn default() -> Self {
@@ -61,6 +67,7 @@ impl Default for AnalyzeOptions {
             reps: 2000,
             seed: 20_251_129,
             level: 0.95,
+            usd_per_gpu_hour: DEFAULT_USD_PER_GPU_HOUR,
         }
     }
 }

@@ -21,6 +21,10 @@ pub struct Args {
     /// Confidence level of every interval.
     #[arg(long, default_value_t = AnalyzeOptions::default().level)]
     level: f64,
+    /// US dollars per GPU-hour for the cost columns (default: an assumed on-demand H200 hour,
+    /// see `analysis::DEFAULT_USD_PER_GPU_HOUR`).
+    #[arg(long, value_name = "USD", default_value_t = AnalyzeOptions::default().usd_per_gpu_hour)]
+    usd_per_gpu_hour: f64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -28,6 +32,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         reps: a.reps,
         seed: a.seed,
         level: a.level,
+        usd_per_gpu_hour: a.usd_per_gpu_hour,
     };
     let out = analyze(&a.run_dirs, a.out.as_deref(), &opts)?;
     let configs: std::collections::BTreeSet<&str> = out

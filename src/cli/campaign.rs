@@ -1,5 +1,6 @@
 //! `kvcredit campaign run SPEC.toml [--shard i/N]`: a three-pass credit campaign, or one shard
-//! of its problems; `kvcredit campaign merge DIRS... --out DIR`: the shards' run folders as one.
+//! of its problems; `kvcredit campaign validate SPEC...`: check specs without running them;
+//! `kvcredit campaign merge DIRS... --out DIR`: the shards' run folders as one.
 use super::run_args::RunArgs;
 use anyhow::Context;
 use kvcredit::credit::{CampaignSpec, RunOptions, ShardSpec, merge_campaign, run_campaign};
@@ -32,6 +33,13 @@ pub enum Cmd {
         #[arg(long, value_name = "i/N")]
         shard: Option<String>,
     },
+    /// Load and validate specs without running or writing anything: every check `run` makes
+    /// before loading the model (settings, problem range, prompt format, model name).
+    Validate {
+        /// Campaign specs.
+        #[arg(required = true)]
+        specs: Vec<PathBuf>,
+    },
     /// Merge the run folders of one spec's shards into one run folder whose tables are
     /// byte-identical to an unsharded run's.
     Merge {
@@ -55,6 +63,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             shard,
         } => (spec, out, run, quiet, allow_extrapolation, shard),
         Cmd::Merge { dirs, out } => return merge(&dirs, &out),
+        Cmd::Validate { specs } => return validate(&specs),
     };
     // A bad --shard is refused before the spec or the model is read, so nothing is written.
     let shard = shard
@@ -115,5 +124,38 @@ fn merge(dirs: &[PathBuf], out: &std::path::Path) -> anyhow::Result<()> {
         m.snapshot_checks
     );
     println!("results: {}", out.display());
+    Ok(())
+}
+
+/// `campaign validate`: each spec is loaded and validated, its problems read and its model
+/// name resolved against the registry (the file need not be pulled); one line per spec.
+fn validate(specs: &[PathBuf]) -> anyhow::Result<()> {
+    for path in specs {
+        let (spec, sha) = CampaignSpec::load(path)?;
+        let (_, problems) = spec
+            .problems
+            .task()
+            .with_context(|| format!("{}", path.display()))?;
+        if ModelSource::resolve(&spec.model).is_err() {
+            kvcredit::registry::find(&spec.model)
+                .with_context(|| format!("{}: model `{}`", path.display(), spec.model))?;
+        }
+        let passes: Vec<&str> = spec.passes.run.iter().map(|p| p.as_str()).collect();
+        println!(
+            "{}: ok: `{}` {} {} {} on {}, {} problems ({}), K = {}, <= {} pivots/rollout, passes {}, sha256 {}",
+            path.display(),
+            spec.name,
+            spec.model,
+            spec.dtype,
+            spec.policy,
+            spec.device,
+            problems.len(),
+            spec.problems.format,
+            spec.continuations.k,
+            spec.pivots.max_per_rollout,
+            passes.join("+"),
+            &sha[..12],
+        );
+    }
     Ok(())
 }
