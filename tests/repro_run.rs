@@ -16,9 +16,9 @@ fn tiny_spec(dir: &Path, name: &str, policy: &str) -> PathBuf {
              name = \"{name}\"\nmodel = \"smollm2-135m-instruct\"\ndtype = \"fp32\"\n\
              device = \"cpu\"\npolicy = \"{policy}\"\nseed = 5\n\n\
              [problems]\nstart = 0\ncount = 2\nformat = \"zero-shot-chat\"\n\n\
-             [rollout]\nmax_new_tokens = 24\ntemperature = 0.0\n\n\
-             [pivots]\nmax_margin = 0.5\nmax_per_rollout = 2\nrule = \"lowest_margin\"\nalternatives = 1\n\n\
-             [continuations]\nk = 2\nmax_new_tokens = 12\ntemperature = 1.0\n\n\
+             [rollout]\nmax_new_tokens = 16\ntemperature = 0.0\n\n\
+             [pivots]\nmax_margin = 1.0\nmax_per_rollout = 1\nrule = \"lowest_margin\"\nalternatives = 1\n\n\
+             [continuations]\nk = 2\nmax_new_tokens = 6\ntemperature = 1.0\n\n\
              [passes]\nrun = [\"exact\", \"replica\", \"refeed\"]\nreplica_schedule = \"shuffled\"\n\
              batch_size = 4\nreplica_batch_size = 3\n"
         ),
