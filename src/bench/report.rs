@@ -1,5 +1,5 @@
 //! What a [`BenchReport`] looks like on the page: the stdout table and the Parquet rows.
-use super::BenchReport;
+use super::{BenchReport, ContinuationResult};
 
 impl BenchReport {
     /// One row per measurement (prefill, decode, continuations), for Parquet: columns
@@ -234,6 +234,15 @@ impl BenchReport {
                 "  {:<16} {:<8} {:>6} {:>6} {:>9} {:>10} {:>12} {:>8}",
                 "policy", "engine", "batch", "jobs", "tokens", "seconds", "tok/s", "vs HF"
             );
+            let static_ratio = |c: &ContinuationResult| {
+                self.hf
+                    .iter()
+                    .find(|h| h.batch == c.batch)
+                    .and_then(|h| h.static_tokens_per_s)
+                    .map_or(String::new(), |st| {
+                        format!(" ({:.2}x static)", c.tokens_per_s / st)
+                    })
+            };
             for c in &self.continuations {
                 let hf = self
                     .hf
@@ -244,7 +253,7 @@ impl BenchReport {
                     });
                 let _ = writeln!(
                     s,
-                    "  {:<16} {:<8} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>8}",
+                    "  {:<16} {:<8} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>8}{}",
                     c.policy.to_string(),
                     c.engine.to_string(),
                     c.batch,
@@ -252,7 +261,8 @@ impl BenchReport {
                     c.tokens,
                     c.seconds,
                     c.tokens_per_s,
-                    hf
+                    hf,
+                    static_ratio(c)
                 );
                 if let Some(st) = &c.stats {
                     let _ = writeln!(s, "  {:<16} {}", "", st.describe());

@@ -30,6 +30,10 @@ pub struct HfBaseline {
     pub batch: usize,
     /// `generate` tokens/s.
     pub generate_tokens_per_s: f64,
+    /// `generate` with a static cache (compiled, CUDA graphs) tokens/s, when the file has it
+    /// (`hf_generate.py --static`).
+    #[serde(default)]
+    pub static_tokens_per_s: Option<f64>,
 }
 
 /// The targets of the issue and the H200 reference baselines, as `benches/targets.toml` holds
@@ -182,6 +186,7 @@ impl TargetFile {
                 source: refs.source.clone(),
                 batch,
                 generate_tokens_per_s: r.generate_tokens_per_s,
+                static_tokens_per_s: None,
             })
     }
 }
@@ -209,6 +214,7 @@ pub fn read_hf_baselines(
                 source: path.display().to_string(),
                 batch: b as usize,
                 generate_tokens_per_s: tps,
+                static_tokens_per_s: r["generate_static"]["tokens_per_s"].as_f64(),
             });
         }
     }
@@ -249,14 +255,22 @@ impl BenchReport {
                 Some(hf) => (
                     Some(c.tokens_per_s >= speedup * hf),
                     format!(
-                        "HF generate {hf:.0} tok/s at batch {cb} ({}); ratio {:.1}x (engine {})",
+                        "HF generate {hf:.0} tok/s at batch {cb} ({}); ratio {:.1}x (engine {}){}",
                         self.hf
                             .iter()
                             .find(|h| h.batch == cb)
                             .map(|h| h.source.as_str())
                             .unwrap_or("?"),
                         c.tokens_per_s / hf,
-                        c.engine
+                        c.engine,
+                        self.hf
+                            .iter()
+                            .find(|h| h.batch == cb)
+                            .and_then(|h| h.static_tokens_per_s)
+                            .map_or(String::new(), |st| format!(
+                                "; static-cache compiled generate {st:.0} tok/s, ratio {:.2}x",
+                                c.tokens_per_s / st
+                            ))
                     ),
                 ),
                 None => (
