@@ -933,15 +933,15 @@ fn finish_problem(
     let tables = [
         records::rollouts(
             &ctx,
-            &roll,
+            roll,
             &rollout_text,
             &rollout_grade,
             pivots.len(),
             model,
         )?,
-        records::pivots(&ctx, &roll, &pivots, model)?,
-        records::continuations(&ctx, &pivots, &ids, &outcomes, &audits, &graded),
-        records::estimates(&ctx, &roll, &pivots, &estimates, model)?,
+        records::pivots(&ctx, roll, pivots, model)?,
+        records::continuations(&ctx, pivots, ids, &outcomes, &audits, &graded),
+        records::estimates(&ctx, roll, pivots, &estimates, model)?,
     ];
     Ok(Shard { tables, info })
 }
