@@ -170,7 +170,7 @@ fn est_row(k: &Key, pass: Pass) -> String {
 type ContKey = (u32, u32, u32, String, u32);
 
 /// Batch memberships `(pivot_pos, alt_rank, sample)` per (problem, pass), sorted.
-type Groupings = BTreeMap<(u32, Pass), Vec<BTreeSet<(u32, u32, u32)>>>;
+type Groupings = BTreeMap<(u32, Pass), Vec<BTreeSet<(u32, u32, u32, u32)>>>;
 
 fn cont_key(c: &ContinuationRow) -> ContKey {
     (
@@ -445,8 +445,14 @@ impl Checker<'_> {
     }
 
     /// Batches of each (problem, pass) as sets of continuation identities; reports malformed
-    /// placements. `None` when the continuations do not record placements.
-    fn placement(&mut self, conts: &[ContinuationRow]) -> Option<Groupings> {
+    /// placements. `None` when the continuations do not record placements. A run whose
+    /// problems were pooled (`pool_problems` in the manifest) batches per group of problems,
+    /// keyed by the group's first problem.
+    fn placement(
+        &mut self,
+        conts: &[ContinuationRow],
+        rollouts: &[RolloutRow],
+    ) -> Option<Groupings> {
         if conts.iter().any(|c| c.placement.is_none()) {
             self.push(
                 Rule::Placement,
@@ -455,13 +461,22 @@ impl Checker<'_> {
             );
             return None;
         }
+        let pool = self.manifest.pool_problems.unwrap_or(1).max(1);
+        let mut problems: Vec<u32> = rollouts.iter().map(|r| r.problem).collect();
+        problems.sort_unstable();
+        problems.dedup();
+        let group: BTreeMap<u32, u32> = problems
+            .iter()
+            .enumerate()
+            .map(|(j, &p)| (p, problems[j / pool * pool]))
+            .collect();
         // (problem, pass) -> chunk -> rows
         let mut batches: BTreeMap<(u32, Pass), BTreeMap<u32, Vec<&ContinuationRow>>> =
             BTreeMap::new();
         for c in conts {
             let at = c.placement.expect("checked above");
             batches
-                .entry((c.problem, c.pass))
+                .entry((group.get(&c.problem).copied().unwrap_or(c.problem), c.pass))
                 .or_default()
                 .entry(at.chunk)
                 .or_default()
@@ -498,9 +513,9 @@ impl Checker<'_> {
                         format!("rows {seen:?} but batch_rows = {n}"),
                     ));
                 }
-                let members: BTreeSet<(u32, u32, u32)> = rows
+                let members: BTreeSet<(u32, u32, u32, u32)> = rows
                     .iter()
-                    .map(|c| (c.pivot_pos, c.alt_rank, c.sample))
+                    .map(|c| (c.problem, c.pivot_pos, c.alt_rank, c.sample))
                     .collect();
                 sets.push(members);
             }
@@ -728,7 +743,7 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
     ck.complete();
     ck.consistent(&estimates, &conts);
     ck.counts(&rollouts, &pivots, &estimates, &conts);
-    let groupings = ck.placement(&conts);
+    let groupings = ck.placement(&conts, &rollouts);
     if manifest.replica_schedule == ReplicaSchedule::Same {
         rules.push(Rule::ReplicaSame);
         ck.identical(Rule::ReplicaSame, Pass::Replica);

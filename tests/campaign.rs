@@ -61,6 +61,27 @@ replica_batch_size = 3
     )
 }
 
+/// [`spec_text`] made small (shorter rollouts and continuations, K = 1, no refeed) and pooled
+/// in pairs of problems when `pool`.
+fn small_spec_text(name: &str, problems: usize, pool: bool) -> String {
+    let text = spec_text(name, "shuffled", problems)
+        .replace("max_new_tokens = 40", "max_new_tokens = 24")
+        .replace("max_new_tokens = 16", "max_new_tokens = 6")
+        .replace("k = 2", "k = 1")
+        .replace(
+            r#"["exact", "replica", "refeed"]"#,
+            r#"["exact", "replica"]"#,
+        );
+    if pool {
+        text.replace(
+            "replica_batch_size = 3\n",
+            "replica_batch_size = 3\npool_problems = 2\n",
+        )
+    } else {
+        text
+    }
+}
+
 fn write_spec(dir: &Path, text: &str) -> PathBuf {
     let p = dir.join("spec.toml");
     std::fs::write(&p, text).unwrap();
@@ -299,9 +320,54 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
 
 #[test]
 fn sigkilled_campaign_resumes_to_identical_parquet() {
+    sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true);
+}
+
+/// Problems 0-1 and 2 in two pools (3 problems, `pool_problems = 2`): a SIGKILL after the first
+/// pool's shards landed resumes to Parquet byte-identical to an uninterrupted run; so does a
+/// rerun with one shard of a finished pool deleted, which reruns the pool and writes only that
+/// shard.
+#[test]
+fn sigkilled_pooled_campaign_resumes_to_identical_parquet() {
+    let text = small_spec_text("poolkill", 3, true);
+    let (dir, reference, interrupted) = sigkill_and_resume("poolkill", &text, false);
     let bin = env!("CARGO_BIN_EXE_kvcredit");
-    let dir = common::scratch("campaign", "kill");
-    let spec = write_spec(&dir, &spec_text("kill", "shuffled", 2));
+    let kept = interrupted.join("shards/problem-00000/shard.json");
+    let before = std::fs::read(&kept).unwrap();
+    std::fs::remove_dir_all(interrupted.join("shards/problem-00001")).unwrap();
+    let again = Command::new(bin)
+        .args(["campaign", "run"])
+        .arg(dir.join("spec.toml"))
+        .args(["--quiet", "--out"])
+        .arg(&interrupted)
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&kept).unwrap(),
+        before,
+        "a finished shard was rewritten"
+    );
+    assert!(interrupted.join("shards/problem-00001/shard.json").exists());
+    for table in ["rollouts", "pivots", "continuations", "estimates"] {
+        let a = std::fs::read(reference.join(format!("{table}.parquet"))).unwrap();
+        let b = std::fs::read(interrupted.join(format!("{table}.parquet"))).unwrap();
+        assert!(a == b, "{table}.parquet differs after rerunning a pool");
+    }
+    let manifest = std::fs::read_to_string(interrupted.join("manifest.json")).unwrap();
+    assert!(manifest.contains(r#""pool_problems": 2"#), "{manifest}");
+}
+
+/// Run `text` to completion, then again SIGKILLed once problem 0's shard landed and resumed;
+/// asserts byte-identical Parquet. Returns (scratch dir, reference run, resumed run).
+fn sigkill_and_resume(name: &str, text: &str, engine_check: bool) -> (PathBuf, PathBuf, PathBuf) {
+    let bin = env!("CARGO_BIN_EXE_kvcredit");
+    let dir = common::scratch("campaign", name);
+    let spec = write_spec(&dir, text);
     let reference = dir.join("reference");
     let interrupted = dir.join("interrupted");
     let command = |out: &Path| {
@@ -362,6 +428,9 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
     let manifest = std::fs::read_to_string(interrupted.join("manifest.json")).unwrap();
     assert!(manifest.contains("resumed_at"));
     assert!(manifest.contains(r#""engine": "eager""#), "{manifest}");
+    if !engine_check {
+        return (dir, reference, interrupted);
+    }
     // A stock run resumes only under the engine it ran with (their rounding differs).
     let other = command(&interrupted)
         .env("KVCREDIT_ENGINE", "static")
@@ -372,6 +441,119 @@ fn sigkilled_campaign_resumes_to_identical_parquet() {
     assert!(
         err.starts_with("error:") && err.contains("KVCREDIT_ENGINE=eager"),
         "{err}"
+    );
+    (dir, reference, interrupted)
+}
+
+/// Every table's rows with the placement columns (chunk, row, batch_rows) left out.
+fn tables_without_placement(run: &Path) -> Vec<(String, Vec<arrow_array::RecordBatch>)> {
+    let placement = ["chunk", "row", "batch_rows"];
+    ["rollouts", "pivots", "continuations", "estimates"]
+        .iter()
+        .map(|t| {
+            let batches = read_batches(&run.join(format!("{t}.parquet")))
+                .unwrap()
+                .into_iter()
+                .map(|b| {
+                    let keep: Vec<usize> = (0..b.num_columns())
+                        .filter(|&i| !placement.contains(&b.schema().field(i).name().as_str()))
+                        .collect();
+                    b.project(&keep).unwrap()
+                })
+                .collect();
+            (t.to_string(), batches)
+        })
+        .collect()
+}
+
+fn run_spec(dir: &Path, text: &str, out: &str) -> PathBuf {
+    let (spec, sha) = CampaignSpec::load(&write_spec(dir, text)).unwrap();
+    let out = dir.join(out);
+    run_campaign(
+        &spec,
+        &sha,
+        &model(),
+        &RunOptions {
+            out_dir: out.clone(),
+            quiet: true,
+            shard: None,
+            exec: None,
+        },
+    )
+    .unwrap();
+    out
+}
+
+/// Under the batch-invariant policy, pooling 3 problems' rollouts and continuations (pools of
+/// 2: problems 0-1, then 2) gives bitwise the tables of per-problem scheduling, all but the
+/// placement columns; the pooled replica still ran batches other than exact's, and exact's
+/// pools did mix problems. Negative control: another seed changes the continuations, and the
+/// same comparison catches it.
+#[test]
+fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
+    let dir = common::scratch("campaign", "pool");
+    let base = small_spec_text("pool", 3, false)
+        .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#);
+    let pooled_text = small_spec_text("pool", 3, true)
+        .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#);
+    let single = run_spec(&dir, &base, "single");
+    let pooled = run_spec(&dir, &pooled_text, "pooled");
+    let (a, b) = (
+        tables_without_placement(&single),
+        tables_without_placement(&pooled),
+    );
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(
+            x.iter().map(|b| b.num_rows()).sum::<usize>() > 0,
+            "{name} is empty"
+        );
+        assert_eq!(
+            x, y,
+            "{name} differs between pooled and per-problem scheduling"
+        );
+    }
+    // Exact's batches held continuations of two problems at once.
+    use arrow_array::{StringArray, UInt32Array};
+    let mut by_batch: std::collections::BTreeMap<(String, u32, u32), Vec<u32>> = Default::default();
+    for b in read_batches(&pooled.join("continuations.parquet")).unwrap() {
+        let pass: StringArray = common::column(&b, "pass");
+        let chunk: UInt32Array = common::column(&b, "chunk");
+        let problem: UInt32Array = common::column(&b, "problem");
+        for i in 0..b.num_rows() {
+            let group = problem.value(i) / 2;
+            by_batch
+                .entry((pass.value(i).to_string(), group, chunk.value(i)))
+                .or_default()
+                .push(problem.value(i));
+        }
+    }
+    assert!(
+        by_batch
+            .iter()
+            .any(|((p, _, _), probs)| p == "exact" && probs.iter().any(|&q| q != probs[0])),
+        "no exact batch pooled two problems: {by_batch:?}"
+    );
+    // `check` passes the pooled run: placements per pool, and the replica's grouping differs
+    // from exact's in every pool.
+    let report = kvcredit::check::check_run(&pooled).unwrap();
+    assert!(report.passed(), "{:#?}", report.violations);
+    let manifest = std::fs::read_to_string(pooled.join("manifest.json")).unwrap();
+    assert!(manifest.contains(r#""pool_problems": 2"#), "{manifest}");
+    let manifest = std::fs::read_to_string(single.join("manifest.json")).unwrap();
+    assert!(!manifest.contains("pool_problems"), "{manifest}");
+
+    // Negative control.
+    let other = run_spec(&dir, &base.replace("seed = 7", "seed = 8"), "other");
+    let c = tables_without_placement(&other);
+    let differs: Vec<&str> = a
+        .iter()
+        .zip(&c)
+        .filter(|((_, x), (_, y))| x != y)
+        .map(|((n, _), _)| n.as_str())
+        .collect();
+    assert!(
+        differs.contains(&"continuations"),
+        "another seed went unnoticed: {differs:?}"
     );
 }
 

@@ -84,7 +84,7 @@ pub fn run_campaign(
     // Everything a spec can get wrong is found before the first write to the run folder.
     let (task, all) = spec.problems.task()?;
     let problems = match opts.shard {
-        Some(shard) => shard_problems(shard, &all)?,
+        Some(shard) => shard_problems(shard, &all, spec.passes.pool_problems)?,
         None => all,
     };
     check_positions(spec, model, &task)?;
@@ -130,6 +130,7 @@ pub fn run_campaign(
             device: spec.device.clone(),
             exec: record,
             replica_schedule: spec.passes.replica_schedule,
+            pool_problems: (spec.passes.pool_problems > 1).then_some(spec.passes.pool_problems),
             k: u32::try_from(spec.continuations.k)
                 .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
             seed: spec.seed,
@@ -172,16 +173,30 @@ pub fn run_campaign(
             .map_err(|e| Error::Output(e.to_string()))?,
     );
 
-    for problem in &problems {
-        let dir = shard_dir(out, problem.index);
-        if !dir.exists() {
-            pb_problems.set_message(format!("problem {}", problem.index));
-            let shard = run_problem(spec, &settings, model, &task, problem, &pb_work)
-                .map_err(|e| e.context(&format!("problem {}", problem.index)))?;
-            let named: Vec<(&str, &Table)> = TABLES.iter().copied().zip(&shard.tables).collect();
-            commit_shard(&dir, &named, &shard.info)?;
+    // Shards select whole groups, and only the spec's last group is short, so the selected
+    // problems chunk into the spec's groups.
+    for group in problems.chunks(spec.passes.pool_problems) {
+        // A group with any shard missing runs again whole (same pools, same numerics); only
+        // the missing shards are written.
+        if group.iter().any(|p| !shard_dir(out, p.index).exists()) {
+            let what = match group {
+                [one] => format!("problem {}", one.index),
+                [a, .., b] => format!("problems {}-{}", a.index, b.index),
+                [] => String::new(),
+            };
+            pb_problems.set_message(what.clone());
+            let shards = run_group(spec, &settings, model, &task, group, &pb_work)
+                .map_err(|e| e.context(&what))?;
+            for (problem, shard) in group.iter().zip(shards) {
+                let dir = shard_dir(out, problem.index);
+                if !dir.exists() {
+                    let named: Vec<(&str, &Table)> =
+                        TABLES.iter().copied().zip(&shard.tables).collect();
+                    commit_shard(&dir, &named, &shard.info)?;
+                }
+            }
         }
-        pb_problems.inc(1);
+        pb_problems.inc(group.len() as u64);
         refresh_manifest(&mut manifest, out, &problems)?;
         write_json(&manifest_path, &manifest)?;
     }
@@ -204,17 +219,29 @@ fn finish(manifest: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<(
     write_json(&out.join("manifest.json"), manifest)
 }
 
-/// The problems of `shard`, refused when it would hold none.
-fn shard_problems(shard: ShardSpec, all: &[Problem]) -> Result<Vec<Problem>> {
+/// The problems of `shard`: the spec's problems in groups of `pool` consecutive ones
+/// (`passes.pool_problems`), the groups dealt round-robin to the shards; refused when it would
+/// hold none.
+fn shard_problems(shard: ShardSpec, all: &[Problem], pool: usize) -> Result<Vec<Problem>> {
     let shard = ShardSpec::new(shard.index, shard.count).map_err(Error::Spec)?;
-    if shard.count > all.len() {
-        return Err(Error::Spec(format!(
-            "shard {shard}: the spec has {} problems, so at most {} shards",
-            all.len(),
-            all.len()
-        )));
+    let groups: Vec<&[Problem]> = all.chunks(pool.max(1)).collect();
+    if shard.count > groups.len() {
+        return Err(Error::Spec(if pool > 1 {
+            format!(
+                "shard {shard}: the spec has {} problems in {} groups of passes.pool_problems = {pool}, so at most {} shards",
+                all.len(),
+                groups.len(),
+                groups.len()
+            )
+        } else {
+            format!(
+                "shard {shard}: the spec has {} problems, so at most {} shards",
+                all.len(),
+                all.len()
+            )
+        }));
     }
-    Ok(shard.select(all))
+    Ok(shard.select(&groups).concat())
 }
 
 /// Merge the run folders of one spec's shards (`campaign run --shard i/N`, or unsharded runs)
@@ -274,7 +301,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     let mut holder: BTreeMap<usize, usize> = BTreeMap::new();
     for (k, (d, m)) in dirs.iter().zip(&manifests).enumerate() {
         let held = match m.shard {
-            Some(s) => shard_problems(s, &problems)?,
+            Some(s) => shard_problems(s, &problems, spec.passes.pool_problems)?,
             None => problems.clone(),
         };
         for p in &held {
@@ -320,7 +347,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
             {
                 let n = first.shard.map_or(1, |s| s.count);
                 let j = problems.iter().position(|p| p.index == one).unwrap_or(0);
-                format!("{}/{n}", j % n)
+                format!("{}/{n}", (j / spec.passes.pool_problems.max(1)) % n)
             }
         )));
     }
@@ -515,18 +542,53 @@ pub(crate) struct JobId {
     pub sample: usize,
 }
 
-fn run_problem(
+/// One problem of a group up to its passes: its rollout, pivots and continuation jobs.
+struct Prepared {
+    roll: Rollout,
+    pivots: Vec<Pivot>,
+    /// Jobs in natural order: pivot, branch, sample.
+    ids: Vec<JobId>,
+}
+
+impl Prepared {
+    fn branch_token(&self, id: &JobId) -> i64 {
+        let p = &self.pivots[id.pivot];
+        if id.branch == 0 {
+            p.token
+        } else {
+            p.alternatives[id.branch - 1]
+        }
+    }
+}
+
+/// `seconds` shared among a group's problems in proportion to their `counts` (all of it to
+/// a problem alone).
+fn share(seconds: f64, counts: &[u64], i: usize) -> f64 {
+    let total: u64 = counts.iter().sum();
+    if counts.len() == 1 {
+        seconds
+    } else if total == 0 {
+        seconds / counts.len() as f64
+    } else {
+        seconds * counts[i] as f64 / total as f64
+    }
+}
+
+/// Run one group of consecutive problems (`passes.pool_problems` of them, one for the
+/// per-problem schedule): their rollouts decoded together, then per pass the continuations of
+/// all of them pooled, problem after problem in natural order, into the pass's batches. Returns
+/// each problem's shard, in the group's order.
+fn run_group(
     spec: &CampaignSpec,
     settings: &ExecSettings,
     model: &LoadedModel,
     task: &Gsm8k,
-    problem: &Problem,
+    group: &[Problem],
     pb: &ProgressBar,
-) -> Result<Shard> {
+) -> Result<Vec<Shard>> {
     let dec = &model.decoder;
     let device = dec.device();
     let policy = settings.policy(spec.policy);
-    let prompt = model.encode_prompt(&task.prompt(problem))?;
     let stops = task.stop_sequences();
     let text_stop = |ids: &[i64]| -> bool {
         model
@@ -535,16 +597,31 @@ fn run_problem(
             .unwrap_or(false)
     };
     let text_stop_ref: &dyn Fn(&[i64]) -> bool = &text_stop;
-    let mut info = ShardInfo::default();
+    let what = match group {
+        [one] => format!("problem {}", one.index),
+        [a, .., b] => format!("problems {}-{}", a.index, b.index),
+        [] => return Ok(vec![]),
+    };
+    let n = group.len();
+    let mut infos: Vec<ShardInfo> = vec![ShardInfo::default(); n];
 
+    let prompts = group
+        .iter()
+        .map(|p| model.encode_prompt(&task.prompt(p)))
+        .collect::<Result<Vec<_>>>()?;
+    let keys: Vec<NoiseKey> = group
+        .iter()
+        .map(|p| NoiseKey::rollout(spec.seed, p.index as u64))
+        .collect();
     let t0 = Instant::now();
-    let roll = rollout::rollout(
+    let rolls = rollout::rollouts(
         dec,
-        &prompt,
+        &prompts.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        &keys,
         &RolloutParams {
             sampling: spec.rollout_sampling(),
             max_new_tokens: spec.rollout.max_new_tokens,
-            key: NoiseKey::rollout(spec.seed, problem.index as u64),
+            key: keys[0],
             stop_tokens: &model.stop_tokens,
             special_tokens: &model.special_tokens,
             text_stop: Some(text_stop_ref),
@@ -554,43 +631,55 @@ fn run_problem(
         },
     )?;
     sync(device);
-    info.cost.insert(
-        "rollout".into(),
-        PassCost {
-            device_seconds: t0.elapsed().as_secs_f64(),
-            tokens: (prompt.len() + roll.steps.len()) as u64,
-            continuations: 0,
-        },
-    );
-    let pivots = rollout::select_pivots(&roll.steps, &spec.pivots);
-    info.pivots = pivots.len() as u64;
-
-    // Jobs in natural order: pivot, branch, sample.
+    let seconds = t0.elapsed().as_secs_f64();
+    let roll_tokens: Vec<u64> = rolls
+        .iter()
+        .map(|r| (r.prompt.len() + r.steps.len()) as u64)
+        .collect();
     let branches = 1 + spec.pivots.alternatives;
-    let mut ids = Vec::new();
-    for (p, pivot) in pivots.iter().enumerate() {
-        for branch in 0..branches.min(1 + pivot.alternatives.len()) {
-            for sample in 0..spec.continuations.k {
-                ids.push(JobId {
-                    pivot: p,
-                    branch,
-                    sample,
-                });
+    let mut preps = Vec::with_capacity(n);
+    for (q, roll) in rolls.into_iter().enumerate() {
+        infos[q].cost.insert(
+            "rollout".into(),
+            PassCost {
+                device_seconds: share(seconds, &roll_tokens, q),
+                tokens: roll_tokens[q],
+                continuations: 0,
+            },
+        );
+        let pivots = rollout::select_pivots(&roll.steps, &spec.pivots);
+        infos[q].pivots = pivots.len() as u64;
+        let mut ids = Vec::new();
+        for (p, pivot) in pivots.iter().enumerate() {
+            for branch in 0..branches.min(1 + pivot.alternatives.len()) {
+                for sample in 0..spec.continuations.k {
+                    ids.push(JobId {
+                        pivot: p,
+                        branch,
+                        sample,
+                    });
+                }
             }
         }
+        preps.push(Prepared { roll, pivots, ids });
     }
-    let branch_token = |id: &JobId| {
-        let p = &pivots[id.pivot];
-        if id.branch == 0 {
-            p.token
-        } else {
-            p.alternatives[id.branch - 1]
-        }
-    };
-    let key = |id: &JobId| NoiseKey {
+    // The pool: (problem in the group, job of that problem), problem-major; each problem's
+    // jobs are one contiguous range of it.
+    let pooled: Vec<(usize, usize)> = preps
+        .iter()
+        .enumerate()
+        .flat_map(|(q, pr)| (0..pr.ids.len()).map(move |j| (q, j)))
+        .collect();
+    let mut ranges = Vec::with_capacity(n);
+    let mut at = 0;
+    for pr in &preps {
+        ranges.push(at..at + pr.ids.len());
+        at += pr.ids.len();
+    }
+    let key = |q: usize, id: &JobId| NoiseKey {
         seed: spec.seed,
-        problem: problem.index as u64,
-        pivot: pivots[id.pivot].pos as u64,
+        problem: group[q].index as u64,
+        pivot: preps[q].pivots[id.pivot].pos as u64,
         branch: id.branch as u64,
         sample: id.sample as u64,
         step: 0,
@@ -603,71 +692,88 @@ fn run_problem(
         stop_tokens: &model.stop_tokens,
         text_stop: Some(text_stop_ref),
     };
-    let exact_batches = schedule::exact(ids.len(), spec.passes.batch_size);
+    let exact_batches = schedule::exact(pooled.len(), spec.passes.batch_size);
 
-    let mut outcomes: BTreeMap<Pass, Vec<Outcome>> = BTreeMap::new();
-    let mut audits: BTreeMap<Pass, PassAudit> = BTreeMap::new();
+    let mut outcomes: Vec<BTreeMap<Pass, Vec<Outcome>>> = vec![BTreeMap::new(); n];
+    let mut audits: Vec<BTreeMap<Pass, PassAudit>> = (0..n).map(|_| BTreeMap::new()).collect();
     for &pass in &spec.passes.run {
         pb.set_prefix(pass.as_str());
-        pb.set_length(ids.len() as u64);
+        pb.set_length(pooled.len() as u64);
         pb.set_position(0);
         let started = Instant::now();
-        let mut tokens = 0u64;
+        let mut prefix_tokens = vec![0u64; n];
         // Refeed: one fresh prefill of prompt ⊕ y_<t per pivot, as token ids.
         // Spectrum: per pivot the decode-time snapshot compressed into a restored cache.
-        let refeed_caches: Vec<KvCache> = match (pass, spec.spectrum_pass()) {
-            (Pass::Refeed, _) => pivots
-                .iter()
-                .map(|p| refeed_prefix(model, &roll, p, &mut tokens, &policy))
-                .collect::<Result<_>>()?,
-            (Pass::Spectrum, Some(sp)) => {
-                let mut stats = SpectrumStats::default();
-                let caches = pivots
+        let mut refeed_caches: Vec<Vec<KvCache>> = Vec::with_capacity(n);
+        for (q, pr) in preps.iter().enumerate() {
+            let caches: Vec<KvCache> = match (pass, spec.spectrum_pass()) {
+                (Pass::Refeed, _) => pr
+                    .pivots
                     .iter()
-                    .map(|p| spectrum_prefix(model, &roll, p, sp, &policy, &mut tokens, &mut stats))
-                    .collect::<Result<_>>()?;
-                info.spectrum = Some(stats);
-                caches
-            }
-            _ => vec![],
-        };
-        let jobs: Vec<Job> = ids
+                    .map(|p| refeed_prefix(model, &pr.roll, p, &mut prefix_tokens[q], &policy))
+                    .collect::<Result<_>>()?,
+                (Pass::Spectrum, Some(sp)) => {
+                    let mut stats = SpectrumStats::default();
+                    let caches = pr
+                        .pivots
+                        .iter()
+                        .map(|p| {
+                            spectrum_prefix(
+                                model,
+                                &pr.roll,
+                                p,
+                                sp,
+                                &policy,
+                                &mut prefix_tokens[q],
+                                &mut stats,
+                            )
+                        })
+                        .collect::<Result<_>>()?;
+                    infos[q].spectrum = Some(stats);
+                    caches
+                }
+                _ => vec![],
+            };
+            refeed_caches.push(caches);
+        }
+        let jobs: Vec<Job> = pooled
             .iter()
-            .map(|id| {
-                let pivot = &pivots[id.pivot];
+            .map(|&(q, j)| {
+                let pr = &preps[q];
+                let id = &pr.ids[j];
+                let pivot = &pr.pivots[id.pivot];
                 let start = match pass {
                     Pass::Exact | Pass::Replica => Start {
-                        cache: &roll.cache,
-                        snap: roll.snapshot(pivot.pos),
+                        cache: &pr.roll.cache,
+                        snap: pr.roll.snapshot(pivot.pos),
                         expect: Some(pivot.fingerprint),
                     },
                     Pass::Refeed | Pass::Spectrum => Start {
-                        cache: &refeed_caches[id.pivot],
+                        cache: &refeed_caches[q][id.pivot],
                         snap: Snapshot {
                             row: 0,
-                            len: roll.snapshot(pivot.pos).len,
+                            len: pr.roll.snapshot(pivot.pos).len,
                         },
                         expect: None,
                     },
                 };
                 Job {
                     start,
-                    first_token: branch_token(id),
-                    key: key(id),
+                    first_token: pr.branch_token(id),
+                    key: key(q, id),
                 }
             })
             .collect();
         let batches = match (pass, spec.passes.replica_schedule) {
             (Pass::Replica, ReplicaSchedule::Shuffled) => {
-                replica_batches(spec, problem.index, &exact_batches)?
+                replica_batches(spec, &what, &exact_batches)?
             }
             _ => exact_batches.clone(),
         };
         let mut since = Instant::now();
         let mut recent = 0u64;
-        let mut on_tokens = |n: u64| {
-            tokens += n;
-            recent += n;
+        let mut on_tokens = |k: u64| {
+            recent += k;
             let dt = since.elapsed().as_secs_f64();
             if dt > 1.0 {
                 pb.set_message(format!("{:.1} tok/s", recent as f64 / dt));
@@ -702,31 +808,68 @@ fn run_problem(
                 other => other.context(&what),
             }
         })?;
-        pb.set_position(ids.len() as u64);
+        pb.set_position(pooled.len() as u64);
         sync(device);
-        info.snapshot_checks += run.checks.checks;
-        info.snapshot_hits += run.checks.hits;
-        info.snapshot_checks_pivots += run.checks.snapshots;
-        info.snapshot_hits_pivots += run.checks.snapshot_hits;
-        info.cost.insert(
-            pass.as_str().into(),
-            PassCost {
-                device_seconds: started.elapsed().as_secs_f64(),
-                tokens,
-                continuations: ids.len() as u64,
-            },
-        );
-        outcomes.insert(pass, run.outcomes);
-        audits.insert(
-            pass,
-            PassAudit {
-                placements: run.placements,
-                verified: run.verified,
-            },
-        );
+        let seconds = started.elapsed().as_secs_f64();
+        // Every sampled token of a continuation was one live row of one step.
+        let tokens: Vec<u64> = (0..n)
+            .map(|q| {
+                prefix_tokens[q]
+                    + run.outcomes[ranges[q].clone()]
+                        .iter()
+                        .map(|o| o.tokens.len() as u64)
+                        .sum::<u64>()
+            })
+            .collect();
+        for (q, r) in ranges.iter().enumerate() {
+            let checks = engine::count_checks(&jobs[r.clone()], &run.verified[r.clone()]);
+            let info = &mut infos[q];
+            info.snapshot_checks += checks.checks;
+            info.snapshot_hits += checks.hits;
+            info.snapshot_checks_pivots += checks.snapshots;
+            info.snapshot_hits_pivots += checks.snapshot_hits;
+            info.cost.insert(
+                pass.as_str().into(),
+                PassCost {
+                    device_seconds: share(seconds, &tokens, q),
+                    tokens: tokens[q],
+                    continuations: r.len() as u64,
+                },
+            );
+            outcomes[q].insert(pass, run.outcomes[r.clone()].to_vec());
+            audits[q].insert(
+                pass,
+                PassAudit {
+                    placements: run.placements[r.clone()].to_vec(),
+                    verified: run.verified[r.clone()].to_vec(),
+                },
+            );
+        }
     }
+    preps
+        .iter()
+        .zip(group)
+        .zip(infos.into_iter().zip(outcomes).zip(audits))
+        .map(|((pr, problem), ((info, outcomes), audits))| {
+            finish_problem(spec, model, task, problem, pr, info, outcomes, audits)
+        })
+        .collect()
+}
 
-    // Grading; outputs that hit the token cap are graded per `continuations.truncated`.
+/// Grade a problem's rollout and continuations (outputs that hit the token cap are graded
+/// per `continuations.truncated`), estimate each pivot and alternative, and build its tables.
+#[allow(clippy::too_many_arguments)]
+fn finish_problem(
+    spec: &CampaignSpec,
+    model: &LoadedModel,
+    task: &Gsm8k,
+    problem: &Problem,
+    pr: &Prepared,
+    info: ShardInfo,
+    outcomes: BTreeMap<Pass, Vec<Outcome>>,
+    audits: BTreeMap<Pass, PassAudit>,
+) -> Result<Shard> {
+    let (roll, pivots, ids) = (&pr.roll, &pr.pivots, &pr.ids);
     let grade = |text: &str, stop: Stop| -> Grade {
         let mut g = task.grade(problem, text);
         g.correct = spec.continuations.truncated.correct(&g, stop);
@@ -743,7 +886,7 @@ fn run_problem(
             .map(|(id, o)| {
                 let pos = pivots[id.pivot].pos;
                 let mut seq = generated[..pos].to_vec();
-                seq.push(branch_token(id));
+                seq.push(pr.branch_token(id));
                 seq.extend_from_slice(&o.tokens);
                 Ok(grade(&model.decode(&seq)?, o.stop))
             })
@@ -790,25 +933,25 @@ fn run_problem(
     let tables = [
         records::rollouts(
             &ctx,
-            &roll,
+            roll,
             &rollout_text,
             &rollout_grade,
             pivots.len(),
             model,
         )?,
-        records::pivots(&ctx, &roll, &pivots, model)?,
-        records::continuations(&ctx, &pivots, &ids, &outcomes, &audits, &graded),
-        records::estimates(&ctx, &roll, &pivots, &estimates, model)?,
+        records::pivots(&ctx, roll, pivots, model)?,
+        records::continuations(&ctx, pivots, ids, &outcomes, &audits, &graded),
+        records::estimates(&ctx, roll, pivots, &estimates, model)?,
     ];
     Ok(Shard { tables, info })
 }
 
-/// A problem's shuffled replica batches ([`schedule::shuffled`]); refuses a grouping equal to
+/// A group's shuffled replica batches ([`schedule::shuffled`]); refuses a grouping equal to
 /// exact's (which the schedule avoids for every problem with two or more continuations unless
 /// both batch sizes are 1, a spec `validate` rejects).
 fn replica_batches(
     spec: &CampaignSpec,
-    problem: usize,
+    what: &str,
     exact: &[Vec<usize>],
 ) -> Result<schedule::Batches> {
     let n = exact.iter().map(Vec::len).sum();
@@ -816,7 +959,7 @@ fn replica_batches(
     let replica = schedule::shuffled(n, spec.passes.batch_size, r);
     if n > 0 && schedule::same_grouping(&replica, exact) {
         return Err(Error::Spec(format!(
-            "problem {problem}: the shuffled replica would run exact's batches ({n} continuations, passes.batch_size = {}, passes.replica_batch_size = {r}); change passes.replica_batch_size",
+            "{what}: the shuffled replica would run exact's batches ({n} continuations, passes.batch_size = {}, passes.replica_batch_size = {r}); change passes.replica_batch_size",
             spec.passes.batch_size
         )));
     }

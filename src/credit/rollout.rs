@@ -119,67 +119,240 @@ fn margin_at(logits: &Tensor, sampling: Sampling, token: i64, margin: f64) -> Re
 
 /// Generate one rollout.
 pub fn rollout(model: &Decoder, prompt: &[i64], p: &RolloutParams) -> Result<Rollout> {
-    let mut cache = model.new_cache(1, (prompt.len() + p.max_new_tokens + 1) as i64)?;
-    let ids = Tensor::from_slice(prompt).view([1, -1]);
-    let mut logits = model
-        .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
-        .view([1, -1]);
+    rollouts(model, &[prompt], &[p.key], p)?
+        .pop()
+        .ok_or_else(|| crate::Error::Invariant("a rollout of one prompt returned none".into()))
+}
+
+/// What one step's distribution gave a row, read back from the device in one copy.
+struct RowFacts {
+    token: i64,
+    logprob: f64,
+    margin: f64,
+    alternatives: Vec<i64>,
+}
+
+/// Per row of `logits` (`[B, V]`): the selected token ([`sampling::select`]), its
+/// [`sampling::step_info`] log-probability and margin and its [`alternatives`], computed on
+/// the device and read back with a single copy (the same ops, so the same values, as those
+/// functions). `None` when a logit is not finite.
+fn step_facts(
+    logits: &Tensor,
+    p: &RolloutParams,
+    keys: &[NoiseKey],
+    excluded: &[i64],
+    excluded_idx: Option<&Tensor>,
+) -> Result<Option<Vec<RowFacts>>> {
+    let b = keys.len();
+    let words = Tensor::from_slice(&sampling::noise_words(keys))
+        .to_device(logits.device())
+        .view([2, b as i64, 1]);
+    let chosen = sampling::select_on_device(logits, p.sampling, &words)?;
+    let finite = logits
+        .f_isfinite()?
+        .f_all()?
+        .f_to_kind(Kind::Double)?
+        .view([1]);
+    let float = logits.f_to_kind(Kind::Float)?;
+    let logp = float.f_log_softmax(-1, Kind::Float)?;
+    let (top, _) = logp.f_topk(2, -1, true, true)?;
+    let lp = logp.f_gather(1, &chosen.view([-1, 1]), false)?;
+    let row = match excluded_idx {
+        Some(idx) => float.f_index_fill(-1, idx, f64::NEG_INFINITY)?,
+        None => float,
+    };
+    let k = (p.alternatives as i64 + 1).min(row.size().last().copied().unwrap_or(0));
+    let (_, alt) = row.f_topk(k, -1, true, true)?;
+    // f32 values and token ids are exact in f64.
+    let packed = Tensor::f_cat(
+        &[
+            finite,
+            chosen.f_to_kind(Kind::Double)?,
+            top.f_to_kind(Kind::Double)?.reshape([-1]),
+            lp.f_to_kind(Kind::Double)?.reshape([-1]),
+            alt.f_to_kind(Kind::Double)?.reshape([-1]),
+        ],
+        0,
+    )?;
+    let v = Vec::<f64>::try_from(packed.f_to_device(Device::Cpu)?)?;
+    if v[0] == 0.0 {
+        return Ok(None);
+    }
+    let (tokens, rest) = v[1..].split_at(b);
+    let (top, rest) = rest.split_at(2 * b);
+    let (lp, alt) = rest.split_at(b);
+    let k = k as usize;
+    Ok(Some(
+        (0..b)
+            .map(|r| {
+                let token = tokens[r] as i64;
+                RowFacts {
+                    token,
+                    logprob: lp[r],
+                    margin: top[2 * r].exp() - top[2 * r + 1].exp(),
+                    alternatives: alt[r * k..(r + 1) * k]
+                        .iter()
+                        .map(|&t| t as i64)
+                        .filter(|t| *t != token && !excluded.contains(t))
+                        .take(p.alternatives)
+                        .collect(),
+                }
+            })
+            .collect(),
+    ))
+}
+
+/// Generate the rollouts of several prompts decoded together, row `i` from `prompts[i]` with
+/// noise key `keys[i]` (`p.key` is not used). Prompts of different lengths are prefilled one
+/// at a time, then their caches are gathered into one batch whose rows keep their own lengths
+/// (the forward attends over each row's valid keys); finished rows leave the batch, each
+/// taking a one-row copy of its cache. Each step's fingerprints are those of the row's own
+/// decode-time state. One prompt runs exactly as it always has (no gather, no copy); under a
+/// batch-invariant policy each rollout of a batch is bitwise the one generated alone.
+pub fn rollouts(
+    model: &Decoder,
+    prompts: &[&[i64]],
+    keys: &[NoiseKey],
+    p: &RolloutParams,
+) -> Result<Vec<Rollout>> {
+    let n = prompts.len();
+    if keys.len() != n {
+        return Err(crate::Error::Spec(format!(
+            "{n} rollout prompts but {} noise keys",
+            keys.len()
+        )));
+    }
+    if n == 0 {
+        return Ok(vec![]);
+    }
     let excluded: Vec<i64> = p
         .special_tokens
         .iter()
         .copied()
         .filter(|t| !p.stop_tokens.contains(t))
         .collect();
-    let mut steps: Vec<Step> = Vec::new();
-    let stop = loop {
-        check_finite(&logits, &format!("rollout step {}", steps.len()))?;
-        let key = NoiseKey {
-            step: steps.len() as u64,
-            ..p.key
+    let excluded_idx =
+        (!excluded.is_empty()).then(|| Tensor::from_slice(&excluded).to_device(model.device()));
+    let mut caches = Vec::with_capacity(n);
+    let mut first = Vec::with_capacity(n);
+    for prompt in prompts {
+        let mut cache = model.new_cache(1, (prompt.len() + p.max_new_tokens + 1) as i64)?;
+        let ids = Tensor::from_slice(prompt).view([1, -1]);
+        first.push(
+            model
+                .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
+                .view([1, -1]),
+        );
+        caches.push(cache);
+    }
+    let (mut cache, mut logits) = if n == 1 {
+        (caches.remove(0), first.remove(0))
+    } else {
+        let parts: Vec<(&KvCache, Snapshot)> = caches.iter().map(|c| (c, c.snapshot(0))).collect();
+        let batch = KvCache::gather(&parts, (p.max_new_tokens + 1) as i64)?;
+        (batch, Tensor::f_cat(&first, 0)?)
+    };
+    drop(caches);
+    // Batch row r generates rollout `live[r]`; all live rows are at the same step.
+    let mut live: Vec<usize> = (0..n).collect();
+    let mut steps: Vec<Vec<Step>> = vec![Vec::new(); n];
+    let mut finished: Vec<Option<(Stop, KvCache)>> = (0..n).map(|_| None).collect();
+    let mut t = 0usize;
+    loop {
+        let row_keys: Vec<NoiseKey> = live
+            .iter()
+            .map(|&i| NoiseKey {
+                step: t as u64,
+                ..keys[i]
+            })
+            .collect();
+        let Some(facts) = step_facts(&logits, p, &row_keys, &excluded, excluded_idx.as_ref())?
+        else {
+            check_finite(&logits, &format!("rollout step {t}"))?;
+            return Err(crate::Error::Invariant(format!(
+                "rollout step {t}: logits were flagged non-finite"
+            )));
         };
-        let token = sampling::select(&logits, p.sampling, &[key])?[0];
-        let info = sampling::step_info(&logits, &[token])?[0];
-        let alternatives = alternatives(&logits, token, p.alternatives, &excluded)?;
-        let is_stop = p.stop_tokens.contains(&token);
-        let candidate = info.margin <= p.max_margin && !is_stop && !excluded.contains(&token);
-        let (fingerprint, margin_at_temperature) = if candidate {
-            (
-                Some(cache.fingerprint(cache.snapshot(0))?),
-                margin_at(&logits, p.sampling, token, info.margin)?,
-            )
-        } else {
-            (None, None)
-        };
-        steps.push(Step {
-            token,
-            logprob: info.logprob,
-            margin: info.margin,
-            margin_at_temperature,
-            alternatives,
-            fingerprint,
-        });
-        if is_stop {
-            break Stop::Eos;
+        let mut stops: Vec<Option<Stop>> = Vec::with_capacity(live.len());
+        for (r, (&i, f)) in live.iter().zip(&facts).enumerate() {
+            let is_stop = p.stop_tokens.contains(&f.token);
+            let candidate = f.margin <= p.max_margin && !is_stop && !excluded.contains(&f.token);
+            let (fingerprint, margin_at_temperature) = if candidate {
+                (
+                    Some(cache.fingerprint(cache.snapshot(r))?),
+                    margin_at(
+                        &logits.narrow(0, r as i64, 1),
+                        p.sampling,
+                        f.token,
+                        f.margin,
+                    )?,
+                )
+            } else {
+                (None, None)
+            };
+            let seq = &mut steps[i];
+            seq.push(Step {
+                token: f.token,
+                logprob: f.logprob,
+                margin: f.margin,
+                margin_at_temperature,
+                alternatives: f.alternatives.clone(),
+                fingerprint,
+            });
+            stops.push(if is_stop {
+                Some(Stop::Eos)
+            } else if seq.len() >= p.max_new_tokens {
+                Some(Stop::Length)
+            } else if p
+                .text_stop
+                .is_some_and(|stop_at| stop_at(&seq.iter().map(|s| s.token).collect::<Vec<_>>()))
+            {
+                Some(Stop::Text)
+            } else {
+                None
+            });
         }
-        if steps.len() >= p.max_new_tokens {
-            break Stop::Length;
+        t += 1;
+        let keep: Vec<usize> = (0..live.len()).filter(|&r| stops[r].is_none()).collect();
+        if keep.is_empty() && n == 1 {
+            finished[0] = stops[0].map(|s| (s, cache));
+            break;
         }
-        if p.text_stop
-            .is_some_and(|f| f(&steps.iter().map(|s| s.token).collect::<Vec<_>>()))
-        {
-            break Stop::Text;
+        for (r, stop) in stops.iter().enumerate() {
+            if let Some(stop) = *stop {
+                let own = KvCache::gather(&[(&cache, cache.snapshot(r))], 0)?;
+                finished[live[r]] = Some((stop, own));
+            }
         }
-        let ids = Tensor::from_slice(&[token]).view([1, 1]);
+        if keep.is_empty() {
+            break;
+        }
+        if keep.len() < live.len() {
+            cache.select_rows(&keep)?;
+            live = keep.iter().map(|&r| live[r]).collect();
+        }
+        let feed: Vec<i64> = keep.iter().map(|&r| facts[r].token).collect();
+        let ids = Tensor::from_slice(&feed).view([feed.len() as i64, 1]);
         logits = model
             .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
-            .view([1, -1]);
-    };
-    Ok(Rollout {
-        prompt: prompt.to_vec(),
-        steps,
-        stop,
-        cache,
-    })
+            .view([feed.len() as i64, -1]);
+    }
+    prompts
+        .iter()
+        .zip(steps)
+        .zip(finished)
+        .map(|((prompt, steps), done)| {
+            let (stop, cache) = done.ok_or_else(|| {
+                crate::Error::Invariant("a rollout of the batch did not finish".into())
+            })?;
+            Ok(Rollout {
+                prompt: prompt.to_vec(),
+                steps,
+                stop,
+                cache,
+            })
+        })
+        .collect()
 }
 
 /// A chosen pivot: a low-margin step and its alternatives.

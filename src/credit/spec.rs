@@ -194,6 +194,19 @@ pub struct PassSpec {
     /// Settings of the spectrum pass (`[passes.spectrum]`); required with it, refused without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spectrum: Option<SpectrumPass>,
+    /// Problems whose rollouts are decoded together and whose passes' continuations are
+    /// pooled into the same batches (consecutive problems of the spec; default 1: each problem
+    /// alone).
+    #[serde(default = "one_problem", skip_serializing_if = "is_one_problem")]
+    pub pool_problems: usize,
+}
+
+fn one_problem() -> usize {
+    1
+}
+
+fn is_one_problem(p: &usize) -> bool {
+    *p == 1
 }
 
 /// The spectrum pass: each pivot's decode-time KV snapshot compressed with SpectrumKV tiers at
@@ -342,6 +355,9 @@ impl CampaignSpec {
         }
         if self.continuations.k == 0 || self.passes.batch_size == 0 {
             return bad("continuations.k and passes.batch_size must be positive");
+        }
+        if self.passes.pool_problems == 0 {
+            return bad("passes.pool_problems must be positive");
         }
         if self.passes.replica_batch_size == Some(0) {
             return bad("passes.replica_batch_size must be positive");

@@ -393,7 +393,7 @@ pub fn run_batches(
 
 /// Per continuation and per distinct snapshot: how many had a fingerprint, how many were
 /// verified.
-fn count_checks(jobs: &[Job], verified: &[bool]) -> SnapshotChecks {
+pub fn count_checks(jobs: &[Job], verified: &[bool]) -> SnapshotChecks {
     let mut snaps: std::collections::BTreeMap<(usize, usize, i64), bool> = Default::default();
     let mut c = SnapshotChecks::default();
     for (job, &ok) in jobs.iter().zip(verified) {

@@ -404,6 +404,9 @@ pub struct Manifest {
     pub exec: ExecRecord,
     /// Replica schedule.
     pub replica_schedule: ReplicaSchedule,
+    /// `passes.pool_problems` when above 1 (problems run in pooled groups of that size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_problems: Option<usize>,
     /// Continuations per branch.
     pub k: u32,
     /// Campaign seed.
