@@ -492,10 +492,13 @@ fn run_spec(dir: &Path, text: &str, out: &str) -> PathBuf {
 #[test]
 fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
     let dir = common::scratch("campaign", "pool");
+    // Batches of 5 over 4 jobs a problem: a pool of two problems must mix them in a batch.
     let base = small_spec_text("pool", 3, false)
-        .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#);
+        .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#)
+        .replace("batch_size = 4\n", "batch_size = 5\n");
     let pooled_text = small_spec_text("pool", 3, true)
-        .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#);
+        .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#)
+        .replace("batch_size = 4\n", "batch_size = 5\n");
     let single = run_spec(&dir, &base, "single");
     let pooled = run_spec(&dir, &pooled_text, "pooled");
     let (a, b) = (
