@@ -88,6 +88,25 @@ fn write_spec(dir: &Path, text: &str) -> PathBuf {
     p
 }
 
+/// Write `text` as the spec in `dir` and run it to the end into `dir/out`.
+fn run_spec(dir: &Path, text: &str, out: &str) -> (PathBuf, schema::Manifest) {
+    let (spec, sha) = CampaignSpec::load(&write_spec(dir, text)).unwrap();
+    let out = dir.join(out);
+    let m = run_campaign(
+        &spec,
+        &sha,
+        &model(),
+        &RunOptions {
+            out_dir: out.clone(),
+            quiet: true,
+            shard: None,
+            exec: None,
+        },
+    )
+    .unwrap();
+    (out, m)
+}
+
 /// Rows of one string/list column per (pass) from continuations.parquet, as debug strings.
 fn continuation_tokens(run: &Path, pass: &str) -> Vec<String> {
     use arrow_array::{ListArray, StringArray, UInt32Array};
@@ -122,20 +141,7 @@ fn continuation_tokens(run: &Path, pass: &str) -> Vec<String> {
 #[test]
 fn same_schedule_replica_is_bitwise_identical_to_exact() {
     let dir = common::scratch("campaign", "same");
-    let (spec, sha) = CampaignSpec::load(&write_spec(&dir, &spec_text("same", "same", 2))).unwrap();
-    let out = dir.join("run");
-    let m = run_campaign(
-        &spec,
-        &sha,
-        &model(),
-        &RunOptions {
-            out_dir: out.clone(),
-            quiet: true,
-            shard: None,
-            exec: None,
-        },
-    )
-    .unwrap();
+    let (out, m) = run_spec(&dir, &spec_text("same", "same", 2), "run");
     assert_eq!(m.snapshot_hit_rate, 1.0);
     assert!(
         m.snapshot_checks > 0,
@@ -466,24 +472,6 @@ fn tables_without_placement(run: &Path) -> Vec<(String, Vec<arrow_array::RecordB
         .collect()
 }
 
-fn run_spec(dir: &Path, text: &str, out: &str) -> PathBuf {
-    let (spec, sha) = CampaignSpec::load(&write_spec(dir, text)).unwrap();
-    let out = dir.join(out);
-    run_campaign(
-        &spec,
-        &sha,
-        &model(),
-        &RunOptions {
-            out_dir: out.clone(),
-            quiet: true,
-            shard: None,
-            exec: None,
-        },
-    )
-    .unwrap();
-    out
-}
-
 /// Under the batch-invariant policy, pooling 3 problems' rollouts and continuations (pools of
 /// 2: problems 0-1, then 2) gives bitwise the tables of per-problem scheduling, all but the
 /// placement columns; the pooled replica still ran batches other than exact's, and exact's
@@ -499,8 +487,8 @@ fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
     let pooled_text = small_spec_text("pool", 3, true)
         .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#)
         .replace("batch_size = 4\n", "batch_size = 5\n");
-    let single = run_spec(&dir, &base, "single");
-    let pooled = run_spec(&dir, &pooled_text, "pooled");
+    let (single, _) = run_spec(&dir, &base, "single");
+    let (pooled, _) = run_spec(&dir, &pooled_text, "pooled");
     let (a, b) = (
         tables_without_placement(&single),
         tables_without_placement(&pooled),
@@ -546,7 +534,7 @@ fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
     assert!(!manifest.contains("pool_problems"), "{manifest}");
 
     // Negative control.
-    let other = run_spec(&dir, &base.replace("seed = 7", "seed = 8"), "other");
+    let (other, _) = run_spec(&dir, &base.replace("seed = 7", "seed = 8"), "other");
     let c = tables_without_placement(&other);
     let differs: Vec<&str> = a
         .iter()
@@ -563,21 +551,7 @@ fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
 #[test]
 fn estimates_load_in_polars_and_pandas() {
     let dir = common::scratch("campaign", "py");
-    let (spec, sha) =
-        CampaignSpec::load(&write_spec(&dir, &spec_text("py", "shuffled", 1))).unwrap();
-    let out = dir.join("run");
-    run_campaign(
-        &spec,
-        &sha,
-        &model(),
-        &RunOptions {
-            out_dir: out.clone(),
-            quiet: true,
-            shard: None,
-            exec: None,
-        },
-    )
-    .unwrap();
+    let (out, _) = run_spec(&dir, &spec_text("py", "shuffled", 1), "run");
     let python = std::env::var("KVCREDIT_PYTHON")
         .unwrap_or_else(|_| format!("{}/.venv/bin/python", env!("CARGO_MANIFEST_DIR")));
     let script = r#"
@@ -638,20 +612,7 @@ fn truncated_setting_regrades_only_length_stopped_outputs() {
                 "[continuations]\n",
                 &format!("[continuations]\ntruncated = \"{truncated}\"\n"),
             );
-        let (spec, sha) = CampaignSpec::load(&write_spec(&dir, &text)).unwrap();
-        let out = dir.join(truncated);
-        let m = run_campaign(
-            &spec,
-            &sha,
-            &model(),
-            &RunOptions {
-                out_dir: out.clone(),
-                quiet: true,
-                shard: None,
-                exec: None,
-            },
-        )
-        .unwrap();
+        let (out, m) = run_spec(&dir, &text, truncated);
         let manifest = std::fs::read_to_string(out.join("manifest.json")).unwrap();
         assert!(
             manifest.contains(&format!(r#""truncated": "{truncated}""#)),
