@@ -20,38 +20,9 @@ R=/tmp/R
 P=/tmp/repo
 declare -A PIECES=([qwen2.5-coder-0.5b-instruct]=10 [qwen2.5-coder-1.5b-instruct]=22)
 
-join_models() {
-  mkdir -p /tmp/m
-  for m in "${!PIECES[@]}"; do
-    f=$KVCREDIT_HOME/models/$m/$m.gguf
-    [ -e $f ] && continue
-    n=$(ls /tmp/m/$m.gguf.part* 2>/dev/null | wc -l)
-    if [ "$n" = "${PIECES[$m]}" ]; then
-      mkdir -p $(dirname $f) && cat /tmp/m/$m.gguf.part* > $f.tmp && mv $f.tmp $f && rm -f /tmp/m/$m.gguf.part*
-      echo "joined $m ($(stat -c %s $f) bytes)"
-    fi
-  done
-}
-
-wait_model() { until [ -e $KVCREDIT_HOME/models/$1/$1.gguf ]; do sleep 2; done; }
-# A step that ended (any exit but a timeout or a kill) is not run again when the driver restarts.
-step() {
-  local t=$1 name=$2; shift 2; local s=$(date +%s)
-  [ -e $R/$name.ended ] && return 0
-  echo "$name: start $(date -u +%T)" >> $R/steps.txt
-  timeout $t "$@" > $R/$name.log 2>&1
-  local rc=$?
-  echo "$name: exit $rc in $(( $(date +%s) - s )) s" >> $R/steps.txt
-  [ $rc != 124 ] && [ $rc != 137 ] && [ $rc != 143 ] && touch $R/$name.ended
-  return 0
-}
-
-ensure_driver() {
-  if ! pgrep -f "gpu-run7.sh drive" > /dev/null; then
-    echo "starting the driver $(date -u +%T)" >> $R/steps.txt
-    (cd $P && setsid nohup bash docs/gpu-run7.sh drive >> $R/driver.log 2>&1 < /dev/null &)
-  fi
-}
+SCRIPT=gpu-run7.sh
+# shellcheck source=docs/gpu-lib.sh
+source "$(dirname "$0")/gpu-lib.sh"
 
 lane_r() {
   wait_model qwen2.5-coder-0.5b-instruct
