@@ -106,6 +106,7 @@ fn meta() -> ConfigMeta {
         outputs: BTreeMap::new(),
         spectrum_setting: None,
         spectrum: None,
+        partial: None,
     }
 }
 
@@ -335,7 +336,7 @@ fn u64_at(b: &RecordBatch, col: &str, row: usize) -> u64 {
 fn summary_parquet_holds_the_hand_numbers() {
     let dir = std::env::temp_dir().join(format!("kvcredit-analysis-hand-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = write_outputs(vec![summary()], &dir, &opts()).unwrap();
+    let out = write_outputs(vec![summary()], &[], &dir, &opts()).unwrap();
     let b = common::read_batch(&out.summary);
     assert_eq!(b.num_rows(), 2);
     let conds = b.column_by_name("conditioning").unwrap().as_string::<i32>();
@@ -433,7 +434,7 @@ fn excess_is_tested_as_itself_not_through_the_paired_mean() {
     assert!(p.cr1.t.unwrap() > 0.0);
 
     // The report pairs the excess only with its own t and CI.
-    let report = kvcredit::analysis::report::render(std::slice::from_ref(&s), &opts());
+    let report = kvcredit::analysis::report::render(std::slice::from_ref(&s), &[], &opts());
     let line = |needle: &str| -> String {
         report
             .lines()
@@ -475,7 +476,7 @@ fn output_counts_reach_summary_and_report() {
     let s = summarize(&table_rows(), m, Pass::Refeed, &opts()).unwrap();
     let dir = std::env::temp_dir().join(format!("kvcredit-analysis-out-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = write_outputs(vec![s], &dir, &opts()).unwrap();
+    let out = write_outputs(vec![s], &[], &dir, &opts()).unwrap();
     let b = common::read_batch(&out.summary);
     let opt_u64 = |col: &str| {
         let a = b.column_by_name(col).unwrap().as_primitive::<UInt64Type>();

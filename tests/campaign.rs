@@ -326,7 +326,72 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
 
 #[test]
 fn sigkilled_campaign_resumes_to_identical_parquet() {
-    sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true);
+    let (dir, reference, _) = sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true);
+    analyze_unfinished(&dir, &reference, &dir.join("killed"));
+}
+
+/// `analyze` on the killed run's copy (problem 0 of 2 done, no tables): alone it is refused in
+/// one line; beside the finished run it is listed as not finished, and its finished shard is
+/// read only with `--partial`, under its own label; a `failure` in its manifest (as a failed
+/// invocation records it) is shown as why it stopped.
+fn analyze_unfinished(dir: &Path, reference: &Path, killed: &Path) {
+    let bin = env!("CARGO_BIN_EXE_kvcredit");
+    let analyze = |out: &str, extra: &[&str], runs: &[&Path]| {
+        let mut c = Command::new(bin);
+        c.args(["analyze", "--reps", "50", "--out"])
+            .arg(dir.join(out))
+            .args(extra)
+            .args(runs);
+        let o = c.output().expect("binary runs");
+        let report = std::fs::read_to_string(dir.join(out).join("report.md")).unwrap_or_default();
+        (o, report)
+    };
+    let (alone, _) = analyze("a-alone", &[], &[killed]);
+    let err = String::from_utf8_lossy(&alone.stderr);
+    assert!(
+        !alone.status.success(),
+        "an unfinished run alone was analyzed"
+    );
+    assert!(
+        err.trim().lines().count() == 1
+            && err.contains("no finished run dir")
+            && err.contains("--partial"),
+        "{err}"
+    );
+    let (done, report) = analyze("a-done", &[], &[reference]);
+    assert!(done.status.success());
+    assert!(!report.contains("Configurations not finished"), "{report}");
+    let (both, report) = analyze("a-both", &[], &[reference, killed]);
+    assert!(
+        both.status.success(),
+        "{}",
+        String::from_utf8_lossy(&both.stderr)
+    );
+    let listed = report
+        .lines()
+        .find(|l| l.starts_with("| kill |") && l.contains("1/2"))
+        .unwrap_or_else(|| panic!("killed run not listed: {report}"));
+    assert!(
+        listed.contains("interrupted (resumable)") && listed.contains("| no |"),
+        "{listed}"
+    );
+    assert!(!report.contains("kill (partial 1/2)"), "{report}");
+    let path = killed.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    m["failure"] = "numerics: problem 1: non-finite logits during rollout step 0".into();
+    std::fs::write(&path, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+    let (partial, report) = analyze("a-partial", &["--partial"], &[reference, killed]);
+    assert!(
+        partial.status.success(),
+        "{}",
+        String::from_utf8_lossy(&partial.stderr)
+    );
+    assert!(
+        report.contains("stopped: numerics: problem 1: non-finite logits"),
+        "{report}"
+    );
+    assert!(report.contains("| kill (partial 1/2) |"), "{report}");
 }
 
 /// Problems 0-1 and 2 in two pools (3 problems, `pool_problems = 2`): a SIGKILL after the first
@@ -412,6 +477,14 @@ fn sigkill_and_resume(name: &str, text: &str, engine_check: bool) -> (PathBuf, P
         !interrupted.join("estimates.parquet").exists(),
         "the run finished before it was killed"
     );
+    // Kept as killed for `analyze_unfinished`.
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&interrupted)
+        .arg(dir.join("killed"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
     let resumed = run(&interrupted);
     assert!(
         resumed.status.success(),

@@ -44,6 +44,20 @@ pub struct RunData {
     pub estimates: Vec<EstimateRow>,
     /// Stop and extraction-rule counts of its continuations (and rollouts) per pass.
     pub outputs: BTreeMap<String, OutputCounts>,
+    /// `(problems done, problems in the spec)` when read from an unfinished run's shards.
+    pub partial: Option<(usize, usize)>,
+}
+
+/// A run dir whose campaign has not finished: no tables yet, only the manifest and the
+/// shards of the problems done so far.
+#[derive(Debug, Clone)]
+pub struct UnfinishedRun {
+    /// The run dir.
+    pub dir: PathBuf,
+    /// Its `manifest.json` (`failure` says why the last invocation stopped, when it failed).
+    pub manifest: Manifest,
+    /// Whether its finished shards were read into the analysis (`--partial`).
+    pub read_partial: bool,
 }
 
 /// Read a run dir's manifest, estimates and output counts ([`read::read_output_counts`]).
@@ -51,6 +65,17 @@ pub struct RunData {
 pub fn load_run(dir: &Path) -> Result<RunData> {
     let manifest = read::read_manifest(dir)?;
     let estimates = read::read_estimates(dir)?;
+    let outputs = read::read_output_counts(dir)?;
+    run_data(dir, manifest, estimates, outputs, None)
+}
+
+fn run_data(
+    dir: &Path,
+    manifest: Manifest,
+    estimates: Vec<EstimateRow>,
+    outputs: BTreeMap<String, OutputCounts>,
+    partial: Option<(usize, usize)>,
+) -> Result<RunData> {
     let Some(first) = estimates.first() else {
         return Err(Error::Output(format!(
             "{}: no estimate rows",
@@ -69,8 +94,69 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
         dir: dir.to_path_buf(),
         manifest,
         estimates,
-        outputs: read::read_output_counts(dir)?,
+        outputs,
+        partial,
     })
+}
+
+/// Read an unfinished run's finished shards (`shards/problem-*/` with a `shard.json`) as one
+/// run, its estimates relabelled `NAME (partial k/N)` so that no table or figure can pass
+/// them off as the finished configuration.
+fn load_partial(dir: &Path, manifest: Manifest) -> Result<RunData> {
+    let shards = dir.join("shards");
+    let mut done: Vec<PathBuf> = std::fs::read_dir(&shards)
+        .map_err(|e| Error::io(&shards, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("problem-"))
+                && p.join("shard.json").is_file()
+        })
+        .collect();
+    done.sort();
+    let label = format!(
+        "{} (partial {}/{})",
+        manifest.name,
+        done.len(),
+        manifest.problems_total
+    );
+    let mut estimates = Vec::new();
+    let mut outputs: BTreeMap<String, OutputCounts> = BTreeMap::new();
+    for shard in &done {
+        estimates.extend(read::read_estimates(shard)?.into_iter().map(|mut r| {
+            r.config.clone_from(&label);
+            r
+        }));
+        for (pass, c) in read::read_output_counts(shard)? {
+            outputs.entry(pass).or_default().merge(&c);
+        }
+    }
+    let partial = Some((done.len(), manifest.problems_total));
+    run_data(dir, manifest, estimates, outputs, partial)
+}
+
+/// Read every run dir for `analyze`: finished runs as [`load_run`]; unfinished ones (no
+/// `estimates.parquet` and no `finished_at` in the manifest) are listed, and with `partial`
+/// also read from their finished shards ([`load_partial`]).
+pub fn load_runs(dirs: &[PathBuf], partial: bool) -> Result<(Vec<RunData>, Vec<UnfinishedRun>)> {
+    let (mut runs, mut unfinished) = (Vec::new(), Vec::new());
+    for dir in dirs {
+        let manifest = read::read_manifest(dir)?;
+        if manifest.finished_at.is_some() || dir.join(read::ESTIMATES).exists() {
+            runs.push(load_run(dir)?);
+            continue;
+        }
+        let read_partial = partial && manifest.problems_done > 0;
+        if read_partial {
+            runs.push(load_partial(dir, manifest.clone())?);
+        }
+        unfinished.push(UnfinishedRun {
+            dir: dir.clone(),
+            manifest,
+            read_partial,
+        });
+    }
+    Ok((runs, unfinished))
 }
 
 fn same<'a>(what: &str, cfg: &str, a: &'a str, b: &'a str) -> Result<()> {
@@ -111,6 +197,7 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             outputs: BTreeMap::new(),
             spectrum_setting: None,
             spectrum: None,
+            partial: runs[0].partial,
         };
         let mut rows = Vec::new();
         for run in runs {
@@ -196,9 +283,11 @@ pub struct AnalyzeOutput {
     pub summaries: Vec<ConfigSummary>,
 }
 
-/// Write `summary.parquet`, `report.md` and the figures of `summaries` into `dir`.
+/// Write `summary.parquet`, `report.md` and the figures of `summaries` into `dir`; the
+/// report also lists the `unfinished` run dirs.
 pub fn write_outputs(
     summaries: Vec<ConfigSummary>,
+    unfinished: &[UnfinishedRun],
     dir: &Path,
     opts: &AnalyzeOptions,
 ) -> Result<AnalyzeOutput> {
@@ -221,7 +310,8 @@ pub fn write_outputs(
         .cloned()
         .ok_or_else(|| Error::Output("analyze: no configuration to summarize".into()))?;
     let report = dir.join(report::REPORT);
-    std::fs::write(&report, report::render(&summaries, opts)).map_err(|e| Error::io(&report, e))?;
+    std::fs::write(&report, report::render(&summaries, unfinished, opts))
+        .map_err(|e| Error::io(&report, e))?;
     let plots = plot::write_plots(&summaries, dir)?;
     Ok(AnalyzeOutput {
         dir: dir.to_path_buf(),
@@ -270,10 +360,19 @@ pub fn analyze(
             ));
         }
     };
-    let runs = run_dirs
-        .iter()
-        .map(|d| load_run(d))
-        .collect::<Result<Vec<_>>>()?;
+    let (runs, unfinished) = load_runs(run_dirs, opts.partial)?;
+    if runs.is_empty() {
+        return Err(Error::Output(format!(
+            "analyze: no finished run dir among {} ({} unfinished{})",
+            run_dirs.len(),
+            unfinished.len(),
+            if opts.partial {
+                ", none with a finished problem"
+            } else {
+                "; --partial reads their finished shards"
+            }
+        )));
+    }
     let summaries = summarize_runs(&runs, opts)?;
-    write_outputs(summaries, &dir, opts)
+    write_outputs(summaries, &unfinished, &dir, opts)
 }

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use crate::stats::{BootstrapCi, RateDifferenceBootstrap};
 
+use super::UnfinishedRun;
 use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM, stem};
 use super::read::{Pass, is_batch_invariant};
 use super::summary::{
@@ -208,7 +209,11 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
     // floor of 0 by construction, so those configurations are left out of the ranges.
     let stock: Vec<&ConfigSummary> = summaries
         .iter()
-        .filter(|s| !is_batch_invariant(&s.meta.policy) && s.meta.replica_schedule != "same")
+        .filter(|s| {
+            !is_batch_invariant(&s.meta.policy)
+                && s.meta.replica_schedule != "same"
+                && s.meta.partial.is_none()
+        })
         .collect();
     let same: Vec<&str> = summaries
         .iter()
@@ -441,7 +446,7 @@ fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOpt
     );
     let stock: Vec<&ConfigSummary> = summaries
         .iter()
-        .filter(|s| !is_batch_invariant(&s.meta.policy))
+        .filter(|s| !is_batch_invariant(&s.meta.policy) && s.meta.partial.is_none())
         .collect();
     if !stock.is_empty() {
         let alpha = 1.0 - opts.level;
@@ -951,9 +956,52 @@ fn spectrum_frames(out: &mut String, summaries: &[ConfigSummary]) {
     out.push('\n');
 }
 
+/// The run dirs whose campaign has not finished, with why (the manifest's `failure`) and
+/// whether their finished shards were read.
+fn not_finished(out: &mut String, unfinished: &[UnfinishedRun]) {
+    if unfinished.is_empty() {
+        return;
+    }
+    out.push_str(
+        "## Configurations not finished\n\n\
+         Run dirs whose campaign has not finished. A rerun of `kvcredit campaign run SPEC --out \
+         DIR` resumes each (finished problems are kept). With `--partial` the rows above hold \
+         their finished shards, labelled `(partial k/N)`; the side-by-side ranges and the seed \
+         claims leave those out.\n\n\
+         | config | model | dtype | policy | problems done | status | read | run dir |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for u in unfinished {
+        let m = &u.manifest;
+        let status = match (&m.failure, m.problems_done) {
+            (Some(f), _) => format!("stopped: {}", f.replace('|', "\\|")),
+            (None, 0) => "no problem finished".to_string(),
+            (None, _) => "interrupted (resumable)".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {}/{} | {} | {} | {} |",
+            m.name,
+            m.model,
+            m.dtype,
+            m.exec.policy,
+            m.problems_done,
+            m.problems_total,
+            status,
+            if u.read_partial { "partial" } else { "no" },
+            display(&u.dir),
+        );
+    }
+    out.push('\n');
+}
+
 /// Render the whole report: the refeed treatment's sections (with the seed paper's numbers),
 /// then the same sections for the spectrum pass when a configuration ran it.
-pub fn render(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
+pub fn render(
+    summaries: &[ConfigSummary],
+    unfinished: &[UnfinishedRun],
+    opts: &AnalyzeOptions,
+) -> String {
     let mut out = format!(
         "# kvcredit campaign analysis\n\n\
          Counterfactual credit: exact resume, replica (noise floor) and the treatment passes \
@@ -963,6 +1011,7 @@ pub fn render(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> String {
     );
     let configs = per_config(summaries);
     inputs(&mut out, &configs, opts);
+    not_finished(&mut out, unfinished);
     let refeed = of_treatment(summaries, Pass::Refeed);
     if !refeed.is_empty() {
         reproduction(&mut out, &refeed, opts);

@@ -55,6 +55,9 @@ pub struct AnalyzeOptions {
     pub level: f64,
     /// Price of one GPU-hour in US dollars, for the cost columns (device-seconds × price).
     pub usd_per_gpu_hour: f64,
+    /// Read unfinished run dirs from their finished shards (labelled `NAME (partial k/N)`)
+    /// instead of only listing them.
+    pub partial: bool,
 }
 
 /// Default `usd_per_gpu_hour`: an assumption, the order of an on-demand single-H200 hour at
@@ -68,6 +71,7 @@ impl Default for AnalyzeOptions {
             seed: 20_251_129,
             level: 0.95,
             usd_per_gpu_hour: DEFAULT_USD_PER_GPU_HOUR,
+            partial: false,
         }
     }
 }
@@ -314,6 +318,8 @@ pub struct ConfigMeta {
     /// Stop reasons and extraction rules per pass label (`exact`, `replica`, `refeed` from
     /// the continuations, `rollout` from the rollouts; summed over run dirs).
     pub outputs: BTreeMap<String, OutputCounts>,
+    /// `(problems done, problems in the spec)` when read from an unfinished run's shards.
+    pub partial: Option<(usize, usize)>,
 }
 
 impl ConfigMeta {

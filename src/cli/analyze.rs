@@ -25,6 +25,10 @@ pub struct Args {
     /// see `analysis::DEFAULT_USD_PER_GPU_HOUR`).
     #[arg(long, value_name = "USD", default_value_t = AnalyzeOptions::default().usd_per_gpu_hour)]
     usd_per_gpu_hour: f64,
+    /// Also read unfinished run dirs from their finished shards, labelled
+    /// `NAME (partial k/N)` (without it they are only listed in the report).
+    #[arg(long)]
+    partial: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -33,6 +37,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
         level: a.level,
         usd_per_gpu_hour: a.usd_per_gpu_hour,
+        partial: a.partial,
     };
     let out = analyze(&a.run_dirs, a.out.as_deref(), &opts)?;
     let configs: std::collections::BTreeSet<&str> = out

@@ -118,6 +118,7 @@ pub fn run_campaign(
         }
         m.exec.resume_with(&record, &out.display().to_string())?;
         m.resumed_at.push(now_rfc3339());
+        m.failure = None;
         m
     } else {
         Manifest {
@@ -139,6 +140,7 @@ pub fn run_campaign(
             started_at: now_rfc3339(),
             resumed_at: vec![],
             finished_at: None,
+            failure: None,
             problems_total: problems.len(),
             problems_done: 0,
             snapshot_checks: 0,
@@ -185,8 +187,17 @@ pub fn run_campaign(
                 [] => String::new(),
             };
             pb_problems.set_message(what.clone());
-            let shards = run_group(spec, &settings, model, &task, group, &pb_work)
-                .map_err(|e| e.context(&what))?;
+            let shards = match run_group(spec, &settings, model, &task, group, &pb_work) {
+                Ok(shards) => shards,
+                Err(e) => {
+                    // The finished shards stay; the manifest says why this invocation stopped.
+                    let e = e.context(&what);
+                    manifest.failure = e.to_string().lines().next().map(str::to_string);
+                    refresh_manifest(&mut manifest, out, &problems)?;
+                    write_json(&manifest_path, &manifest)?;
+                    return Err(e);
+                }
+            };
             for (problem, shard) in group.iter().zip(shards) {
                 let dir = shard_dir(out, problem.index);
                 if !dir.exists() {

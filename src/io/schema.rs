@@ -422,6 +422,10 @@ pub struct Manifest {
     pub resumed_at: Vec<String>,
     /// When it finished, if it has.
     pub finished_at: Option<String>,
+    /// The one-line error that stopped the last invocation, if it failed (cleared when a
+    /// rerun resumes the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     /// Problems in the spec.
     pub problems_total: usize,
     /// Problems with a finished shard.
