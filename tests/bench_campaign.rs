@@ -257,6 +257,20 @@ fn from_reprints_the_runs_rows() {
     assert!(stdout.contains("wall n/a (resumed)"), "{stdout}");
     assert_eq!(pass_rows(&stdout), pass_rows(&r.stdout));
 
+    // Timestamps spanning less than the passes' device seconds (shards from elsewhere).
+    m["resumed_at"] = serde_json::json!([]);
+    m["finished_at"] = m["started_at"].clone();
+    m["cost"]["exact"]["device_seconds"] = serde_json::json!(30.0);
+    let early = r.root.join("early");
+    std::fs::create_dir_all(&early).unwrap();
+    std::fs::write(early.join("manifest.json"), m.to_string()).unwrap();
+    let (code, stdout, stderr) = kvcredit(&["bench", "campaign", "--from", s(&early)]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("wall n/a (timestamps shorter than the device time)"),
+        "{stdout}"
+    );
+
     // Unfinished: refused.
     m["resumed_at"] = serde_json::json!([]);
     m["finished_at"] = Value::Null;
@@ -267,6 +281,16 @@ fn from_reprints_the_runs_rows() {
     assert_eq!(code, 2);
     assert!(
         one_error_line(&stderr).contains("has not finished"),
+        "{stderr}"
+    );
+    // Another study's manifest.
+    let other = r.root.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("manifest.json"), r#"{"name": "div"}"#).unwrap();
+    let (code, _, stderr) = kvcredit(&["bench", "campaign", "--from", s(&other)]);
+    assert_eq!(code, 2);
+    assert!(
+        one_error_line(&stderr).contains("is not a campaign manifest"),
         "{stderr}"
     );
     // Not a run folder.

@@ -38,6 +38,9 @@ pub enum WallSource {
     Resumed,
     /// Not known: the folder was merged from shards that ran separately.
     Merged,
+    /// Not known: the manifest's timestamps span less than the passes' device seconds (its
+    /// shards were computed by another invocation).
+    Inconsistent,
 }
 
 impl WallSource {
@@ -46,6 +49,7 @@ impl WallSource {
         match self {
             WallSource::Resumed => "n/a (resumed)",
             WallSource::Merged => "n/a (merged)",
+            WallSource::Inconsistent => "n/a (timestamps shorter than the device time)",
             WallSource::Measured | WallSource::Manifest => "n/a",
         }
     }
@@ -114,7 +118,8 @@ fn rate(tokens: u64, seconds: f64) -> Option<f64> {
 }
 
 /// The run's wall seconds from its manifest: `finished_at − started_at` when it ran in one
-/// invocation, else why not; an unfinished run is an error.
+/// invocation and its timestamps cover the passes' device time, else why not; an unfinished
+/// run is an error.
 pub fn manifest_wall(m: &Manifest) -> Result<(Option<f64>, WallSource)> {
     let Some(finished) = &m.finished_at else {
         return Err(Error::Spec(format!(
@@ -133,8 +138,14 @@ pub fn manifest_wall(m: &Manifest) -> Result<(Option<f64>, WallSource)> {
             Error::Output(format!("manifest {what} `{t}` is not an RFC 3339 UTC time"))
         })
     };
-    let secs = parse("finished_at", finished)? - parse("started_at", &m.started_at)?;
-    Ok((Some(secs.max(0) as f64), WallSource::Manifest))
+    let secs = (parse("finished_at", finished)? - parse("started_at", &m.started_at)?) as f64;
+    // Device seconds are timed inside the run, so they fit in its wall time (to the second
+    // the timestamps are rounded to) unless the shards came from elsewhere.
+    let device: f64 = m.cost.values().map(|c| c.device_seconds).sum();
+    if secs + 1.0 < device {
+        return Ok((None, WallSource::Inconsistent));
+    }
+    Ok((Some(secs), WallSource::Manifest))
 }
 
 impl CampaignBench {
@@ -240,7 +251,13 @@ impl CampaignBench {
                 dir.display()
             )));
         }
-        let m: Manifest = crate::study::read_json(&path)?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let m: Manifest = serde_json::from_str(&text).map_err(|e| {
+            Error::Spec(format!(
+                "{} is not a campaign manifest (another study's run?): {e}",
+                path.display()
+            ))
+        })?;
         let (wall, source) = manifest_wall(&m)?;
         Ok(CampaignBench::from_manifest(&m, dir, wall, source))
     }

@@ -87,7 +87,7 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Sub {
     /// Time a real campaign end to end: tokens/s per pass and for the whole run.
-    Campaign(super::bench_campaign::Args),
+    Campaign(Box<super::bench_campaign::Args>),
 }
 
 struct Bar(ProgressBar);
@@ -103,7 +103,7 @@ impl Progress for Bar {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(Sub::Campaign(c)) = a.cmd {
-        return super::bench_campaign::run(c);
+        return super::bench_campaign::run(*c);
     }
     let (run, policies, engines) = a.run.resolve_bench(
         Dtype::Bf16,
