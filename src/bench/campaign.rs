@@ -334,3 +334,69 @@ impl CampaignBench {
         t
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-built manifest recording only `[passes]`, finished in one 10 s invocation.
+    fn manifest() -> Manifest {
+        serde_json::from_value(serde_json::json!({
+            "name": "hand", "spec_sha256": "ab", "model": "m", "dtype": "bf16",
+            "device": "cuda", "policy": "stock", "engine": "graph",
+            "replica_schedule": "shuffled", "k": 2, "seed": 0,
+            "kvcredit_version": "0", "libtorch_version": "0",
+            "started_at": "2026-12-01T10:00:00Z", "finished_at": "2026-12-01T10:00:10Z",
+            "problems_total": 1, "problems_done": 1, "snapshot_checks": 0,
+            "snapshot_hits": 0, "snapshot_hit_rate": 1.0,
+            "spec": {"passes": {"run": ["exact", "replica", "spectrum"], "batch_size": 8}},
+            "cost": {
+                "exact": {"device_seconds": 2.0, "tokens": 100, "continuations": 4},
+                "replica": {"device_seconds": 4.0, "tokens": 100, "continuations": 4},
+                "rollout": {"device_seconds": 1.0, "tokens": 50, "continuations": 0},
+                "spectrum": {"device_seconds": 0.0, "tokens": 0, "continuations": 0}
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn passes_in_run_order_and_their_sum() {
+        let m = manifest();
+        let (wall, source) = manifest_wall(&m).unwrap();
+        assert_eq!((wall, source), (Some(10.0), WallSource::Manifest));
+        let r = CampaignBench::from_manifest(&m, Path::new("d"), wall, source);
+        let names: Vec<&str> = r.passes.iter().map(|p| p.pass.as_str()).collect();
+        assert_eq!(names, ["rollout", "exact", "replica", "spectrum"]);
+        assert_eq!(r.passes[1].tokens_per_s, Some(50.0));
+        assert_eq!(r.passes[3].tokens_per_s, None);
+        assert_eq!((r.batch_size, r.replica_batch_size), (Some(8), Some(4)));
+        assert_eq!(r.pool_problems, 1);
+        let w = &r.whole_run;
+        assert_eq!((w.tokens, w.continuations, w.device_seconds), (250, 8, 7.0));
+        assert_eq!(w.tokens_per_wall_s, Some(25.0));
+        assert!(
+            r.table()
+                .contains("whole run: 8 continuations, 250 tokens; 10.000 s wall")
+        );
+    }
+
+    #[test]
+    fn wall_time_is_refused_where_the_timestamps_do_not_time_the_run() {
+        let mut m = manifest();
+        m.resumed_at.push("2026-12-01T11:00:00Z".into());
+        assert_eq!(manifest_wall(&m).unwrap(), (None, WallSource::Resumed));
+        let mut m = manifest();
+        m.finished_at = Some("2026-12-01T10:00:05Z".into());
+        assert_eq!(manifest_wall(&m).unwrap(), (None, WallSource::Inconsistent));
+        m.finished_at = Some("yesterday".into());
+        assert!(manifest_wall(&m).is_err());
+        m.finished_at = None;
+        assert!(
+            manifest_wall(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("has not finished")
+        );
+    }
+}
