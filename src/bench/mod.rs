@@ -18,7 +18,8 @@
 //! static and CUDA-graph engines of [`crate::decode::engine::EngineMode`]), and the results are
 //! checked against the project's targets (see [`Target`]) so a miss shows as a gap.
 //!
-//! Submodules: [`runners`] (the timed measurements, shared with `kvcredit invariance --bench`),
+//! Submodules: [`campaign`] (a real campaign's throughput per pass, `bench campaign`),
+//! [`runners`] (the timed measurements, shared with `kvcredit invariance --bench`),
 //! [`targets`] (the targets and reference baselines of `benches/targets.toml`, and their
 //! evaluation), [`report`] (the table, JSON and Parquet forms of a [`BenchReport`]).
 use crate::config::Dims;
@@ -182,6 +183,7 @@ pub struct MemoryResult {
     pub prefix_copy_ratio: f64,
 }
 
+pub mod campaign;
 pub mod report;
 pub mod runners;
 pub mod targets;

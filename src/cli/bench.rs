@@ -1,5 +1,6 @@
 //! `kvcredit bench`: prefill, decode-step and continuation-engine throughput, and snapshot
 //! memory, per execution policy and engine; a table on stdout, JSON and Parquet under `--out`.
+//! `kvcredit bench campaign`: a real campaign's throughput (`super::bench_campaign`).
 use super::model_args::{Chosen, ModelArgs};
 use super::run_args::RunArgs;
 use anyhow::Context;
@@ -12,7 +13,10 @@ use std::path::PathBuf;
 use tch::Device;
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    #[command(subcommand)]
+    cmd: Option<Sub>,
     #[command(flatten)]
     model: ModelArgs,
     /// Dtype (default bf16), device, the policies (default stock,batch_invariant) and engines
@@ -80,6 +84,12 @@ pub struct Args {
     quiet: bool,
 }
 
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Time a real campaign end to end: tokens/s per pass and for the whole run.
+    Campaign(Box<super::bench_campaign::Args>),
+}
+
 struct Bar(ProgressBar);
 
 impl Progress for Bar {
@@ -92,6 +102,9 @@ impl Progress for Bar {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(Sub::Campaign(c)) = a.cmd {
+        return super::bench_campaign::run(*c);
+    }
     let (run, policies, engines) = a.run.resolve_bench(
         Dtype::Bf16,
         &[PolicyKind::Stock, PolicyKind::BatchInvariant],

@@ -1,11 +1,11 @@
 //! `kvcredit campaign run SPEC.toml [--shard i/N]`: a three-pass credit campaign, or one shard
 //! of its problems; `kvcredit campaign validate SPEC...`: check specs without running them;
 //! `kvcredit campaign merge DIRS... --out DIR`: the shards' run folders as one.
-use super::run_args::RunArgs;
+use super::run_args::{RunArgs, RunConfig};
 use anyhow::Context;
 use kvcredit::credit::{CampaignSpec, RunOptions, ShardSpec, merge_campaign, run_campaign};
-use kvcredit::runtime::{self, ModelSource};
-use std::path::PathBuf;
+use kvcredit::runtime::{self, LoadedModel, ModelSource};
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -70,11 +70,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         .map(|s| s.parse::<ShardSpec>().map_err(anyhow::Error::msg))
         .transpose()
         .context("--shard")?;
-    let (mut spec, sha) = CampaignSpec::load(&spec)?;
-    let cfg = run.resolve_spec("campaign run", &spec.device, spec.dtype, spec.policy)?;
-    spec.device = cfg.device_name.clone();
-    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
-    model.decoder.limit_context(!allow_extrapolation);
+    let SpecRun { spec, sha, cfg } = load_spec(&spec, &run, "campaign run", None)?;
+    let model = load_model(&spec, &cfg, allow_extrapolation)?;
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     let m = run_campaign(
         &spec,
@@ -108,7 +105,49 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn merge(dirs: &[PathBuf], out: &std::path::Path) -> anyhow::Result<()> {
+/// A spec ready to run: the spec (its device as resolved), the sha256 of its file and the run
+/// configuration.
+pub(super) struct SpecRun {
+    /// The spec, `device` as resolved.
+    pub spec: CampaignSpec,
+    /// SHA-256 of the spec file.
+    pub sha: String,
+    /// Device, dtype, policy, tiles and engine.
+    pub cfg: RunConfig,
+}
+
+/// Load and validate the spec at `path` for the command `what`, with `--pool-problems` in
+/// place of `passes.pool_problems` when given (validated like the spec), and resolve its run
+/// configuration; nothing is loaded or written.
+pub(super) fn load_spec(
+    path: &Path,
+    run: &RunArgs,
+    what: &str,
+    pool_problems: Option<usize>,
+) -> anyhow::Result<SpecRun> {
+    let (mut spec, sha) = CampaignSpec::load(path)?;
+    if let Some(p) = pool_problems {
+        spec.passes.pool_problems = p;
+        spec.validate().context("--pool-problems")?;
+    }
+    let cfg = run.resolve_spec(what, &spec.device, spec.dtype, spec.policy)?;
+    spec.device = cfg.device_name.clone();
+    Ok(SpecRun { spec, sha, cfg })
+}
+
+/// Load the spec's model in the run's dtype on its device, its trained positions enforced
+/// unless `allow_extrapolation`.
+pub(super) fn load_model(
+    spec: &CampaignSpec,
+    cfg: &RunConfig,
+    allow_extrapolation: bool,
+) -> anyhow::Result<LoadedModel> {
+    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
+    model.decoder.limit_context(!allow_extrapolation);
+    Ok(model)
+}
+
+fn merge(dirs: &[PathBuf], out: &Path) -> anyhow::Result<()> {
     let m = merge_campaign(dirs, out)?;
     println!(
         "merged {} shards ({}): {} problems, snapshot hit rate {:.1}% ({}/{})",

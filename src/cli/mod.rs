@@ -1,6 +1,7 @@
 //! Argument parsing (clap) and dispatch to the subcommands.
 mod analyze;
 mod bench;
+mod bench_campaign;
 mod campaign;
 mod check;
 mod crosscheck;
@@ -43,7 +44,8 @@ enum Command {
     Divergence(divergence::Cmd),
     /// Check batch invariance (decode vs prefill, rows of other batches) and time the policies.
     Invariance(invariance::Args),
-    /// Throughput of prefill, decode steps and the continuation engine; snapshot memory.
+    /// Throughput of prefill, decode steps and the continuation engine; snapshot memory;
+    /// `bench campaign`: a real campaign's tokens/s per pass.
     Bench(bench::Args),
     /// Summarize campaign run dirs: summary.parquet, report.md, figures.
     Analyze(analyze::Args),

@@ -116,6 +116,15 @@ pub fn run_campaign(
                 was(opts.shard)
             )));
         }
+        let pool = |p: Option<usize>| p.unwrap_or(1);
+        let asked = spec.passes.pool_problems;
+        if pool(m.pool_problems) != asked {
+            return Err(Error::Spec(format!(
+                "{} holds a run with passes.pool_problems = {} and this run asks for {asked} (other pools, other batches); use another --out",
+                out.display(),
+                pool(m.pool_problems)
+            )));
+        }
         m.exec.resume_with(&record, &out.display().to_string())?;
         m.resumed_at.push(now_rfc3339());
         m.failure = None;

@@ -86,6 +86,41 @@ impl UtcTime {
         }
     }
 
+    /// Unix seconds of an RFC 3339 UTC time as [`UtcTime::rfc3339`] writes it
+    /// (`2026-11-29T09:21:11Z`); `None` for anything else.
+    pub fn parse_unix(text: &str) -> Option<i64> {
+        let b = text.as_bytes();
+        let shape = b.len() == 20
+            && b[19] == b'Z'
+            && [4, 7].iter().all(|&i| b[i] == b'-')
+            && b[10] == b'T'
+            && [13, 16].iter().all(|&i| b[i] == b':');
+        if !shape {
+            return None;
+        }
+        let num = |r: std::ops::Range<usize>| -> Option<i64> {
+            let s = text.get(r)?;
+            s.bytes()
+                .all(|c| c.is_ascii_digit())
+                .then(|| s.parse().ok())?
+        };
+        let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+        let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+        if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+            return None;
+        }
+        // Howard Hinnant's days_from_civil, the inverse of `from_unix`.
+        let y = if m <= 2 { y - 1 } else { y };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        let days = era * 146_097 + doe - 719_468;
+        let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+        // A day past the month's end (`02-30`) does not round-trip; refuse it.
+        (UtcTime::from_unix(secs).rfc3339() == text).then_some(secs)
+    }
+
     /// RFC 3339, e.g. `2026-11-29T09:21:11Z`.
     pub fn rfc3339(&self) -> String {
         let t = self.seconds_of_day;
@@ -142,5 +177,24 @@ mod tests {
             (t.rfc3339().as_str(), t.weekday),
             ("2000-03-01T00:00:00Z", 3)
         );
+    }
+
+    #[test]
+    fn rfc3339_parses_back_to_unix_seconds() {
+        for secs in [0, 951_868_799, 951_868_800, 1_796_000_471] {
+            let text = UtcTime::from_unix(secs).rfc3339();
+            assert_eq!(UtcTime::parse_unix(&text), Some(secs), "{text}");
+        }
+        for bad in [
+            "2000-02-30T00:00:00Z",
+            "2000-13-01T00:00:00Z",
+            "2000-01-01 00:00:00Z",
+            "2000-01-01T00:00:00",
+            "2000-01-01T00:00:00+01:00",
+            "20x0-01-01T00:00:00Z",
+            "",
+        ] {
+            assert_eq!(UtcTime::parse_unix(bad), None, "{bad}");
+        }
     }
 }
