@@ -1,5 +1,5 @@
 #!/bin/bash
-# Shared by the H200 session scripts from docs/gpu-run7.sh on (sourced; the earlier gpu-run*.sh
+# Shared by the H200 session scripts from docs/gpu-run8.sh on (sourced; the earlier gpu-run*.sh
 # are kept as the records of what ran). Expects KVCREDIT_HOME, R (results), P (the private copy
 # of the repo), PIECES (model -> piece count) and SCRIPT (the session script's file name).
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The H200 session of 2026-12-01 (evening): the seed-table reproduction (#16) with pooled
 # problems (#15), and the one-GPU two-shard byte-identity check (#17). Same pattern as
-# docs/gpu-run7.sh (the plan it replaces): the first call starts a background driver, later
+# docs/gpu-run6.sh (it replaces the unrun plan gpu-run7.sh): the first call starts a background driver, later
 # calls ship GGUF pieces of 50 MiB (tests/fixtures moved aside so tree + piece stay under
 # 64 MiB), `poll` packs results into $OUT.
 #   S  pooled smoke on CUDA: a tiny batch_invariant campaign with pool_problems 1 and 4, whose
