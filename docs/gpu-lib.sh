@@ -38,3 +38,11 @@ ensure_driver() {
     (cd $P && setsid nohup bash docs/$SCRIPT drive >> $R/driver.log 2>&1 < /dev/null &)
   fi
 }
+
+# Pack $R into $OUT as 15 MiB pieces of one tarball (a call brings back at most 8 files).
+pack() {
+  rm -rf /tmp/pack && mkdir -p /tmp/pack
+  tar czf /tmp/pack/results.tgz -C /tmp R
+  split -b 15M -d -a 1 /tmp/pack/results.tgz $OUT/results.tgz.part
+  ls -la $OUT
+}

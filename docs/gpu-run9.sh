@@ -39,13 +39,6 @@ lane_r() {
   touch $R/lane-r.done
 }
 
-pack() {
-  rm -rf /tmp/pack && mkdir -p /tmp/pack
-  tar czf /tmp/pack/results.tgz -C /tmp R
-  split -b 15M -d -a 1 /tmp/pack/results.tgz $OUT/results.tgz.part
-  ls -la $OUT
-}
-
 case "$1" in
 setup)
   mkdir -p /tmp/bin /tmp/m $R/repro $KVCREDIT_HOME/models

@@ -10,39 +10,10 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-const SPEC: &str = r#"
-name = "bench-campaign"
-model = "smollm2-135m-instruct"
-dtype = "fp32"
-device = "cpu"
-policy = "stock"
-seed = 7
-
-[problems]
-start = 0
-count = 2
-format = "zero-shot-chat"
-
-[rollout]
-max_new_tokens = 16
-temperature = 0.0
-
-[pivots]
-max_margin = 1.0
-max_per_rollout = 1
-alternatives = 1
-
-[continuations]
-k = 2
-max_new_tokens = 6
-temperature = 1.0
-
-[passes]
-run = ["exact", "replica", "refeed"]
-replica_schedule = "shuffled"
-batch_size = 4
-replica_batch_size = 3
-"#;
+/// The shared tiny SmolLM2 CPU campaign (`common::tiny_campaign_spec`).
+fn spec_text() -> String {
+    common::tiny_campaign_spec("bench-campaign", 2)
+}
 
 /// One intra-op thread: the machine may be shared, and nothing here is a speed claim.
 fn kvcredit(args: &[&str]) -> (i32, String, String) {
@@ -88,7 +59,7 @@ fn timed() -> &'static Run {
     RUN.get_or_init(|| {
         let root = common::scratch("bench-campaign", "runs");
         let spec = root.join("spec.toml");
-        std::fs::write(&spec, SPEC).unwrap();
+        std::fs::write(&spec, spec_text()).unwrap();
         let dir = root.join("run");
         let extra = root.join("extra.json");
         let (code, stdout, stderr) = kvcredit(&[
@@ -306,9 +277,9 @@ fn from_reprints_the_runs_rows() {
 fn a_bad_spec_or_pool_size_writes_nothing() {
     let root = common::scratch("bench-campaign", "bad");
     let bad = root.join("bad.toml");
-    std::fs::write(&bad, SPEC.replace("k = 2", "k = 0")).unwrap();
+    std::fs::write(&bad, spec_text().replace("k = 2", "k = 0")).unwrap();
     let good = root.join("good.toml");
-    std::fs::write(&good, SPEC).unwrap();
+    std::fs::write(&good, spec_text()).unwrap();
     for (spec, extra, says) in [
         (&bad, None, "continuations.k"),
         (

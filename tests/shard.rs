@@ -18,39 +18,10 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvcredit");
 
-const SPEC: &str = r#"
-name = "shard"
-model = "smollm2-135m-instruct"
-dtype = "fp32"
-device = "cpu"
-policy = "stock"
-seed = 7
-
-[problems]
-start = 0
-count = 3
-format = "zero-shot-chat"
-
-[rollout]
-max_new_tokens = 16
-temperature = 0.0
-
-[pivots]
-max_margin = 1.0
-max_per_rollout = 1
-alternatives = 1
-
-[continuations]
-k = 2
-max_new_tokens = 6
-temperature = 1.0
-
-[passes]
-run = ["exact", "replica", "refeed"]
-replica_schedule = "shuffled"
-batch_size = 4
-replica_batch_size = 3
-"#;
+/// The shared tiny SmolLM2 CPU campaign (`common::tiny_campaign_spec`).
+fn spec_text() -> String {
+    common::tiny_campaign_spec("shard", 3)
+}
 
 /// The unsharded reference run and the two shards, computed once for every test here.
 struct Runs {
@@ -93,7 +64,7 @@ fn runs() -> &'static Runs {
     RUNS.get_or_init(|| {
         let root = common::scratch("shard", "runs");
         let spec = root.join("spec.toml");
-        std::fs::write(&spec, SPEC).unwrap();
+        std::fs::write(&spec, spec_text()).unwrap();
         let whole = root.join("whole");
         ok(&run(&spec, &whole, None), "unsharded run");
         let shards = [root.join("shard-0"), root.join("shard-1")];

@@ -152,3 +152,43 @@ pub fn read_batch(path: &Path) -> arrow_array::RecordBatch {
         .unwrap();
     r.next().unwrap().unwrap()
 }
+
+/// A tiny SmolLM2 fp32 CPU campaign of `count` problems (16-token rollouts, one pivot, K = 2,
+/// 6-token continuations, batches of 4 and a shuffled replica of 3), named `name`.
+pub fn tiny_campaign_spec(name: &str, count: usize) -> String {
+    format!(
+        r#"
+name = "{name}"
+model = "smollm2-135m-instruct"
+dtype = "fp32"
+device = "cpu"
+policy = "stock"
+seed = 7
+
+[problems]
+start = 0
+count = {count}
+format = "zero-shot-chat"
+
+[rollout]
+max_new_tokens = 16
+temperature = 0.0
+
+[pivots]
+max_margin = 1.0
+max_per_rollout = 1
+alternatives = 1
+
+[continuations]
+k = 2
+max_new_tokens = 6
+temperature = 1.0
+
+[passes]
+run = ["exact", "replica", "refeed"]
+replica_schedule = "shuffled"
+batch_size = 4
+replica_batch_size = 3
+"#
+    )
+}
