@@ -4,7 +4,7 @@
 //! entry `v` is a hash of a per-row [`NoiseKey`] and `v`, computed on the device with integer
 //! ops. The noise is therefore a function of the key only, never of a row's position in the
 //! batch or of the batch size, and the choice is exact given bitwise-equal logits.
-use crate::Result;
+use crate::{Error, Result};
 use tch::{Device, Kind, Tensor};
 
 /// How the next token is chosen.
@@ -164,6 +164,14 @@ pub fn gumbel_noise_from(words: &Tensor, vocab: i64) -> Result<Tensor> {
         .f_to_kind(Kind::Float)?)
 }
 
+/// The vocabulary size `V` of `[B, V]` logits (an error, not a panic, for a 1-D tensor).
+fn vocab_of(logits: &Tensor) -> Result<i64> {
+    let shape = logits.size();
+    shape.get(1).copied().ok_or_else(|| {
+        Error::Invariant(format!("sampling needs [B, V] logits, got shape {shape:?}"))
+    })
+}
+
 /// Choose one token per row of `logits` (`[B, V]`, any float dtype).
 pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<Vec<i64>> {
     let chosen = match sampling {
@@ -182,7 +190,7 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
     Ok(match sampling {
         Sampling::Greedy => logits.f_argmax(-1, false)?,
         Sampling::Temperature { temperature } => {
-            let noise = gumbel_noise_from(words, logits.size()[1])?;
+            let noise = gumbel_noise_from(words, vocab_of(&logits)?)?;
             // x / 1 is x exactly: skip the pass over [B, V].
             let scaled = if temperature == 1.0 {
                 logits
@@ -192,7 +200,7 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
             scaled.f_add(&noise)?.f_argmax(-1, false)?
         }
         Sampling::TopP { top_p, temperature } => {
-            let noise = gumbel_noise_from(words, logits.size()[1])?;
+            let noise = gumbel_noise_from(words, vocab_of(&logits)?)?;
             let scaled = logits.f_div_scalar(temperature)?;
             // Keep a token if the probability of the tokens sorted before it is below top_p
             // (the most probable token is always kept); the rest get -inf before Gumbel-max.
@@ -313,6 +321,30 @@ mod tests {
         assert!(a.get(0).equal(&b.get(1)));
         assert!(a.get(2).equal(&b.get(0)));
         assert!(!a.get(0).equal(&a.get(1)));
+        Ok(())
+    }
+
+    #[test]
+    fn malformed_inputs_are_errors_not_panics() -> Result<()> {
+        let keys = [key(0), key(1)];
+        let words = key_words(&keys, Device::Cpu)?;
+        // Positive control: well-formed words give the noise of the keys.
+        assert!(gumbel_noise_from(&words, 5)?.equal(&gumbel_noise(&keys, 5, Device::Cpu)?));
+        // Words without the lo half: indexing them fails inside libtorch.
+        let bad = words.narrow(0, 0, 1);
+        assert!(gumbel_noise_from(&bad, 5).is_err());
+        let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 0.5, 0.0, 1.0]).view([2, 3]);
+        let t = Sampling::Temperature { temperature: 0.5 };
+        assert_eq!(select_on_device(&logits, t, &words)?.size(), [2]);
+        assert!(select_on_device(&logits, t, &bad).is_err());
+        // 1-D logits have no vocabulary axis.
+        let err = select(&logits.get(0), t, &keys[..1])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[B, V]") && !err.contains('\n'), "{err}");
+        // A chosen token outside the vocabulary.
+        assert!(step_info(&logits, &[1, 2]).is_ok());
+        assert!(step_info(&logits, &[1, 3]).is_err());
         Ok(())
     }
 

@@ -311,3 +311,21 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
     }
     Ok(Report { policy, checks })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logit_comparison_is_bitwise_and_fails_cleanly_on_mismatched_shapes() -> Result<()> {
+        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        let mut c = Check::new("x");
+        c.logits(&a, &a.copy())?;
+        assert!(c.bitwise && c.max_abs == 0.0 && c.rows == 1);
+        c.logits(&a, &Tensor::from_slice(&[1.0f32, 2.0, 3.5]))?;
+        assert!(!c.bitwise && c.max_abs == 0.5 && c.rows == 2);
+        // Lengths that cannot be compared: an error, not a panic.
+        assert!(c.logits(&a, &Tensor::from_slice(&[1.0f32, 2.0])).is_err());
+        Ok(())
+    }
+}
