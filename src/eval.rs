@@ -87,7 +87,7 @@ pub fn evaluate(
             .map(|p| {
                 let mut cache = model.decoder.new_cache(1, p.len() as i64)?;
                 if p.len() > 1 {
-                    let ids = Tensor::from_slice(&p[..p.len() - 1]).view([1, -1]);
+                    let ids = Tensor::f_from_slice(&p[..p.len() - 1])?.f_view([1, -1])?;
                     let _ =
                         model
                             .decoder

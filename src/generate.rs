@@ -35,7 +35,7 @@ pub struct Generation {
 
 /// Fail on NaN/inf logits with a clear message.
 pub fn check_finite(logits: &Tensor, what: &str) -> Result<()> {
-    if logits.f_isfinite()?.f_all()?.int64_value(&[]) == 0 {
+    if logits.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
         return Err(Error::NonFinite(format!(
             "non-finite logits during {what} (dtype overflow? try --dtype fp32 or bf16)"
         )));
@@ -70,20 +70,20 @@ pub fn generate(model: &Decoder, prompt: &[i64], opts: &GenerateOptions) -> Resu
     check_length(model, prompt, opts)?;
     let start = Instant::now();
     let mut cache = model.new_cache(1, (prompt.len() + opts.max_new_tokens) as i64)?;
-    let ids = Tensor::from_slice(prompt).view([1, -1]);
+    let ids = Tensor::f_from_slice(prompt)?.f_view([1, -1])?;
     let mut logits = model.forward(&ids, &mut cache, &opts.policy, &LogitsAt::Last)?;
     let prefill_secs = start.elapsed().as_secs_f64();
     let start = Instant::now();
     let mut tokens = Vec::new();
     for step in 0..opts.max_new_tokens {
-        let row = logits.view([1, -1]);
+        let row = logits.f_view([1, -1])?;
         check_finite(&row, "generation")?;
         let next = sampling::select(&row, opts.sampling, &[key(opts, step)])?[0];
         tokens.push(next);
         if opts.stop_tokens.contains(&next) || step + 1 == opts.max_new_tokens {
             break;
         }
-        let ids = Tensor::from_slice(&[next]).view([1, 1]);
+        let ids = Tensor::f_from_slice(&[next])?.f_view([1, 1])?;
         logits = model.forward(&ids, &mut cache, &opts.policy, &LogitsAt::Last)?;
     }
     Ok(Generation {
@@ -107,11 +107,11 @@ pub fn generate_nocache(
     let mut seq = prompt.to_vec();
     let mut tokens = Vec::new();
     for step in 0..opts.max_new_tokens {
-        let ids = Tensor::from_slice(&seq).view([1, -1]);
+        let ids = Tensor::f_from_slice(&seq)?.f_view([1, -1])?;
         let mut cache = model.new_cache(1, seq.len() as i64)?;
         let logits = model
             .forward(&ids, &mut cache, &opts.policy, &LogitsAt::Last)?
-            .view([1, -1]);
+            .f_view([1, -1])?;
         check_finite(&logits, "generation")?;
         let next = sampling::select(&logits, opts.sampling, &[key(opts, step)])?[0];
         tokens.push(next);

@@ -282,23 +282,29 @@ impl KvCache {
 
     /// A cache sharing this one's buffers, restricted to rows `0..n` (views: writes through it
     /// land in this cache). Its lengths are a copy; this cache's do not move.
-    pub(crate) fn rows_view(&self, n: usize) -> KvCache {
-        KvCache {
+    pub(crate) fn rows_view(&self, n: usize) -> Result<KvCache> {
+        Ok(KvCache {
             shape: self.shape,
             layers: self
                 .layers
                 .iter()
-                .map(|l| LayerKv {
-                    k: l.k.narrow(0, 0, n as i64),
-                    v: l.v.narrow(0, 0, n as i64),
+                .map(|l| {
+                    Ok(LayerKv {
+                        k: l.k.f_narrow(0, 0, n as i64)?,
+                        v: l.v.f_narrow(0, 0, n as i64)?,
+                    })
                 })
-                .collect(),
+                .collect::<Result<_>>()?,
             lens: self.lens[..n.min(self.lens.len())].to_vec(),
             capacity: self.capacity,
             kind: self.kind,
             device: self.device,
-            masked: self.masked.as_ref().map(|m| m.narrow(0, 0, n as i64)),
-        }
+            masked: self
+                .masked
+                .as_ref()
+                .map(|m| m.f_narrow(0, 0, n as i64))
+                .transpose()?,
+        })
     }
 
     /// Keep only the given rows (in the given order) by moving them to the front of the
@@ -307,18 +313,18 @@ impl KvCache {
         if rows.iter().any(|&r| r >= self.batch()) {
             return Err(Error::KvCache(format!("row out of range in {rows:?}")));
         }
-        let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
-            .to_device(self.device);
+        let idx = Tensor::f_from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?
+            .f_to_device(self.device)?;
         let (b, n) = (self.batch() as i64, rows.len() as i64);
         for layer in &mut self.layers {
             for buf in [&mut layer.k, &mut layer.v] {
-                let moved = buf.narrow(0, 0, b).f_index_select(0, &idx)?;
-                buf.narrow(0, 0, n).f_copy_(&moved)?;
+                let moved = buf.f_narrow(0, 0, b)?.f_index_select(0, &idx)?;
+                buf.f_narrow(0, 0, n)?.f_copy_(&moved)?;
             }
         }
         if let Some(m) = &self.masked {
-            let moved = m.narrow(0, 0, b).f_index_select(0, &idx)?;
-            m.narrow(0, 0, n).f_copy_(&moved)?;
+            let moved = m.f_narrow(0, 0, b)?.f_index_select(0, &idx)?;
+            m.f_narrow(0, 0, n)?.f_copy_(&moved)?;
         }
         self.lens = rows.iter().map(|&r| self.lens[r]).collect();
         Ok(())
@@ -419,7 +425,7 @@ impl KvCache {
         if zero {
             for layer in &mut self.layers {
                 for buf in [&mut layer.k, &mut layer.v] {
-                    let _ = buf.narrow(0, 0, n as i64).f_zero_()?;
+                    let _ = buf.f_narrow(0, 0, n as i64)?.f_zero_()?;
                 }
             }
         }
@@ -433,28 +439,32 @@ impl KvCache {
                 let s = parts[i].1;
                 for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
                     for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
-                        d.narrow(0, i as i64, 1)
-                            .narrow(2, 0, s.len)
-                            .f_copy_(&f.narrow(0, s.row as i64, 1).narrow(2, 0, s.len))?;
+                        d.f_narrow(0, i as i64, 1)?
+                            .f_narrow(2, 0, s.len)?
+                            .f_copy_(&f.f_narrow(0, s.row as i64, 1)?.f_narrow(2, 0, s.len)?)?;
                     }
                 }
                 continue;
             }
-            let to_i64 = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
-            let dst_idx = to_i64(rows.iter().map(|&i| i as i64).collect());
-            let src_idx = to_i64(rows.iter().map(|&i| parts[i].1.row as i64).collect());
-            let lens = to_i64(rows.iter().map(|&i| parts[i].1.len).collect());
+            let to_i64 = |v: Vec<i64>| -> Result<Tensor> {
+                Ok(Tensor::f_from_slice(&v)?.f_to_device(self.device)?)
+            };
+            let dst_idx = to_i64(rows.iter().map(|&i| i as i64).collect())?;
+            let src_idx = to_i64(rows.iter().map(|&i| parts[i].1.row as i64).collect())?;
+            let lens = to_i64(rows.iter().map(|&i| parts[i].1.len).collect())?;
             // Positions at or beyond a row's length: [rows, 1, longest, 1].
-            let beyond = Tensor::arange(longest, (Kind::Int64, self.device))
-                .view([1, 1, longest, 1])
-                .f_ge_tensor(&lens.view([-1, 1, 1, 1]))?;
+            let beyond = Tensor::f_arange(longest, (Kind::Int64, self.device))?
+                .f_view([1, 1, longest, 1])?
+                .f_ge_tensor(&lens.f_view([-1, 1, 1, 1])?)?;
             for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
                 for (d, f) in [(&mut dst.k, &from.k), (&mut dst.v, &from.v)] {
                     let sel = f
-                        .narrow(2, 0, longest)
+                        .f_narrow(2, 0, longest)?
                         .f_index_select(0, &src_idx)?
                         .f_masked_fill(&beyond, 0.0)?;
-                    let _ = d.narrow(2, 0, longest).f_index_copy_(0, &dst_idx, &sel)?;
+                    let _ = d
+                        .f_narrow(2, 0, longest)?
+                        .f_index_copy_(0, &dst_idx, &sel)?;
                 }
             }
         }
@@ -477,9 +487,9 @@ impl KvCache {
         let _ = m.f_zero_()?;
         for (i, (src, s)) in parts.iter().enumerate() {
             if let (Some(from), true) = (&src.masked, s.len > 0) {
-                m.narrow(0, i as i64, 1)
-                    .narrow(1, 0, s.len)
-                    .f_copy_(&from.narrow(0, s.row as i64, 1).narrow(1, 0, s.len))?;
+                m.f_narrow(0, i as i64, 1)?
+                    .f_narrow(1, 0, s.len)?
+                    .f_copy_(&from.f_narrow(0, s.row as i64, 1)?.f_narrow(1, 0, s.len)?)?;
             }
         }
         self.masked = Some(m);
@@ -509,8 +519,8 @@ impl KvCache {
             )?);
         }
         let m = self.masked.as_ref().expect("made above");
-        let idx = Tensor::from_slice(positions).to_device(self.device);
-        let _ = m.narrow(0, row as i64, 1).f_index_fill_(1, &idx, 1)?;
+        let idx = Tensor::f_from_slice(positions)?.f_to_device(self.device)?;
+        let _ = m.f_narrow(0, row as i64, 1)?.f_index_fill_(1, &idx, 1)?;
         Ok(())
     }
 
@@ -519,8 +529,10 @@ impl KvCache {
         match &self.masked {
             None => Ok(Vec::new()),
             Some(m) => {
-                let r = m.narrow(0, row as i64, 1).view([-1]).f_nonzero()?;
-                Ok(Vec::<i64>::try_from(r.view([-1]).to_device(Device::Cpu))?)
+                let r = m.f_narrow(0, row as i64, 1)?.f_view([-1])?.f_nonzero()?;
+                Ok(Vec::<i64>::try_from(
+                    r.f_view([-1])?.f_to_device(Device::Cpu)?,
+                )?)
             }
         }
     }
@@ -536,7 +548,7 @@ impl KvCache {
                 self.capacity
             )));
         }
-        Ok((l.k.narrow(2, 0, len), l.v.narrow(2, 0, len)))
+        Ok((l.k.f_narrow(2, 0, len)?, l.v.f_narrow(2, 0, len)?))
     }
 
     /// Which keys `0..key_len` attention may see, `[B, 1, key_len]` bool, or `None` when no
@@ -576,26 +588,28 @@ impl KvCache {
             4 => Kind::Int,
             _ => Kind::Int64,
         };
-        let to_i64 = |v: &[usize]| {
-            Tensor::from_slice(&v.iter().map(|&r| r as i64).collect::<Vec<_>>())
-                .to_device(self.device)
+        let to_i64 = |v: &[usize]| -> Result<Tensor> {
+            Ok(
+                Tensor::f_from_slice(&v.iter().map(|&r| r as i64).collect::<Vec<_>>())?
+                    .f_to_device(self.device)?,
+            )
         };
-        let (a, b) = (to_i64(rows), to_i64(reference));
+        let (a, b) = (to_i64(rows)?, to_i64(reference)?);
         let mut differs: Vec<Tensor> = Vec::with_capacity(2 * self.layers.len());
         for layer in &self.layers {
             for buf in [&layer.k, &layer.v] {
                 let x = buf
-                    .narrow(2, 0, upto.clamp(0, self.capacity))
+                    .f_narrow(2, 0, upto.clamp(0, self.capacity))?
                     .f_view_dtype(bits)?;
                 let ne = x
                     .f_index_select(0, &a)?
                     .f_ne_tensor(&x.f_index_select(0, &b)?)?
                     .f_any()?;
-                differs.push(ne.view([1]));
+                differs.push(ne.f_view([1])?);
             }
         }
         let any = Tensor::f_cat(&differs, 0)?.f_any()?;
-        Ok(!bool::try_from(any.to_device(Device::Cpu))?)
+        Ok(!bool::try_from(any.f_to_device(Device::Cpu)?)?)
     }
 
     /// Keep only the given rows (in the given order), e.g. to drop finished sequences.
@@ -603,8 +617,8 @@ impl KvCache {
         if rows.iter().any(|&r| r >= self.batch()) {
             return Err(Error::KvCache(format!("row out of range in {rows:?}")));
         }
-        let idx = Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
-            .to_device(self.device);
+        let idx = Tensor::f_from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?
+            .f_to_device(self.device)?;
         for layer in &mut self.layers {
             layer.k = layer.k.f_index_select(0, &idx)?;
             layer.v = layer.v.f_index_select(0, &idx)?;
@@ -642,8 +656,12 @@ impl KvCache {
             .layers
             .iter()
             .flat_map(|l| [&l.k, &l.v])
-            .map(|buf| buf.narrow(0, snap.row as i64, 1).narrow(2, 0, snap.len))
-            .collect();
+            .map(|buf| {
+                Ok(buf
+                    .f_narrow(0, snap.row as i64, 1)?
+                    .f_narrow(2, 0, snap.len)?)
+            })
+            .collect::<Result<_>>()?;
         let bytes = Tensor::f_cat(&parts, 0)?
             .f_to_device(Device::Cpu)?
             .f_contiguous()?
@@ -711,9 +729,9 @@ impl KvCache {
                     pairs.push((&dst.v, &src.v));
                 }
                 for (d, f) in pairs {
-                    d.narrow(0, i as i64, 1)
-                        .narrow(2, start, n)
-                        .f_copy_(&f.narrow(0, ds.row as i64, 1).narrow(2, start, n))?;
+                    d.f_narrow(0, i as i64, 1)?
+                        .f_narrow(2, start, n)?
+                        .f_copy_(&f.f_narrow(0, ds.row as i64, 1)?.f_narrow(2, start, n)?)?;
                 }
             }
         }
@@ -731,9 +749,11 @@ impl KvCache {
                 "entry (row {r}, position {p}) is not within this cache"
             )));
         }
-        let to_t = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
-        let rows = to_t(at.iter().map(|&(r, _)| r as i64).collect());
-        let pos = to_t(at.iter().map(|&(_, p)| p).collect());
+        let to_t = |v: Vec<i64>| -> Result<Tensor> {
+            Ok(Tensor::f_from_slice(&v)?.f_to_device(self.device)?)
+        };
+        let rows = to_t(at.iter().map(|&(r, _)| r as i64).collect())?;
+        let pos = to_t(at.iter().map(|&(_, p)| p).collect())?;
         let mut per_layer = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             // Advanced indexing on dims 0 and 2 of [B, H, cap, D]: [n, H, D].
@@ -750,15 +770,15 @@ impl KvCache {
     pub fn corrupt_for_test(&mut self, layer: usize, row: usize, pos: i64) -> Result<()> {
         let cell = self.layers[layer]
             .k
-            .narrow(0, row as i64, 1)
-            .narrow(2, pos, 1);
+            .f_narrow(0, row as i64, 1)?
+            .f_narrow(2, pos, 1)?;
         let flipped = cell.f_neg()?;
         let nudged =
-            flipped.f_where_self(&cell.f_eq(0.0)?.logical_not(), &cell.f_add_scalar(1.0)?)?;
+            flipped.f_where_self(&cell.f_eq(0.0)?.f_logical_not()?, &cell.f_add_scalar(1.0)?)?;
         self.layers[layer]
             .k
-            .narrow(0, row as i64, 1)
-            .narrow(2, pos, 1)
+            .f_narrow(0, row as i64, 1)?
+            .f_narrow(2, pos, 1)?
             .f_copy_(&nudged)?;
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! entry `v` is a hash of a per-row [`NoiseKey`] and `v`, computed on the device with integer
 //! ops. The noise is therefore a function of the key only, never of a row's position in the
 //! batch or of the batch size, and the choice is exact given bitwise-equal logits.
-use crate::Result;
+use crate::{Error, Result};
 use tch::{Device, Kind, Tensor};
 
 /// How the next token is chosen.
@@ -115,12 +115,12 @@ impl NoiseKey {
 const MASK32: i64 = 0xFFFF_FFFF;
 
 /// `lowbias32` integer hash on int64 tensors holding 32-bit values.
-fn hash32(x: &Tensor) -> Tensor {
-    let x = x.bitwise_xor_tensor(&x.bitwise_right_shift_tensor_scalar(16));
-    let x = (x * 0x7feb_352d_i64).bitwise_and(MASK32);
-    let x = x.bitwise_xor_tensor(&x.bitwise_right_shift_tensor_scalar(15));
-    let x = (x * 0x846c_a68b_i64).bitwise_and(MASK32);
-    x.bitwise_xor_tensor(&x.bitwise_right_shift_tensor_scalar(16))
+fn hash32(x: &Tensor) -> Result<Tensor> {
+    let x = x.f_bitwise_xor_tensor(&x.f_bitwise_right_shift_tensor_scalar(16)?)?;
+    let x = x.f_mul_scalar(0x7feb_352d_i64)?.f_bitwise_and(MASK32)?;
+    let x = x.f_bitwise_xor_tensor(&x.f_bitwise_right_shift_tensor_scalar(15)?)?;
+    let x = x.f_mul_scalar(0x846c_a68b_i64)?.f_bitwise_and(MASK32)?;
+    Ok(x.f_bitwise_xor_tensor(&x.f_bitwise_right_shift_tensor_scalar(16)?)?)
 }
 
 /// The key digests as `[hi₀ … hi_{B−1}, lo₀ … lo_{B−1}]`: the two 32-bit halves of each
@@ -135,22 +135,41 @@ pub fn noise_words(keys: &[NoiseKey]) -> Vec<i64> {
 }
 
 /// Gumbel noise `[B, V]` (fp32) for the given keys.
-pub fn gumbel_noise(keys: &[NoiseKey], vocab: i64, device: Device) -> Tensor {
+pub fn gumbel_noise(keys: &[NoiseKey], vocab: i64, device: Device) -> Result<Tensor> {
+    gumbel_noise_from(&key_words(keys, device)?, vocab)
+}
+
+/// The key words `[2, B, 1]` ([`noise_words`]) of `keys` on `device`.
+fn key_words(keys: &[NoiseKey], device: Device) -> Result<Tensor> {
     let b = keys.len() as i64;
-    let words = Tensor::from_slice(&noise_words(keys))
-        .to_device(device)
-        .view([2, b, 1]);
-    gumbel_noise_from(&words, vocab)
+    Ok(Tensor::f_from_slice(&noise_words(keys))?
+        .f_to_device(device)?
+        .f_view([2, b, 1])?)
 }
 
 /// Gumbel noise `[B, V]` (fp32) from device-resident key words `[2, B, 1]` (see
 /// [`noise_words`]): device ops only, so it can be captured in a CUDA graph.
-pub fn gumbel_noise_from(words: &Tensor, vocab: i64) -> Tensor {
-    let (hi, lo) = (words.get(0), words.get(1));
-    let v = Tensor::arange(vocab, (Kind::Int64, words.device())).view([1, vocab]);
-    let h = hash32(&hash32(&v.bitwise_xor_tensor(&lo)).bitwise_xor_tensor(&hi));
-    let u = (h.to_kind(Kind::Double) + 0.5) / 4_294_967_296.0;
-    (-(-u.log()).log()).to_kind(Kind::Float)
+pub fn gumbel_noise_from(words: &Tensor, vocab: i64) -> Result<Tensor> {
+    let (hi, lo) = (words.f_get(0)?, words.f_get(1)?);
+    let v = Tensor::f_arange(vocab, (Kind::Int64, words.device()))?.f_view([1, vocab])?;
+    let h = hash32(&hash32(&v.f_bitwise_xor_tensor(&lo)?)?.f_bitwise_xor_tensor(&hi)?)?;
+    let u = h
+        .f_to_kind(Kind::Double)?
+        .f_add_scalar(0.5)?
+        .f_div_scalar(4_294_967_296.0)?;
+    Ok(u.f_log()?
+        .f_neg()?
+        .f_log()?
+        .f_neg()?
+        .f_to_kind(Kind::Float)?)
+}
+
+/// The vocabulary size `V` of `[B, V]` logits (an error, not a panic, for a 1-D tensor).
+fn vocab_of(logits: &Tensor) -> Result<i64> {
+    let shape = logits.size();
+    shape.get(1).copied().ok_or_else(|| {
+        Error::Invariant(format!("sampling needs [B, V] logits, got shape {shape:?}"))
+    })
 }
 
 /// Choose one token per row of `logits` (`[B, V]`, any float dtype).
@@ -158,11 +177,7 @@ pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<
     let chosen = match sampling {
         Sampling::Greedy => logits.f_to_kind(Kind::Float)?.f_argmax(-1, false)?,
         Sampling::Temperature { .. } | Sampling::TopP { .. } => {
-            let b = keys.len() as i64;
-            let words = Tensor::f_from_slice(&noise_words(keys))?
-                .f_to_device(logits.device())?
-                .f_view([2, b, 1])?;
-            select_on_device(logits, sampling, &words)?
+            select_on_device(logits, sampling, &key_words(keys, logits.device())?)?
         }
     };
     Ok(Vec::<i64>::try_from(chosen.f_to_device(Device::Cpu)?)?)
@@ -175,26 +190,29 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
     Ok(match sampling {
         Sampling::Greedy => logits.f_argmax(-1, false)?,
         Sampling::Temperature { temperature } => {
-            let noise = gumbel_noise_from(words, logits.size()[1]);
+            let noise = gumbel_noise_from(words, vocab_of(&logits)?)?;
             // x / 1 is x exactly: skip the pass over [B, V].
             let scaled = if temperature == 1.0 {
                 logits
             } else {
-                logits / temperature
+                logits.f_div_scalar(temperature)?
             };
-            (scaled + noise).f_argmax(-1, false)?
+            scaled.f_add(&noise)?.f_argmax(-1, false)?
         }
         Sampling::TopP { top_p, temperature } => {
-            let noise = gumbel_noise_from(words, logits.size()[1]);
-            let scaled = logits / temperature;
+            let noise = gumbel_noise_from(words, vocab_of(&logits)?)?;
+            let scaled = logits.f_div_scalar(temperature)?;
             // Keep a token if the probability of the tokens sorted before it is below top_p
             // (the most probable token is always kept); the rest get -inf before Gumbel-max.
             let (sorted, order) = scaled.f_sort(-1, true)?;
             let p = sorted.f_softmax(-1, Kind::Double)?;
-            let before = p.f_cumsum(-1, Kind::Double)? - &p;
+            let before = p.f_cumsum(-1, Kind::Double)?.f_sub(&p)?;
             let drop_sorted = before.f_ge(top_p)?;
             let drop = drop_sorted.f_scatter(-1, &order, &drop_sorted)?;
-            (scaled.f_masked_fill(&drop, f64::NEG_INFINITY)? + noise).f_argmax(-1, false)?
+            scaled
+                .f_masked_fill(&drop, f64::NEG_INFINITY)?
+                .f_add(&noise)?
+                .f_argmax(-1, false)?
         }
     })
 }
@@ -254,15 +272,15 @@ pub fn step_info(logits: &Tensor, chosen: &[i64]) -> Result<Vec<StepInfo>> {
         .f_to_kind(Kind::Float)?
         .f_log_softmax(-1, Kind::Float)?;
     let (top, idx) = logp.f_topk(2, -1, true, true)?;
-    let top: Vec<f32> = Vec::try_from(top.to_device(Device::Cpu).reshape([-1]))?;
-    let idx: Vec<i64> = Vec::try_from(idx.to_device(Device::Cpu).reshape([-1]))?;
-    let ch = Tensor::from_slice(chosen)
-        .to_device(logp.device())
-        .view([-1, 1]);
+    let top: Vec<f32> = Vec::try_from(top.f_to_device(Device::Cpu)?.f_reshape([-1])?)?;
+    let idx: Vec<i64> = Vec::try_from(idx.f_to_device(Device::Cpu)?.f_reshape([-1])?)?;
+    let ch = Tensor::f_from_slice(chosen)?
+        .f_to_device(logp.device())?
+        .f_view([-1, 1])?;
     let lp: Vec<f32> = Vec::try_from(
         logp.f_gather(1, &ch, false)?
-            .to_device(Device::Cpu)
-            .reshape([-1]),
+            .f_to_device(Device::Cpu)?
+            .f_reshape([-1])?,
     )?;
     Ok(chosen
         .iter()
@@ -297,12 +315,37 @@ mod tests {
     }
 
     #[test]
-    fn noise_depends_on_key_not_batch_position() {
-        let a = gumbel_noise(&[key(0), key(1), key(2)], 50, Device::Cpu);
-        let b = gumbel_noise(&[key(2), key(0)], 50, Device::Cpu);
+    fn noise_depends_on_key_not_batch_position() -> Result<()> {
+        let a = gumbel_noise(&[key(0), key(1), key(2)], 50, Device::Cpu)?;
+        let b = gumbel_noise(&[key(2), key(0)], 50, Device::Cpu)?;
         assert!(a.get(0).equal(&b.get(1)));
         assert!(a.get(2).equal(&b.get(0)));
         assert!(!a.get(0).equal(&a.get(1)));
+        Ok(())
+    }
+
+    #[test]
+    fn malformed_inputs_are_errors_not_panics() -> Result<()> {
+        let keys = [key(0), key(1)];
+        let words = key_words(&keys, Device::Cpu)?;
+        // Positive control: well-formed words give the noise of the keys.
+        assert!(gumbel_noise_from(&words, 5)?.equal(&gumbel_noise(&keys, 5, Device::Cpu)?));
+        // Words without the lo half: indexing them fails inside libtorch.
+        let bad = words.narrow(0, 0, 1);
+        assert!(gumbel_noise_from(&bad, 5).is_err());
+        let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 0.5, 0.0, 1.0]).view([2, 3]);
+        let t = Sampling::Temperature { temperature: 0.5 };
+        assert_eq!(select_on_device(&logits, t, &words)?.size(), [2]);
+        assert!(select_on_device(&logits, t, &bad).is_err());
+        // 1-D logits have no vocabulary axis.
+        let err = select(&logits.get(0), t, &keys[..1])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[B, V]") && !err.contains('\n'), "{err}");
+        // A chosen token outside the vocabulary.
+        assert!(step_info(&logits, &[1, 2]).is_ok());
+        assert!(step_info(&logits, &[1, 3]).is_err());
+        Ok(())
     }
 
     #[test]

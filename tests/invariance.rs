@@ -50,7 +50,7 @@ fn wide_shape(kind: Kind) -> Result<Decoder> {
     cfg.intermediate_size = 5632;
     cfg.layer_types.truncate(2);
     cfg.vocab_size = 512;
-    let w = synthetic::random_weights(&cfg, kind, Device::Cpu, 11);
+    let w = synthetic::random_weights(&cfg, kind, Device::Cpu, 11)?;
     Decoder::from_weights(cfg, w)
 }
 

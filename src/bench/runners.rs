@@ -23,13 +23,13 @@ pub fn prefill(
     prompt: &[i64],
     reps: usize,
 ) -> Result<PrefillResult> {
-    let ids = Tensor::from_slice(prompt).view([1, -1]);
+    let ids = Tensor::f_from_slice(prompt)?.f_view([1, -1])?;
     let once = || -> Result<f64> {
         let mut cache = model.new_cache(1, prompt.len() as i64)?;
         sync(model.device());
         let t = Instant::now();
         let logits = model.forward(&ids, &mut cache, &policy, &LogitsAt::Last)?;
-        let _ = sampling::select(&logits.view([1, -1]), Sampling::Greedy, &[])?;
+        let _ = sampling::select(&logits.f_view([1, -1])?, Sampling::Greedy, &[])?;
         Ok(t.elapsed().as_secs_f64())
     };
     once()?; // warm-up

@@ -31,7 +31,7 @@ fn load(a: &Args, dtype: Dtype, device: Device) -> anyhow::Result<Decoder> {
         (None, Some(name)) => {
             // Weights are drawn on the CPU in fp32 so every device and dtype sees the same values.
             let cfg = synthetic::config(name)?;
-            let w = synthetic::random_weights(&cfg, Kind::Float, Device::Cpu, a.model.weight_seed);
+            let w = synthetic::random_weights(&cfg, Kind::Float, Device::Cpu, a.model.weight_seed)?;
             Decoder::from_weights(cfg, w.with_target(dtype.kind(), device))?
         }
         (None, None) => bail!("give --model or --synthetic"),
@@ -47,7 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .ids
         .clone()
         .unwrap_or_else(|| (0..32).map(|i| (i * 7919 + 11) % vocab).collect());
-    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let t = Tensor::f_from_slice(&ids)?.f_view([1, -1])?;
     let want = reference.forward_full(&t, &ExecPolicy::Stock)?;
     drop(reference);
     let device = runtime::parse_device(&a.device)?;
@@ -56,9 +56,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let m = load(&a, dtype, device)?;
         let got = m
             .forward_full(&t, &ExecPolicy::Stock)?
-            .to_device(Device::Cpu)
-            .to_kind(Kind::Float);
-        let diff = (got - &want).abs().max().double_value(&[]);
+            .f_to_device(Device::Cpu)?
+            .f_to_kind(Kind::Float)?;
+        let diff = got.f_sub(&want)?.f_abs()?.f_max()?.f_double_value(&[])?;
         let ok = diff <= a.tol;
         failed |= !ok;
         println!(

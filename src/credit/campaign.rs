@@ -998,7 +998,7 @@ fn refeed_prefix(
     ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
     *tokens += ids.len() as u64;
     let mut cache = model.decoder.new_cache(1, ids.len() as i64)?;
-    let t = Tensor::from_slice(&ids).view([1, -1]);
+    let t = Tensor::f_from_slice(&ids)?.f_view([1, -1])?;
     let _ = model
         .decoder
         .forward(&t, &mut cache, policy, &LogitsAt::Last)?;

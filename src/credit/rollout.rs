@@ -89,13 +89,13 @@ pub struct RolloutParams<'a> {
 pub fn alternatives(logits: &Tensor, token: i64, n: usize, excluded: &[i64]) -> Result<Vec<i64>> {
     let mut row = logits.f_to_kind(Kind::Float)?;
     if !excluded.is_empty() {
-        let idx = Tensor::from_slice(excluded).to_device(row.device());
+        let idx = Tensor::f_from_slice(excluded)?.f_to_device(row.device())?;
         row = row.f_index_fill(-1, &idx, f64::NEG_INFINITY)?;
     }
     let k = (n as i64 + 1).min(row.size().last().copied().unwrap_or(0));
     let (_, idx) = row.f_topk(k, -1, true, true)?;
     Ok(
-        Vec::<i64>::try_from(idx.to_device(Device::Cpu).reshape([-1]))?
+        Vec::<i64>::try_from(idx.f_to_device(Device::Cpu)?.f_reshape([-1])?)?
             .into_iter()
             .filter(|t| *t != token && !excluded.contains(t))
             .take(n)
@@ -111,7 +111,7 @@ fn margin_at(logits: &Tensor, sampling: Sampling, token: i64, margin: f64) -> Re
         Sampling::Temperature { temperature: 1.0 } => Some(margin),
         // Under top-p, the margin of the tempered softmax before the nucleus cut.
         Sampling::Temperature { temperature } | Sampling::TopP { temperature, .. } => {
-            let scaled = logits.f_to_kind(Kind::Float)? / temperature;
+            let scaled = logits.f_to_kind(Kind::Float)?.f_div_scalar(temperature)?;
             Some(sampling::step_info(&scaled, &[token])?[0].margin)
         }
     })
@@ -144,19 +144,19 @@ fn step_facts(
     excluded_idx: Option<&Tensor>,
 ) -> Result<Option<Vec<RowFacts>>> {
     let b = keys.len();
-    let words = Tensor::from_slice(&sampling::noise_words(keys))
-        .to_device(logits.device())
-        .view([2, b as i64, 1]);
+    let words = Tensor::f_from_slice(&sampling::noise_words(keys))?
+        .f_to_device(logits.device())?
+        .f_view([2, b as i64, 1])?;
     let chosen = sampling::select_on_device(logits, p.sampling, &words)?;
     let finite = logits
         .f_isfinite()?
         .f_all()?
         .f_to_kind(Kind::Double)?
-        .view([1]);
+        .f_view([1])?;
     let float = logits.f_to_kind(Kind::Float)?;
     let logp = float.f_log_softmax(-1, Kind::Float)?;
     let (top, _) = logp.f_topk(2, -1, true, true)?;
-    let lp = logp.f_gather(1, &chosen.view([-1, 1]), false)?;
+    let lp = logp.f_gather(1, &chosen.f_view([-1, 1])?, false)?;
     let row = match excluded_idx {
         Some(idx) => float.f_index_fill(-1, idx, f64::NEG_INFINITY)?,
         None => float,
@@ -168,9 +168,9 @@ fn step_facts(
         &[
             finite,
             chosen.f_to_kind(Kind::Double)?,
-            top.f_to_kind(Kind::Double)?.reshape([-1]),
-            lp.f_to_kind(Kind::Double)?.reshape([-1]),
-            alt.f_to_kind(Kind::Double)?.reshape([-1]),
+            top.f_to_kind(Kind::Double)?.f_reshape([-1])?,
+            lp.f_to_kind(Kind::Double)?.f_reshape([-1])?,
+            alt.f_to_kind(Kind::Double)?.f_reshape([-1])?,
         ],
         0,
     )?;
@@ -231,17 +231,19 @@ pub fn rollouts(
         .copied()
         .filter(|t| !p.stop_tokens.contains(t))
         .collect();
-    let excluded_idx =
-        (!excluded.is_empty()).then(|| Tensor::from_slice(&excluded).to_device(model.device()));
+    let excluded_idx = match excluded.is_empty() {
+        true => None,
+        false => Some(Tensor::f_from_slice(&excluded)?.f_to_device(model.device())?),
+    };
     let mut caches = Vec::with_capacity(n);
     let mut first = Vec::with_capacity(n);
     for prompt in prompts {
         let mut cache = model.new_cache(1, (prompt.len() + p.max_new_tokens + 1) as i64)?;
-        let ids = Tensor::from_slice(prompt).view([1, -1]);
+        let ids = Tensor::f_from_slice(prompt)?.f_view([1, -1])?;
         first.push(
             model
                 .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
-                .view([1, -1]),
+                .f_view([1, -1])?,
         );
         caches.push(cache);
     }
@@ -281,7 +283,7 @@ pub fn rollouts(
                 (
                     Some(cache.fingerprint(cache.snapshot(r))?),
                     margin_at(
-                        &logits.narrow(0, r as i64, 1),
+                        &logits.f_narrow(0, r as i64, 1)?,
                         p.sampling,
                         f.token,
                         f.margin,
@@ -332,10 +334,10 @@ pub fn rollouts(
             live = keep.iter().map(|&r| live[r]).collect();
         }
         let feed: Vec<i64> = keep.iter().map(|&r| facts[r].token).collect();
-        let ids = Tensor::from_slice(&feed).view([feed.len() as i64, 1]);
+        let ids = Tensor::f_from_slice(&feed)?.f_view([feed.len() as i64, 1])?;
         logits = model
             .forward(&ids, &mut cache, &p.policy, &LogitsAt::Last)?
-            .view([feed.len() as i64, -1]);
+            .f_view([feed.len() as i64, -1])?;
     }
     prompts
         .iter()

@@ -319,7 +319,7 @@ impl StaticStep<'_> {
             .f_narrow(1, 2, 2)?
             .f_transpose(0, 1)?
             .f_view([2, b, 1])?;
-        let mut view = cache.rows_view(b as usize);
+        let mut view = cache.rows_view(b as usize)?;
         let logits = self
             .model
             .forward_static(&tokens, &positions, &mut view, self.policy)?;

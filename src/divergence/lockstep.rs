@@ -129,16 +129,16 @@ pub fn first_difference(a: &[i64], b: &[i64]) -> Option<usize> {
 }
 
 /// Right-pad `seqs` with token 0 into a `[B, max]` int64 tensor on `device`.
-pub(crate) fn padded(seqs: &[&[i64]], device: Device) -> Tensor {
+pub(crate) fn padded(seqs: &[&[i64]], device: Device) -> Result<Tensor> {
     let width = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
     let mut flat = Vec::with_capacity(seqs.len() * width);
     for s in seqs {
         flat.extend_from_slice(s);
         flat.extend(std::iter::repeat_n(0, width - s.len()));
     }
-    Tensor::from_slice(&flat)
-        .view([seqs.len() as i64, width as i64])
-        .to_device(device)
+    Ok(Tensor::f_from_slice(&flat)?
+        .f_view([seqs.len() as i64, width as i64])?
+        .f_to_device(device)?)
 }
 
 /// fp64 comparison of two `[B, V]` logit rows: `[B, 7]` (max-abs, MSE, KL(OFF‖ON), argmax ON,
@@ -146,18 +146,23 @@ pub(crate) fn padded(seqs: &[&[i64]], device: Device) -> Tensor {
 pub(crate) fn compare_logits(on: &Tensor, off: &Tensor) -> Result<Tensor> {
     let a = on.f_to_kind(Kind::Double)?;
     let f = off.f_to_kind(Kind::Double)?;
-    let d = &a - &f;
+    let d = a.f_sub(&f)?;
     let max_abs = d.f_abs()?.f_amax([-1], false)?;
-    let mse = (&d * &d).f_mean_dim([-1i64].as_slice(), false, Kind::Double)?;
+    let mse = d
+        .f_mul(&d)?
+        .f_mean_dim([-1i64].as_slice(), false, Kind::Double)?;
     let (la, lf) = (
         a.f_log_softmax(-1, Kind::Double)?,
         f.f_log_softmax(-1, Kind::Double)?,
     );
-    let kl =
-        (lf.f_exp()? * (&lf - &la)).f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Double)?;
+    let kl = lf.f_exp()?.f_mul(&lf.f_sub(&la)?)?.f_sum_dim_intlist(
+        [-1i64].as_slice(),
+        false,
+        Kind::Double,
+    )?;
     let margin = |lp: &Tensor| -> Result<Tensor> {
         let (top, _) = lp.f_exp()?.f_topk(2, -1, true, true)?;
-        Ok(top.select(1, 0) - top.select(1, 1))
+        Ok(top.f_select(1, 0)?.f_sub(&top.f_select(1, 1)?)?)
     };
     let cols = [
         max_abs,
@@ -175,13 +180,13 @@ pub(crate) fn compare_logits(on: &Tensor, off: &Tensor) -> Result<Tensor> {
 /// leading shape.
 fn rel_and_max(x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor)> {
     let (x, y) = (x.f_to_kind(Kind::Double)?, y.f_to_kind(Kind::Double)?);
-    let d = &x - &y;
+    let d = x.f_sub(&y)?;
     let norm = |t: &Tensor| -> Result<Tensor> {
-        Ok((t * t)
+        Ok(t.f_mul(t)?
             .f_sum_dim_intlist([-1i64].as_slice(), false, Kind::Double)?
             .f_sqrt()?)
     };
-    let rel = norm(&d)? / norm(&y)?.f_clamp_min(f64::MIN_POSITIVE)?;
+    let rel = norm(&d)?.f_div(&norm(&y)?.f_clamp_min(f64::MIN_POSITIVE)?)?;
     Ok((rel, d.f_abs()?.f_amax([-1], false)?))
 }
 
@@ -204,10 +209,10 @@ fn drift_tensor(
     let cols = [
         r_rel,
         r_max,
-        kv_rel.select(1, 0),
-        kv_max.select(1, 0),
-        kv_rel.select(1, 1),
-        kv_max.select(1, 1),
+        kv_rel.f_select(1, 0)?,
+        kv_max.f_select(1, 0)?,
+        kv_rel.f_select(1, 1)?,
+        kv_max.f_select(1, 1)?,
     ];
     Ok(Tensor::f_stack(&cols, 2)?.f_permute([1, 0, 2])?) // [B, L, 6]
 }
@@ -244,7 +249,7 @@ pub fn run(
     let ids = padded(
         &prompts.iter().map(|p| p.as_slice()).collect::<Vec<_>>(),
         dev,
-    );
+    )?;
     let last: Vec<i64> = plen.iter().map(|l| l - 1).collect();
     let mut rec_on = Recorder::new(last.clone(), false);
     let logits_on = {
@@ -257,7 +262,7 @@ pub fn run(
     let mut active_off: Vec<usize> = (0..n).collect();
     let mut logits_on = Some(logits_on);
     let layers = model.config().num_layers();
-    let words_for = |rows: &[usize], step: usize| -> Tensor {
+    let words_for = |rows: &[usize], step: usize| -> Result<Tensor> {
         let step_keys: Vec<NoiseKey> = rows
             .iter()
             .map(|&i| NoiseKey {
@@ -265,9 +270,9 @@ pub fn run(
                 ..keys[i]
             })
             .collect();
-        Tensor::from_slice(&sampling::noise_words(&step_keys))
-            .to_device(dev)
-            .view([2, rows.len() as i64, 1])
+        Ok(Tensor::f_from_slice(&sampling::noise_words(&step_keys))?
+            .f_to_device(dev)?
+            .f_view([2, rows.len() as i64, 1])?)
     };
     let stop = |toks: &[i64]| -> Option<Stop> {
         let last = *toks.last()?;
@@ -296,7 +301,7 @@ pub fn run(
         let (logits_off, off_cache) = if active_off.is_empty() {
             (None, None)
         } else {
-            let ids = padded(&seqs.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), dev);
+            let ids = padded(&seqs.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), dev)?;
             let mut off_cache = model.new_cache(active_off.len(), ids.size()[1])?;
             let last: Vec<i64> = lens.iter().map(|l| l - 1).collect();
             let hook: &mut dyn ForwardHook = if drift { &mut rec_off } else { &mut NoHook };
@@ -307,13 +312,13 @@ pub fn run(
                 &LogitsAt::PerRow(last),
                 hook,
             )?;
-            let z = z.view([active_off.len() as i64, -1]);
+            let z = z.f_view([active_off.len() as i64, -1])?;
             check_finite(&z, &format!("cache-OFF decoding, step {step}"))?;
             (Some(z), Some(off_cache))
         };
         let lo = match &logits_on {
             Some(z) => {
-                let z = z.view([active_on.len() as i64, -1]);
+                let z = z.f_view([active_on.len() as i64, -1])?;
                 check_finite(&z, &format!("cache-ON decoding, step {step}"))?;
                 Some(z)
             }
@@ -331,21 +336,22 @@ pub fn run(
         if let (Some(lo), Some(lf)) = (&lo, &logits_off)
             && !both.is_empty()
         {
-            let idx = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
-            let jo = idx(both.iter().map(|x| x.1 as i64).collect());
-            let jf = idx(both.iter().map(|x| x.2 as i64).collect());
+            let idx =
+                |v: Vec<i64>| -> Result<Tensor> { Ok(Tensor::f_from_slice(&v)?.f_to_device(dev)?) };
+            let jo = idx(both.iter().map(|x| x.1 as i64).collect())?;
+            let jf = idx(both.iter().map(|x| x.2 as i64).collect())?;
             let c = compare_logits(&lo.f_index_select(0, &jo)?, &lf.f_index_select(0, &jf)?)?;
-            parts.push(c.reshape([-1]));
+            parts.push(c.f_reshape([-1])?);
         }
         if let Some(lo) = &lo {
-            let t = sampling::select_on_device(lo, s.sampling, &words_for(&active_on, step))?;
-            parts.push(t.f_to_kind(Kind::Double)?.reshape([-1]));
+            let t = sampling::select_on_device(lo, s.sampling, &words_for(&active_on, step)?)?;
+            parts.push(t.f_to_kind(Kind::Double)?.f_reshape([-1])?);
         }
         if let (Some(lf), false) = (&logits_off, forced) {
-            let t = sampling::select_on_device(lf, s.sampling, &words_for(&active_off, step))?;
-            parts.push(t.f_to_kind(Kind::Double)?.reshape([-1]));
+            let t = sampling::select_on_device(lf, s.sampling, &words_for(&active_off, step)?)?;
+            parts.push(t.f_to_kind(Kind::Double)?.f_reshape([-1])?);
         }
-        let host: Vec<f64> = Vec::try_from(Tensor::f_cat(&parts, 0)?.to_device(Device::Cpu))?;
+        let host: Vec<f64> = Vec::try_from(Tensor::f_cat(&parts, 0)?.f_to_device(Device::Cpu)?)?;
         let drift_host: Option<Vec<f64>> = match &off_cache {
             Some(off_cache) if drift => {
                 // Forced: both paths hold the same rows in the same order.
@@ -353,7 +359,7 @@ pub fn run(
                 let on_at: Vec<(usize, i64)> = (0..a).map(|j| (j, cache.lens()[j] - 1)).collect();
                 let off_at: Vec<(usize, i64)> = (0..a).map(|j| (j, lens[j] - 1)).collect();
                 let t = drift_tensor(&rec_on, &rec_off, &cache, &on_at, off_cache, &off_at)?;
-                Some(Vec::try_from(t.to_device(Device::Cpu).reshape([-1]))?)
+                Some(Vec::try_from(t.f_to_device(Device::Cpu)?.f_reshape([-1])?)?)
             }
             _ => None,
         };
@@ -435,9 +441,9 @@ pub fn run(
                 .iter()
                 .map(|&i| *out[i].on.last().expect("a token per step"))
                 .collect();
-            let ids = Tensor::from_slice(&feed)
-                .view([active_on.len() as i64, 1])
-                .to_device(dev);
+            let ids = Tensor::f_from_slice(&feed)?
+                .f_view([active_on.len() as i64, 1])?
+                .f_to_device(dev)?;
             rec_on = Recorder::new(vec![0; active_on.len()], false);
             let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
             Some(model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::Last, hook)?)

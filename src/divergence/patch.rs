@@ -78,12 +78,14 @@ pub fn run(
         )));
     }
     let (y_on, y_off) = (on[tau], off[tau]);
-    let ids = |v: &[i64]| Tensor::from_slice(v).view([1, -1]).to_device(dev);
+    let ids = |v: &[i64]| -> Result<Tensor> {
+        Ok(Tensor::f_from_slice(v)?.f_view([1, -1])?.f_to_device(dev)?)
+    };
     // Cache-ON before step τ: prefill, then decode the shared tokens y[0..τ−1].
     let mut cache = model.new_cache(1, (prompt.len() + tau + k + 1) as i64)?;
-    let _ = model.forward(&ids(prompt), &mut cache, policy, &LogitsAt::Last)?;
+    let _ = model.forward(&ids(prompt)?, &mut cache, policy, &LogitsAt::Last)?;
     for &t in &on[..tau - 1] {
-        let _ = model.forward(&ids(&[t]), &mut cache, policy, &LogitsAt::Last)?;
+        let _ = model.forward(&ids(&[t])?, &mut cache, policy, &LogitsAt::Last)?;
     }
     // Cache-OFF at step τ: full forward over prompt ⊕ y[0..τ], residuals at the last position.
     let mut seq = prompt.to_vec();
@@ -92,13 +94,13 @@ pub fn run(
     let mut rec = Recorder::new(vec![seq.len() as i64 - 1], false);
     let z_off = model
         .forward_with(
-            &ids(&seq),
+            &ids(&seq)?,
             &mut off_cache,
             policy,
             &LogitsAt::Last,
             &mut rec,
         )?
-        .view([1, -1]);
+        .f_view([1, -1])?;
     let residual = rec.stacked()?; // [L, 1, H]
 
     // The patched step, one row per set (row 0 = control), all from the same snapshot.
@@ -112,14 +114,14 @@ pub fn run(
     let h = residual.size()[2];
     let values = residual.f_expand([-1, rows as i64, h], false)?;
     let mut hook = Patch::new(vec![0; rows], ranges, values)?;
-    let feed = Tensor::full([rows as i64, 1], on[tau - 1], (Kind::Int64, dev));
+    let feed = Tensor::f_full([rows as i64, 1], on[tau - 1], (Kind::Int64, dev))?;
     let z = model
         .forward_with(&feed, &mut batch, policy, &LogitsAt::Last, &mut hook)?
-        .view([rows as i64, -1]);
+        .f_view([rows as i64, -1])?;
     let m_of = |z: &Tensor| -> Result<Vec<f64>> {
         let z = z.f_to_kind(Kind::Double)?;
-        let d = z.select(1, y_off) - z.select(1, y_on);
-        Ok(Vec::try_from(d.to_device(Device::Cpu))?)
+        let d = z.f_select(1, y_off)?.f_sub(&z.f_select(1, y_on)?)?;
+        Ok(Vec::try_from(d.f_to_device(Device::Cpu)?)?)
     };
     let m = m_of(&z)?;
     let m_off = m_of(&z_off)?[0];
@@ -132,11 +134,11 @@ pub fn run(
             .iter()
             .map(|c| *c.last().expect("non-empty"))
             .collect();
-        let t = Tensor::from_slice(&feed)
-            .view([rows as i64, 1])
-            .to_device(dev);
+        let t = Tensor::f_from_slice(&feed)?
+            .f_view([rows as i64, 1])?
+            .f_to_device(dev)?;
         let z = model.forward(&t, &mut batch, policy, &LogitsAt::Last)?;
-        let next = sampling::select(&z.view([rows as i64, -1]), Sampling::Greedy, &[])?;
+        let next = sampling::select(&z.f_view([rows as i64, -1])?, Sampling::Greedy, &[])?;
         for (c, t) in conts.iter_mut().zip(next) {
             c.push(t);
         }

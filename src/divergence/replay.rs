@@ -58,7 +58,9 @@ fn prefill_chunks(
     let mut cache = model.new_cache(1, ids.len() as i64 + extra)?;
     let step = if chunk == 0 { ids.len() } else { chunk };
     for part in ids.chunks(step.max(1)) {
-        let t = Tensor::from_slice(part).view([1, -1]).to_device(dev);
+        let t = Tensor::f_from_slice(part)?
+            .f_view([1, -1])?
+            .f_to_device(dev)?;
         let _ = model.forward(&t, &mut cache, policy, &LogitsAt::Last)?;
     }
     Ok(cache)
@@ -73,10 +75,14 @@ fn live(
 ) -> Result<KvCache> {
     let dev = model.device();
     let mut cache = model.new_cache(1, (prompt.len() + toks.len()) as i64 + extra)?;
-    let t = Tensor::from_slice(prompt).view([1, -1]).to_device(dev);
+    let t = Tensor::f_from_slice(prompt)?
+        .f_view([1, -1])?
+        .f_to_device(dev)?;
     let _ = model.forward(&t, &mut cache, policy, &LogitsAt::Last)?;
     for &x in toks {
-        let t = Tensor::from_slice(&[x]).view([1, 1]).to_device(dev);
+        let t = Tensor::f_from_slice(&[x])?
+            .f_view([1, 1])?
+            .f_to_device(dev)?;
         let _ = model.forward(&t, &mut cache, policy, &LogitsAt::Last)?;
     }
     Ok(cache)
@@ -96,14 +102,16 @@ fn continue_greedy(
     let parts: Vec<(&KvCache, _)> = states.iter().map(|c| (*c, c.snapshot(0))).collect();
     let mut cache = KvCache::gather(&parts, k as i64 + 1)?;
     let mut out = vec![Vec::with_capacity(k); states.len()];
-    let mut feed = Tensor::full([rows, 1], first, (Kind::Int64, dev));
+    let mut feed = Tensor::f_full([rows, 1], first, (Kind::Int64, dev))?;
     for _ in 0..k {
         let z = model.forward(&feed, &mut cache, policy, &LogitsAt::Last)?;
-        let next = sampling::select(&z.view([rows, -1]), Sampling::Greedy, &[])?;
+        let next = sampling::select(&z.f_view([rows, -1])?, Sampling::Greedy, &[])?;
         for (o, &t) in out.iter_mut().zip(&next) {
             o.push(t);
         }
-        feed = Tensor::from_slice(&next).view([rows, 1]).to_device(dev);
+        feed = Tensor::f_from_slice(&next)?
+            .f_view([rows, 1])?
+            .f_to_device(dev)?;
     }
     Ok(out)
 }
@@ -111,11 +119,14 @@ fn continue_greedy(
 /// Per layer max |ΔK| and |ΔV| of two one-row caches over `len` positions.
 fn kv_diff(a: &KvCache, b: &KvCache, len: i64) -> Result<(Vec<f64>, Vec<f64>)> {
     let at: Vec<(usize, i64)> = (0..len).map(|p| (0, p)).collect();
-    let d = (a.entries(&at)?.f_to_kind(Kind::Double)? - b.entries(&at)?.f_to_kind(Kind::Double)?)
+    let d = a
+        .entries(&at)?
+        .f_to_kind(Kind::Double)?
+        .f_sub(&b.entries(&at)?.f_to_kind(Kind::Double)?)?
         .f_abs()?;
     let l = d.size()[0];
     let m = d.f_reshape([l, 2, -1])?.f_amax([-1], false)?; // [L, 2]
-    let host: Vec<f64> = Vec::try_from(m.to_device(Device::Cpu).reshape([-1]))?;
+    let host: Vec<f64> = Vec::try_from(m.f_to_device(Device::Cpu)?.f_reshape([-1])?)?;
     Ok((
         host.iter().step_by(2).copied().collect(),
         host.iter().skip(1).step_by(2).copied().collect(),

@@ -86,19 +86,22 @@ impl Check {
         self.bitwise && self.kv_equal
     }
 
-    fn logits(&mut self, got: &Tensor, want: &Tensor) {
-        let (got, want) = (got.reshape([-1]), want.reshape([-1]));
+    fn logits(&mut self, got: &Tensor, want: &Tensor) -> Result<()> {
+        let (got, want) = (got.f_reshape([-1])?, want.f_reshape([-1])?);
         self.rows += 1;
-        if !got.equal(&want) {
+        if !got.f_equal(&want)? {
             self.bitwise = false;
         }
-        let diff = (got.to_kind(Kind::Double) - want.to_kind(Kind::Double))
-            .abs()
-            .max()
-            .double_value(&[]);
+        let diff = got
+            .f_to_kind(Kind::Double)?
+            .f_sub(&want.f_to_kind(Kind::Double)?)?
+            .f_abs()?
+            .f_max()?
+            .f_double_value(&[])?;
         if diff.is_nan() || diff > self.max_abs {
             self.max_abs = diff;
         }
+        Ok(())
     }
 
     fn kv(&mut self, equal: bool) {
@@ -175,8 +178,8 @@ impl Rng {
     }
 }
 
-fn ids(tokens: &[i64]) -> Tensor {
-    Tensor::from_slice(tokens).view([1, -1])
+fn ids(tokens: &[i64]) -> Result<Tensor> {
+    Ok(Tensor::f_from_slice(tokens)?.f_view([1, -1])?)
 }
 
 fn same_kv(a: &KvCache, ra: usize, b: &KvCache, rb: usize, len: i64) -> Result<bool> {
@@ -219,19 +222,19 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
         // Reference: one batch-1 prefill of all n tokens.
         let mut ref_cache = model.new_cache(1, n as i64)?;
         let reference = model
-            .forward(&ids(&seq), &mut ref_cache, &policy, &LogitsAt::All)?
-            .get(0);
+            .forward(&ids(&seq)?, &mut ref_cache, &policy, &LogitsAt::All)?
+            .f_get(0)?;
 
         // A shorter prefill, then decode steps.
         let mut cache = model.new_cache(1, n as i64)?;
-        let out = model.forward(&ids(&seq[..p]), &mut cache, &policy, &LogitsAt::All)?;
+        let out = model.forward(&ids(&seq[..p])?, &mut cache, &policy, &LogitsAt::All)?;
         for j in 0..p {
-            checks[0].logits(&out.get(0).get(j as i64), &reference.get(j as i64));
+            checks[0].logits(&out.f_get(0)?.f_get(j as i64)?, &reference.f_get(j as i64)?)?;
         }
         checks[0].kv(same_kv(&cache, 0, &ref_cache, 0, p as i64)?);
         for j in p..n {
-            let out = model.forward(&ids(&seq[j..j + 1]), &mut cache, &policy, &LogitsAt::All)?;
-            checks[1].logits(&out, &reference.get(j as i64));
+            let out = model.forward(&ids(&seq[j..j + 1])?, &mut cache, &policy, &LogitsAt::All)?;
+            checks[1].logits(&out, &reference.f_get(j as i64)?)?;
         }
         checks[1].kv(same_kv(&cache, 0, &ref_cache, 0, n as i64)?);
 
@@ -243,17 +246,21 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
         cuts.push(n);
         let mut cache = model.new_cache(1, n as i64)?;
         for w in cuts.windows(2) {
-            let out = model.forward(&ids(&seq[w[0]..w[1]]), &mut cache, &policy, &LogitsAt::All)?;
+            let out =
+                model.forward(&ids(&seq[w[0]..w[1]])?, &mut cache, &policy, &LogitsAt::All)?;
             for j in w[0]..w[1] {
-                checks[2].logits(&out.get(0).get((j - w[0]) as i64), &reference.get(j as i64));
+                checks[2].logits(
+                    &out.f_get(0)?.f_get((j - w[0]) as i64)?,
+                    &reference.f_get(j as i64)?,
+                )?;
             }
         }
         checks[2].kv(same_kv(&cache, 0, &ref_cache, 0, n as i64)?);
 
         // Last-position logits only (the path generation uses).
         let mut cache = model.new_cache(1, n as i64)?;
-        let out = model.forward(&ids(&seq), &mut cache, &policy, &LogitsAt::Last)?;
-        checks[3].logits(&out, &reference.get(n as i64 - 1));
+        let out = model.forward(&ids(&seq)?, &mut cache, &policy, &LogitsAt::Last)?;
+        checks[3].logits(&out, &reference.f_get(n as i64 - 1)?)?;
         checks[3].kv(same_kv(&cache, 0, &ref_cache, 0, n as i64)?);
 
         // The probe inside batches of other sequences.
@@ -278,26 +285,47 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
                 flat.extend_from_slice(pr);
                 flat.extend(rng.tokens(t - pr.len(), vocab));
             }
-            let tokens = Tensor::from_slice(&flat).view([bs as i64, t as i64]);
+            let tokens = Tensor::f_from_slice(&flat)?.f_view([bs as i64, t as i64])?;
             let mut cache = model.new_cache(bs, (t + steps) as i64)?;
             let out = model.forward(&tokens, &mut cache, &policy, &LogitsAt::All)?;
             for j in 0..p {
-                check.logits(&out.get(row as i64).get(j as i64), &reference.get(j as i64));
+                check.logits(
+                    &out.f_get(row as i64)?.f_get(j as i64)?,
+                    &reference.f_get(j as i64)?,
+                )?;
             }
             let lens: Vec<i64> = prompts.iter().map(|pr| pr.len() as i64).collect();
             cache.truncate(&lens)?;
             for s in 0..steps {
                 let next: Vec<i64> = decoded.iter().map(|d| d[s]).collect();
                 let out = model.forward(
-                    &Tensor::from_slice(&next).view([bs as i64, 1]),
+                    &Tensor::f_from_slice(&next)?.f_view([bs as i64, 1])?,
                     &mut cache,
                     &policy,
                     &LogitsAt::All,
                 )?;
-                check.logits(&out.get(row as i64), &reference.get((p + s) as i64));
+                check.logits(&out.f_get(row as i64)?, &reference.f_get((p + s) as i64)?)?;
             }
             check.kv(same_kv(&cache, row, &ref_cache, 0, n as i64)?);
         }
     }
     Ok(Report { policy, checks })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logit_comparison_is_bitwise_and_fails_cleanly_on_mismatched_shapes() -> Result<()> {
+        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+        let mut c = Check::new("x");
+        c.logits(&a, &a.copy())?;
+        assert!(c.bitwise && c.max_abs == 0.0 && c.rows == 1);
+        c.logits(&a, &Tensor::from_slice(&[1.0f32, 2.0, 3.5]))?;
+        assert!(!c.bitwise && c.max_abs == 0.5 && c.rows == 2);
+        // Lengths that cannot be compared: an error, not a panic.
+        assert!(c.logits(&a, &Tensor::from_slice(&[1.0f32, 2.0])).is_err());
+        Ok(())
+    }
 }

@@ -365,10 +365,10 @@ pub fn unpermute_qk(w: &Tensor, n_head: usize) -> Result<Tensor> {
     let half = rows / n_head / 2;
     let mut split = vec![n_head, half, 2];
     split.extend_from_slice(&shape[1..]);
-    Ok(w.reshape(&split)
-        .transpose(1, 2)
-        .contiguous()
-        .reshape(&shape))
+    Ok(w.f_reshape(&split)?
+        .f_transpose(1, 2)?
+        .f_contiguous()?
+        .f_reshape(&shape)?)
 }
 
 /// De-quantize every tensor to float32 and name it as in a Hugging Face checkpoint.
@@ -388,7 +388,7 @@ pub fn load_tensors(g: &GgufFile, cfg: &ArchConfig) -> Result<Vec<(String, Tenso
             }
         }
         if gemma && info.name.ends_with("norm.weight") {
-            t -= 1.0;
+            let _ = t.f_sub_scalar_(1.0)?;
         }
         out.push((name, t));
     }

@@ -578,6 +578,6 @@ impl GgufFile {
                 other => other,
             })?;
         }
-        Ok(t.reshape(info.torch_shape()))
+        Ok(t.f_reshape(info.torch_shape())?)
     }
 }

@@ -194,7 +194,7 @@ impl ForwardHook for Patch {
         // New values broadcast over T, selected only where the mask is set.
         let new = self
             .values
-            .get(layer as i64)
+            .f_get(layer as i64)?
             .f_to_kind(h.kind())?
             .f_to_device(dev)?
             .f_view([b, 1, hd])?

@@ -195,7 +195,8 @@ impl Decoder {
         let embed_scale = cfg
             .scale_embeddings
             .then(|| {
-                Tensor::from((cfg.hidden_size as f64).sqrt())
+                Tensor::f_from_slice(&[(cfg.hidden_size as f64).sqrt()])?
+                    .f_view(())?
                     .f_to_kind(kind)?
                     .f_to_device(device)
             })
@@ -308,7 +309,7 @@ impl Decoder {
         // Range check where the ids are (host ids cost no device sync), one readback.
         let range =
             Tensor::f_stack(&[tokens.f_min()?, tokens.f_max()?], 0)?.f_to_device(Device::Cpu)?;
-        let (lo, hi) = (range.int64_value(&[0]), range.int64_value(&[1]));
+        let (lo, hi) = (range.f_int64_value(&[0])?, range.f_int64_value(&[1])?);
         if lo < 0 || hi >= self.cfg.vocab_size as i64 {
             return Err(Error::Spec(format!(
                 "token ids must lie in 0..{} (got {lo}..={hi})",

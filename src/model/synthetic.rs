@@ -62,7 +62,7 @@ pub fn config(name: &str) -> Result<ArchConfig> {
 
 /// Seeded random checkpoint tensors, under Hugging Face names, for `cfg` (LLaMA/Qwen2/Qwen3
 /// layouts: plain RMSNorm weights, optional q/k/v biases and q/k norms).
-pub fn random_weights(cfg: &ArchConfig, kind: Kind, device: Device, seed: i64) -> Weights {
+pub fn random_weights(cfg: &ArchConfig, kind: Kind, device: Device, seed: i64) -> Result<Weights> {
     let _guard = tch::no_grad_guard();
     tch::manual_seed(seed);
     let Dims {
@@ -74,50 +74,57 @@ pub fn random_weights(cfg: &ArchConfig, kind: Kind, device: Device, seed: i64) -
         head_dim: d,
     } = cfg.dims();
     let std = 0.02;
-    let normal = |shape: &[i64]| (Tensor::randn(shape, (Kind::Float, device)) * std).to_kind(kind);
-    let norm_w = |n: i64| {
+    let normal = |shape: &[i64]| -> Result<Tensor> {
+        Ok(Tensor::f_randn(shape, (Kind::Float, device))?
+            .f_mul_scalar(std)?
+            .f_to_kind(kind)?)
+    };
+    let norm_w = |n: i64| -> Result<Tensor> {
         let base = if cfg.norm_weight_offset { 0.0 } else { 1.0 };
-        (Tensor::randn([n], (Kind::Float, device)) * std + base).to_kind(kind)
+        Ok(Tensor::f_randn([n], (Kind::Float, device))?
+            .f_mul_scalar(std)?
+            .f_add_scalar(base)?
+            .f_to_kind(kind)?)
     };
     let mut named: Vec<(String, Tensor)> = vec![
-        ("model.embed_tokens.weight".into(), normal(&[v, h])),
-        ("model.norm.weight".into(), norm_w(h)),
+        ("model.embed_tokens.weight".into(), normal(&[v, h])?),
+        ("model.norm.weight".into(), norm_w(h)?),
     ];
     if !cfg.tie_word_embeddings {
-        named.push(("lm_head.weight".into(), normal(&[v, h])));
+        named.push(("lm_head.weight".into(), normal(&[v, h])?));
     }
     for i in 0..cfg.num_layers() {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
-        named.push((format!("{a}.q_proj.weight"), normal(&[hq * d, h])));
-        named.push((format!("{a}.k_proj.weight"), normal(&[hkv * d, h])));
-        named.push((format!("{a}.v_proj.weight"), normal(&[hkv * d, h])));
-        named.push((format!("{a}.o_proj.weight"), normal(&[h, hq * d])));
+        named.push((format!("{a}.q_proj.weight"), normal(&[hq * d, h])?));
+        named.push((format!("{a}.k_proj.weight"), normal(&[hkv * d, h])?));
+        named.push((format!("{a}.v_proj.weight"), normal(&[hkv * d, h])?));
+        named.push((format!("{a}.o_proj.weight"), normal(&[h, hq * d])?));
         if cfg.attention_bias {
-            named.push((format!("{a}.q_proj.bias"), normal(&[hq * d])));
-            named.push((format!("{a}.k_proj.bias"), normal(&[hkv * d])));
-            named.push((format!("{a}.v_proj.bias"), normal(&[hkv * d])));
+            named.push((format!("{a}.q_proj.bias"), normal(&[hq * d])?));
+            named.push((format!("{a}.k_proj.bias"), normal(&[hkv * d])?));
+            named.push((format!("{a}.v_proj.bias"), normal(&[hkv * d])?));
         }
         if cfg.qk_norm {
-            named.push((format!("{a}.q_norm.weight"), norm_w(d)));
-            named.push((format!("{a}.k_norm.weight"), norm_w(d)));
+            named.push((format!("{a}.q_norm.weight"), norm_w(d)?));
+            named.push((format!("{a}.k_norm.weight"), norm_w(d)?));
         }
-        named.push((format!("{p}.mlp.gate_proj.weight"), normal(&[inter, h])));
-        named.push((format!("{p}.mlp.up_proj.weight"), normal(&[inter, h])));
-        named.push((format!("{p}.mlp.down_proj.weight"), normal(&[h, inter])));
-        named.push((format!("{p}.input_layernorm.weight"), norm_w(h)));
-        named.push((format!("{p}.post_attention_layernorm.weight"), norm_w(h)));
+        named.push((format!("{p}.mlp.gate_proj.weight"), normal(&[inter, h])?));
+        named.push((format!("{p}.mlp.up_proj.weight"), normal(&[inter, h])?));
+        named.push((format!("{p}.mlp.down_proj.weight"), normal(&[h, inter])?));
+        named.push((format!("{p}.input_layernorm.weight"), norm_w(h)?));
+        named.push((format!("{p}.post_attention_layernorm.weight"), norm_w(h)?));
         if cfg.sandwich_norms {
-            named.push((format!("{p}.pre_feedforward_layernorm.weight"), norm_w(h)));
-            named.push((format!("{p}.post_feedforward_layernorm.weight"), norm_w(h)));
+            named.push((format!("{p}.pre_feedforward_layernorm.weight"), norm_w(h)?));
+            named.push((format!("{p}.post_feedforward_layernorm.weight"), norm_w(h)?));
         }
     }
-    Weights::from_named(named, kind, device)
+    Ok(Weights::from_named(named, kind, device))
 }
 
 /// A decoder with the shape of `name` and seeded random weights.
 pub fn decoder(name: &str, kind: Kind, device: Device, seed: i64) -> Result<Decoder> {
     let cfg = config(name)?;
-    let w = random_weights(&cfg, kind, device, seed);
+    let w = random_weights(&cfg, kind, device, seed)?;
     Decoder::from_weights(cfg, w)
 }

@@ -248,10 +248,10 @@ fn teacher_forced(
     tokens: &[i64],
     policy: &ExecPolicy,
 ) -> Result<Tensor> {
-    let ids = Tensor::from_slice(tokens).view([1, -1]);
+    let ids = Tensor::f_from_slice(tokens)?.f_view([1, -1])?;
     let logits = model.forward(&ids, cache, policy, &LogitsAt::All)?;
     Ok(logits
-        .select(0, 0)
+        .f_select(0, 0)?
         .f_to_kind(Kind::Double)?
         .f_log_softmax(-1, Kind::Double)?
         .f_to_device(tch::Device::Cpu)?)
@@ -348,14 +348,15 @@ pub fn perplexity_window(
     let pre = prefill_and_score(model, ctx, &o.policy, &o.importance)?;
     let mut base_cache = KvCache::gather(&[(&pre.cache, pre.cache.snapshot(0))], fed.len() as i64)?;
     let base = teacher_forced(model, &mut base_cache, fed, &o.policy)?;
-    let idx = Tensor::from_slice(target).view([-1, 1]);
-    let nll_of = |lp: &Tensor| -> f64 {
-        -lp.gather(1, &idx, false)
-            .sum(Kind::Double)
-            .double_value(&[])
+    let idx = Tensor::f_from_slice(target)?.f_view([-1, 1])?;
+    let nll_of = |lp: &Tensor| -> Result<f64> {
+        Ok(-lp
+            .f_gather(1, &idx, false)?
+            .f_sum(Kind::Double)?
+            .f_double_value(&[])?)
     };
-    let nll_base = nll_of(&base);
-    let base_top = base.argmax(-1, false);
+    let nll_base = nll_of(&base)?;
+    let base_top = base.f_argmax(-1, false)?;
     for v in &o.variants {
         let t0 = Instant::now();
         let plan = plan_of(&pre, v, o.protect)?;
@@ -397,18 +398,20 @@ pub fn perplexity_window(
         let c = compress_plan(&pre, v, plan.clone(), t0)?;
         let mut cache = receive(model, &c.frame, fed.len() as i64)?;
         let lp = teacher_forced(model, &mut cache, fed, &o.policy)?;
-        let kl = (base.exp() * (&base - &lp))
-            .sum_dim_intlist([1i64].as_slice(), false, Kind::Double)
-            .mean(Kind::Double)
-            .double_value(&[]);
+        let kl = base
+            .f_exp()?
+            .f_mul(&base.f_sub(&lp)?)?
+            .f_sum_dim_intlist([1i64].as_slice(), false, Kind::Double)?
+            .f_mean(Kind::Double)?
+            .f_double_value(&[])?;
         let agree = lp
-            .argmax(-1, false)
-            .eq_tensor(&base_top)
-            .to_kind(Kind::Double)
-            .mean(Kind::Double)
-            .double_value(&[]);
+            .f_argmax(-1, false)?
+            .f_eq_tensor(&base_top)?
+            .f_to_kind(Kind::Double)?
+            .f_mean(Kind::Double)?
+            .f_double_value(&[])?;
         measured.insert(key, rows.len());
-        rows.push(row(nll_of(&lp), kl, agree, c.frame.len(), None));
+        rows.push(row(nll_of(&lp)?, kl, agree, c.frame.len(), None));
     }
     Ok(rows)
 }
@@ -656,12 +659,15 @@ pub fn niah(
     let mut next = last[0];
     for _ in 0..max_new_tokens {
         let logits = d.forward(
-            &Tensor::from_slice(&[next]).view([1, 1]),
+            &Tensor::f_from_slice(&[next])?.f_view([1, 1])?,
             &mut dense,
             policy,
             &LogitsAt::Last,
         )?;
-        next = logits.view([-1]).argmax(0, false).int64_value(&[]);
+        next = logits
+            .f_view([-1])?
+            .f_argmax(0, false)?
+            .f_int64_value(&[])?;
         if model.stop_tokens.contains(&next) {
             break;
         }

@@ -82,7 +82,7 @@ pub fn prefill_traced(
             "prefill needs an empty one-row cache and at least one token".into(),
         ));
     }
-    let ids = Tensor::from_slice(tokens).view([1, -1]);
+    let ids = Tensor::f_from_slice(tokens)?.f_view([1, -1])?;
     let mut trace = Trace::default();
     let logits = model.forward_with(
         &ids,
@@ -112,30 +112,35 @@ pub fn score(
         )));
     }
     let w = spec.window.min(n);
-    let ids = Tensor::from_slice(tokens).view([1, -1]);
+    let ids = Tensor::f_from_slice(tokens)?.f_view([1, -1])?;
     let queries = model.trace_queries(&ids, 0, trace, w, policy)?;
     let cfg = model.config();
     let device = model.device();
-    let keys = Tensor::arange(n, (Kind::Int64, device)).view([1, n]);
-    let qpos = (Tensor::arange(w, (Kind::Int64, device)) + (n - w)).view([w, 1]);
+    let keys = Tensor::f_arange(n, (Kind::Int64, device))?.f_view([1, n])?;
+    let qpos = Tensor::f_arange(w, (Kind::Int64, device))?
+        .f_add_scalar(n - w)?
+        .f_view([w, 1])?;
     let mut per_layer = Vec::with_capacity(queries.len());
     for (layer, q) in queries.iter().enumerate() {
         let (k, _) = cache.layer_kv(layer, n)?;
-        let k = k.select(0, 0).f_to_kind(Kind::Float)?;
+        let k = k.f_select(0, 0)?.f_to_kind(Kind::Float)?;
         let hkv = k.size()[0];
         let group = q.size()[1] / hkv;
         let d = q.size()[3];
         let qg = q
-            .select(0, 0)
+            .f_select(0, 0)?
             .f_to_kind(Kind::Float)?
             .f_reshape([hkv, group * w, d])?;
-        let mut s = qg.f_matmul(&k.f_transpose(1, 2)?)? * cfg.softmax_scale;
+        let mut s = qg
+            .f_matmul(&k.f_transpose(1, 2)?)?
+            .f_mul_scalar(cfg.softmax_scale)?;
         if let Some(cap) = cfg.attn_logit_softcapping {
-            s = (s / cap).f_tanh()? * cap;
+            s = s.f_div_scalar(cap)?.f_tanh()?.f_mul_scalar(cap)?;
         }
         let mut allowed = keys.f_le_tensor(&qpos)?;
         if let LayerKind::Sliding { window } = cfg.layer_types[layer] {
-            allowed = allowed.f_logical_and(&keys.f_gt_tensor(&(&qpos - window as i64))?)?;
+            allowed =
+                allowed.f_logical_and(&keys.f_gt_tensor(&qpos.f_sub_scalar(window as i64)?)?)?;
         }
         let s = s
             .f_view([hkv, group, w, n])?

@@ -103,7 +103,7 @@ fn to_bytes(t: &Tensor) -> Result<Vec<u8>> {
 }
 
 fn from_bytes(bytes: &[u8], kind: Kind, device: Device) -> Result<Tensor> {
-    let t = Tensor::from_slice(bytes);
+    let t = Tensor::f_from_slice(bytes)?;
     let t = if kind == Kind::Uint8 {
         t
     } else {
@@ -144,9 +144,13 @@ pub fn encode(x: &Tensor, tier: Tier, q: Quantizer, side: Side) -> Result<Block>
         Quantizer::LabCompat => {
             let qmax = ((1 << (bits - 1)) - 1) as f64;
             let amax = x.f_abs()?.f_amax([0, 2], true)?;
-            let scale = (amax / qmax).f_to_kind(Kind::Half)?;
+            let scale = amax.f_div_scalar(qmax)?.f_to_kind(Kind::Half)?;
             let s = nonzero(&scale.f_to_kind(Kind::Float)?)?;
-            let codes = (&x / &s).f_round()?.f_clamp(-qmax, qmax)? + (qmax + 1.0);
+            let codes = x
+                .f_div(&s)?
+                .f_round()?
+                .f_clamp(-qmax, qmax)?
+                .f_add_scalar(qmax + 1.0)?;
             (codes, scale, None)
         }
     };
@@ -154,13 +158,15 @@ pub fn encode(x: &Tensor, tier: Tier, q: Quantizer, side: Side) -> Result<Block>
         return Err(Error::Spectrum(format!(
             "a {} scale overflows fp16 (|x| up to {:.3e})",
             tier.name(),
-            x.f_abs()?.f_max()?.double_value(&[])
+            x.f_abs()?.f_max()?.f_double_value(&[])?
         )));
     }
     let codes = codes.f_to_kind(Kind::Int64)?;
     let packed = if tier == Tier::Int4 {
         let pairs = codes.f_reshape([-1, 2])?;
-        pairs.select(1, 0) + pairs.select(1, 1) * 16
+        pairs
+            .f_select(1, 0)?
+            .f_add(&pairs.f_select(1, 1)?.f_mul_scalar(16)?)?
     } else {
         codes.f_reshape([-1])?
     };
@@ -188,11 +194,13 @@ fn asymmetric(x: &Tensor, bits: i64) -> Result<(Tensor, Tensor, Tensor)> {
     let qmax = ((1 << bits) - 1) as f64;
     let lo = grouped.f_amin([2], false)?;
     let hi = grouped.f_amax([2], false)?;
-    let scale = ((&hi - &lo) / qmax).f_to_kind(Kind::Half)?;
+    let scale = hi.f_sub(&lo)?.f_div_scalar(qmax)?.f_to_kind(Kind::Half)?;
     let zero = lo.f_to_kind(Kind::Half)?;
     let s = scale.f_to_kind(Kind::Float)?;
     let z = zero.f_to_kind(Kind::Float)?.f_unsqueeze(2)?;
-    let codes = ((&grouped - &z) / nonzero(&s)?.f_unsqueeze(2)?)
+    let codes = grouped
+        .f_sub(&z)?
+        .f_div(&nonzero(&s)?.f_unsqueeze(2)?)?
         .f_round()?
         .f_clamp(0.0, qmax)?
         .f_where_scalarother(&s.f_gt(0.0)?.f_unsqueeze(2)?, 0.0)?;
@@ -266,14 +274,18 @@ pub fn decode(
             let ng = (n + GROUP - 1) / GROUP;
             let grouped =
                 pad_groups(&codes.f_reshape([a, n, b])?, ng)?.f_view([a, ng, GROUP, b])?;
-            let x = grouped * scales.f_view([a, ng, 1, b])? + zeros.f_view([a, ng, 1, b])?;
+            let x = grouped
+                .f_mul(&scales.f_view([a, ng, 1, b])?)?
+                .f_add(&zeros.f_view([a, ng, 1, b])?)?;
             x.f_view([a, ng * GROUP, b])?
                 .f_narrow(1, 0, n)?
                 .f_reshape([h, m, d])?
         }
         Quantizer::LabCompat => {
             let offset = (1i64 << (tier.bits() - 1)) as f64;
-            (codes - offset) * scales.f_view([1, m, 1])?
+            codes
+                .f_sub_scalar(offset)?
+                .f_mul(&scales.f_view([1, m, 1])?)?
         }
     };
     Ok(x.f_to_kind(out)?)

@@ -105,12 +105,12 @@ impl TieredKv {
         let index = Tier::STORED.map(|t| plan.positions(t));
         let idx: Vec<Tensor> = index
             .iter()
-            .map(|p| Tensor::from_slice(p).to_device(cache.device()))
-            .collect();
+            .map(|p| Ok(Tensor::f_from_slice(p)?.f_to_device(cache.device())?))
+            .collect::<Result<_>>()?;
         let mut layers = Vec::with_capacity(shape.layers);
         for layer in 0..shape.layers {
             let (k, v) = cache.layer_kv(layer, len)?;
-            let (k, v) = (k.select(0, row as i64), v.select(0, row as i64));
+            let (k, v) = (k.f_select(0, row as i64)?, v.f_select(0, row as i64)?);
             let mut blocks: [TierBlocks; 3] = Default::default();
             for (i, tier) in Tier::STORED.into_iter().enumerate() {
                 if index[i].is_empty() {
@@ -169,7 +169,7 @@ impl TieredKv {
             let shape = self.block_shape(i);
             let b = &self.layers[layer][i];
             let src16 = self.wire16;
-            let idx = Tensor::from_slice(&self.index[i]).to_device(device);
+            let idx = Tensor::f_from_slice(&self.index[i])?.f_to_device(device)?;
             let kq = quant::decode(
                 &b.k,
                 tier,
@@ -235,8 +235,8 @@ impl TieredKv {
             let (k, v) = self.layer_dense(layer, kind, device)?;
             let _ = cache.write(
                 layer,
-                &k.unsqueeze(0),
-                &v.unsqueeze(0),
+                &k.f_unsqueeze(0)?,
+                &v.f_unsqueeze(0)?,
                 KvWrite::At(0),
                 &none,
                 self.len,

@@ -50,9 +50,12 @@ pub fn decode_greedy(
     let mut first = Duration::ZERO;
     for i in 0..steps {
         let t1 = Instant::now();
-        let ids = Tensor::from_slice(&[next]).view([1, 1]);
+        let ids = Tensor::f_from_slice(&[next])?.f_view([1, 1])?;
         let logits = model.forward(&ids, &mut cache, policy, &LogitsAt::Last)?;
-        next = logits.view([-1]).argmax(0, false).int64_value(&[]);
+        next = logits
+            .f_view([-1])?
+            .f_argmax(0, false)?
+            .f_int64_value(&[])?;
         if i == 0 {
             first = t1.elapsed();
         }
