@@ -4,9 +4,9 @@
 //! tables load in polars and pandas.
 mod common;
 
+use kvcredit::credit::CampaignSpec;
 use kvcredit::credit::rollout::{self, RolloutParams};
 use kvcredit::credit::spec::PivotSpec;
-use kvcredit::credit::{CampaignSpec, RunOptions, run_campaign};
 use kvcredit::decode::engine::{self, Decoding, Job, Start};
 use kvcredit::io::parquet::read_batches;
 use kvcredit::io::schema;
@@ -90,20 +90,8 @@ fn write_spec(dir: &Path, text: &str) -> PathBuf {
 
 /// Write `text` as the spec in `dir` and run it to the end into `dir/out`.
 fn run_spec(dir: &Path, text: &str, out: &str) -> (PathBuf, schema::Manifest) {
-    let (spec, sha) = CampaignSpec::load(&write_spec(dir, text)).unwrap();
     let out = dir.join(out);
-    let m = run_campaign(
-        &spec,
-        &sha,
-        &model(),
-        &RunOptions {
-            out_dir: out.clone(),
-            quiet: true,
-            shard: None,
-            exec: None,
-        },
-    )
-    .unwrap();
+    let m = common::run_campaign_file(&write_spec(dir, text), &model(), &out);
     (out, m)
 }
 

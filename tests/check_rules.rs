@@ -8,7 +8,6 @@ mod common;
 
 use arrow_array::{Array, BooleanArray, RecordBatch, StringArray, UInt32Array};
 use kvcredit::check::{CheckReport, Rule, check_run};
-use kvcredit::credit::{CampaignSpec, RunOptions, run_campaign};
 use kvcredit::io::parquet::{read_batches, write_batches};
 use kvcredit::runtime::{self, Dtype, ModelSource};
 use std::cell::Cell;
@@ -61,22 +60,10 @@ fn clean_run() -> &'static Path {
         let dir = common::scratch("check-rules", "clean");
         let spec_path = dir.join("spec.toml");
         std::fs::write(&spec_path, SPEC).unwrap();
-        let (spec, sha) = CampaignSpec::load(&spec_path).unwrap();
         let src = ModelSource::resolve(MODEL).expect("model pulled (make models)");
         let model = runtime::load(&src, Dtype::Fp32, tch::Device::Cpu).expect("model loads");
         let out = dir.join("run");
-        run_campaign(
-            &spec,
-            &sha,
-            &model,
-            &RunOptions {
-                out_dir: out.clone(),
-                quiet: true,
-                shard: None,
-                exec: None,
-            },
-        )
-        .unwrap();
+        common::run_campaign_file(&spec_path, &model, &out);
         out
     })
 }

@@ -63,7 +63,11 @@ pub struct UnfinishedRun {
 /// Read a run dir's manifest, estimates and output counts ([`read::read_output_counts`]).
 /// The estimates must carry exactly one `config` label (one run dir is one configuration).
 pub fn load_run(dir: &Path) -> Result<RunData> {
-    let manifest = read::read_manifest(dir)?;
+    load_finished(dir, read::read_manifest(dir)?)
+}
+
+/// [`load_run`] with the manifest already read.
+fn load_finished(dir: &Path, manifest: Manifest) -> Result<RunData> {
     let estimates = read::read_estimates(dir)?;
     let outputs = read::read_output_counts(dir)?;
     run_data(dir, manifest, estimates, outputs, None)
@@ -143,7 +147,7 @@ pub fn load_runs(dirs: &[PathBuf], partial: bool) -> Result<(Vec<RunData>, Vec<U
     for dir in dirs {
         let manifest = read::read_manifest(dir)?;
         if manifest.finished_at.is_some() || dir.join(read::ESTIMATES).exists() {
-            runs.push(load_run(dir)?);
+            runs.push(load_finished(dir, manifest)?);
             continue;
         }
         let read_partial = partial && manifest.problems_done > 0;

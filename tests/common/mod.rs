@@ -192,3 +192,25 @@ replica_batch_size = 3
 "#
     )
 }
+
+/// Load the campaign spec at `spec_path` and run it to the end into `out` on `model`, progress
+/// hidden; returns the final manifest.
+pub fn run_campaign_file(
+    spec_path: &Path,
+    model: &kvcredit::runtime::LoadedModel,
+    out: &Path,
+) -> kvcredit::io::schema::Manifest {
+    let (spec, sha) = kvcredit::credit::CampaignSpec::load(spec_path).unwrap();
+    kvcredit::credit::run_campaign(
+        &spec,
+        &sha,
+        model,
+        &kvcredit::credit::RunOptions {
+            out_dir: out.to_path_buf(),
+            quiet: true,
+            shard: None,
+            exec: None,
+        },
+    )
+    .unwrap()
+}
