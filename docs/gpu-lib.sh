@@ -46,3 +46,30 @@ pack() {
   split -b 15M -d -a 1 /tmp/pack/results.tgz $OUT/results.tgz.part
   ls -la $OUT
 }
+
+# The `setup` call (from docs/gpu-run10.sh on): unpack the binary to $B, copy the tree to $P
+# (without gpu/), copy the run dirs given as arguments into $R/repro, record the machine, join
+# what arrived and start the driver.
+setup_session() {
+  mkdir -p /tmp/bin /tmp/m $R/repro $KVCREDIT_HOME/models
+  cp gpu/bin/* /tmp/bin/ && cp gpu/ship/* /tmp/m/ 2>/dev/null
+  gunzip -c /tmp/bin/kvcredit.gz > $B && chmod +x $B
+  rm -rf $P && mkdir -p $P && tar cf - --exclude=./gpu . | tar xf - -C $P
+  [ $# -gt 0 ] && cp -a "$@" $R/repro/
+  { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $B --version; } > $R/env.txt 2>&1
+  join_models
+  ensure_driver
+  sleep 2; cat $R/env.txt; ls $R/repro
+}
+
+# A `poll` call: wait SECS seconds or until the file $R/DONE exists, then show the steps, GPU
+# use and each run dir's shard count, and pack $R into $OUT.
+poll_session() {
+  local secs=$1 done=$2
+  ensure_driver
+  local end=$(( $(date +%s) + secs ))
+  while [ $(date +%s) -lt $end ] && [ ! -e $R/$done ]; do sleep 10; done
+  cat $R/steps.txt; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+  for d in $R/repro/repro-*; do echo "$(basename $d): $(ls $d/shards 2>/dev/null | wc -l) shard dirs"; done
+  pack
+}

@@ -6,7 +6,9 @@
 #   bash experiments/repro-run.sh KVCREDIT_BINARY ROOT
 #
 # Resumable: rerunning it resumes every run dir where it stopped (`campaign run` continues an
-# existing run dir of the same spec; finished ones are not rerun), then re-analyzes.
+# existing run dir of the same spec; finished ones are left as they are), then re-analyzes.
+# A campaign that fails does not stop the others; the report covers every run dir written
+# (unfinished ones listed apart) and the script exits non-zero.
 #
 # Environment:
 #   REPRO_SPECS      space-separated spec paths (default: experiments/repro-*.toml next to this
@@ -70,7 +72,10 @@ run_one() {
 export -f run_one
 export BIN ROOT REPRO_DEVICE
 
-printf '%s\0' "${SPECS[@]}" | xargs -0 -n 1 -P "$PARALLEL" bash -c 'run_one "$1"' _
+# A campaign that fails (e.g. fp16 overflow) does not stop the others, nor the report of
+# those that ran; the script then exits non-zero.
+status=0
+printf '%s\0' "${SPECS[@]}" | xargs -0 -n 1 -P "$PARALLEL" bash -c 'run_one "$1"' _ || status=$?
 
 ANALYZE=(analyze --out "$ROOT/report")
 if [ -n "${REPRO_USD_PER_GPU_HOUR:-}" ]; then
@@ -79,9 +84,21 @@ fi
 if [ -n "${REPRO_REPS:-}" ]; then
     ANALYZE+=(--reps "$REPRO_REPS")
 fi
+# Every run dir that exists (a campaign refused before its first write leaves none); analyze
+# lists the unfinished ones apart.
 DIRS=()
 for n in "${NAMES[@]}"; do
-    DIRS+=("$ROOT/$n")
+    if [ -e "$ROOT/$n/manifest.json" ]; then
+        DIRS+=("$ROOT/$n")
+    fi
 done
-"$BIN" "${ANALYZE[@]}" "${DIRS[@]}"
+if [ ${#DIRS[@]} -eq 0 ]; then
+    echo "$0: no campaign wrote a run dir; see $ROOT/logs" >&2
+    exit 1
+fi
+"$BIN" "${ANALYZE[@]}" "${DIRS[@]}" || status=$?
+if [ "$status" -ne 0 ]; then
+    echo "$0: not every campaign finished (exit $status); see $ROOT/logs and $ROOT/report/report.md" >&2
+    exit "$status"
+fi
 echo "report: $ROOT/report/report.md"

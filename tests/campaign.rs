@@ -384,8 +384,8 @@ fn analyze_unfinished(dir: &Path, reference: &Path, killed: &Path) {
 
 /// Problems 0-1 and 2 in two pools (3 problems, `pool_problems = 2`): a SIGKILL after the first
 /// pool's shards landed resumes to Parquet byte-identical to an uninterrupted run; so does a
-/// rerun with one shard of a finished pool deleted, which reruns the pool and writes only that
-/// shard.
+/// run stopped between two shard commits of one pool (one shard of the pool and the tables
+/// missing, not finished), which reruns the pool and writes only that shard.
 #[test]
 fn sigkilled_pooled_campaign_resumes_to_identical_parquet() {
     let text = small_spec_text("poolkill", 3, true);
@@ -394,6 +394,14 @@ fn sigkilled_pooled_campaign_resumes_to_identical_parquet() {
     let kept = interrupted.join("shards/problem-00000/shard.json");
     let before = std::fs::read(&kept).unwrap();
     std::fs::remove_dir_all(interrupted.join("shards/problem-00001")).unwrap();
+    for table in ["rollouts", "pivots", "continuations", "estimates"] {
+        std::fs::remove_file(interrupted.join(format!("{table}.parquet"))).unwrap();
+    }
+    let path = interrupted.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    m["finished_at"] = serde_json::Value::Null;
+    std::fs::write(&path, serde_json::to_string_pretty(&m).unwrap()).unwrap();
     let again = Command::new(bin)
         .args(["campaign", "run"])
         .arg(dir.join("spec.toml"))
@@ -719,4 +727,64 @@ fn truncated_setting_regrades_only_length_stopped_outputs() {
     let at_t = strings(&last, "pivots", "margin_at_temperature");
     assert!(!at_t.is_empty() && at_t.iter().all(Option::is_some));
     assert_ne!(margins, at_t);
+}
+
+/// A finished run is final: `run_campaign` returns it as it is, even with its shards deleted
+/// (nothing is recomputed or written). Negative control: the same folder with `finished_at`
+/// cleared is resumed, its shards recomputed, to byte-identical tables.
+#[test]
+fn a_finished_run_is_left_as_it_is() {
+    let dir = common::scratch("campaign", "finished");
+    let spec_path = dir.join("spec.toml");
+    std::fs::write(&spec_path, common::tiny_campaign_spec("finished", 2)).unwrap();
+    let (spec, sha) = CampaignSpec::load(&spec_path).unwrap();
+    let model = model();
+    let out = dir.join("run");
+    common::run_campaign_file(&spec_path, &model, &out);
+    let read = |f: &str| std::fs::read(out.join(f)).unwrap();
+    let tables: Vec<Vec<u8>> = schema::TABLES
+        .iter()
+        .map(|t| read(&format!("{t}.parquet")))
+        .collect();
+    let manifest = read("manifest.json");
+    std::fs::remove_dir_all(out.join("shards")).unwrap();
+
+    assert!(
+        kvcredit::credit::finished_run(&spec, &sha, &out, None)
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        kvcredit::credit::finished_run(&spec, &"0".repeat(64), &out, None)
+            .unwrap()
+            .is_none(),
+        "another spec's run is not this one"
+    );
+    let m = common::run_campaign_file(&spec_path, &model, &out);
+    assert!(m.resumed_at.is_empty(), "{:?}", m.resumed_at);
+    assert_eq!(read("manifest.json"), manifest, "manifest rewritten");
+    assert!(!out.join("shards").exists(), "shards recomputed");
+
+    let mut v: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    v["finished_at"] = serde_json::Value::Null;
+    std::fs::write(
+        out.join("manifest.json"),
+        serde_json::to_string_pretty(&v).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        kvcredit::credit::finished_run(&spec, &sha, &out, None)
+            .unwrap()
+            .is_none()
+    );
+    let m = common::run_campaign_file(&spec_path, &model, &out);
+    assert_eq!(m.resumed_at.len(), 1);
+    assert!(out.join("shards/problem-00001").exists(), "not resumed");
+    for (t, before) in schema::TABLES.iter().zip(&tables) {
+        assert!(
+            &read(&format!("{t}.parquet")) == before,
+            "{t}.parquet differs"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

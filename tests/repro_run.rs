@@ -1,6 +1,6 @@
 //! `experiments/repro-run.sh` end to end on CPU: two tiny campaigns on SmolLM2-135M (one
 //! stock, one batch-invariant) run in parallel into ROOT/<config>, then one report names both;
-//! a rerun resumes the finished run dirs without changing them, and bad input stops the script
+//! a rerun leaves the finished run dirs as they are (shards deleted or not), and bad input stops the script
 //! before any campaign runs.
 mod common;
 
@@ -77,25 +77,25 @@ fn repro_run_script_runs_two_tiny_campaigns_into_one_report_and_resumes() {
         "{twins}"
     );
 
-    // Rerun: every run dir resumes (recorded in its manifest), nothing in it changes.
-    let est = |n: &str| std::fs::read(root.join(n).join("estimates.parquet")).unwrap();
-    let before = (est("tiny-stock"), est("tiny-bi"));
+    // Rerun: every run dir is finished, so nothing in it changes, even with its shards
+    // deleted (the committed repro dirs keep only the tables of finished runs).
+    let file = |n: &str, f: &str| std::fs::read(root.join(n).join(f)).unwrap();
+    let before: Vec<_> = ["tiny-stock", "tiny-bi"]
+        .iter()
+        .map(|n| (file(n, "estimates.parquet"), file(n, "manifest.json")))
+        .collect();
+    std::fs::remove_dir_all(root.join("tiny-stock/shards")).unwrap();
     let (code, log) = script(&root, &env);
     assert_eq!(code, 0, "{log}");
-    assert_eq!(
-        before,
-        (est("tiny-stock"), est("tiny-bi")),
-        "rerun changed results"
-    );
+    let after: Vec<_> = ["tiny-stock", "tiny-bi"]
+        .iter()
+        .map(|n| (file(n, "estimates.parquet"), file(n, "manifest.json")))
+        .collect();
+    assert!(before == after, "rerun changed a finished run dir");
+    assert!(!root.join("tiny-stock/shards").exists(), "shards rerun");
     for n in ["tiny-stock", "tiny-bi"] {
-        let m: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(root.join(n).join("manifest.json")).unwrap())
-                .unwrap();
-        assert_eq!(
-            m["resumed_at"].as_array().map(Vec::len),
-            Some(1),
-            "{n}: {m}"
-        );
+        let l = std::fs::read_to_string(root.join("logs").join(format!("{n}.log"))).unwrap();
+        assert!(l.contains("already finished"), "{n}: {l}");
     }
     assert_eq!(
         std::fs::read_to_string(&report).unwrap(),
@@ -135,5 +135,41 @@ fn repro_run_script_refuses_bad_input_before_running_anything() {
     assert_eq!(code, 2, "{log}");
     assert!(log.contains("REPRO_PARALLEL"), "{log}");
     assert!(!root.join("tiny-ok").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_failing_campaign_stops_neither_the_others_nor_the_report() {
+    let dir = common::scratch("repro", "fail");
+    let good = tiny_spec(&dir, "tiny-good", "stock");
+    // Valid as a spec, refused at run time: its rollout needs more positions than SmolLM2 has.
+    let long = dir.join("tiny-long.toml");
+    std::fs::write(
+        &long,
+        std::fs::read_to_string(&good)
+            .unwrap()
+            .replace("name = \"tiny-good\"", "name = \"tiny-long\"")
+            .replace("max_new_tokens = 16", "max_new_tokens = 20000"),
+    )
+    .unwrap();
+    let specs = format!("{} {}", long.display(), good.display());
+    let root = dir.join("out");
+    let env = [
+        ("REPRO_SPECS", specs.as_str()),
+        ("REPRO_PARALLEL", "1"),
+        ("REPRO_REPS", "50"),
+    ];
+    let (code, log) = script(&root, &env);
+    assert_ne!(code, 0, "a failed campaign must fail the script:\n{log}");
+    assert!(log.contains("FAILED tiny-long"), "{log}");
+    assert!(log.contains("not every campaign finished"), "{log}");
+    let report = std::fs::read_to_string(root.join("report/report.md")).expect("report written");
+    assert!(report.contains("| tiny-good |"), "{report}");
+    assert!(
+        !root.join("tiny-long").exists(),
+        "refused before its first write"
+    );
+    let l = std::fs::read_to_string(root.join("logs/tiny-long.log")).unwrap();
+    assert!(l.contains("needs 20120 positions"), "{l}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,7 +3,9 @@
 //! `kvcredit campaign merge DIRS... --out DIR`: the shards' run folders as one.
 use super::run_args::{RunArgs, RunConfig};
 use anyhow::Context;
-use kvcredit::credit::{CampaignSpec, RunOptions, ShardSpec, merge_campaign, run_campaign};
+use kvcredit::credit::{
+    CampaignSpec, RunOptions, ShardSpec, finished_run, merge_campaign, run_campaign,
+};
 use kvcredit::runtime::{self, LoadedModel, ModelSource};
 use std::path::{Path, PathBuf};
 
@@ -71,8 +73,17 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         .transpose()
         .context("--shard")?;
     let SpecRun { spec, sha, cfg } = load_spec(&spec, &run, "campaign run", None)?;
-    let model = load_model(&spec, &cfg, allow_extrapolation)?;
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
+    if let Some(m) = finished_run(&spec, &sha, &out_dir, shard)? {
+        println!(
+            "already finished at {}: {} problems; nothing to run",
+            m.finished_at.as_deref().unwrap_or("?"),
+            m.problems_done
+        );
+        println!("results: {}", out_dir.display());
+        return Ok(());
+    }
+    let model = load_model(&spec, &cfg, allow_extrapolation)?;
     let m = run_campaign(
         &spec,
         &sha,

@@ -73,7 +73,38 @@ fn shard_dir(out: &Path, problem: usize) -> PathBuf {
     out.join("shards").join(format!("problem-{problem:05}"))
 }
 
-/// Run (or resume) a campaign; returns the final manifest.
+/// Whether the run in `out` is finished: its manifest has `finished_at` and its four tables
+/// are there. A finished run is final; its `shards/` may have been deleted.
+fn is_finished(manifest: &Manifest, out: &Path) -> bool {
+    manifest.finished_at.is_some()
+        && TABLES
+            .iter()
+            .all(|t| out.join(format!("{t}.parquet")).exists())
+}
+
+/// The finished run of this spec, shard and `passes.pool_problems` in `out`, if there is one
+/// (see [`run_campaign`], which returns it untouched); `None` for a missing, unfinished or
+/// other run, which [`run_campaign`] resumes or refuses.
+pub fn finished_run(
+    spec: &CampaignSpec,
+    spec_sha256: &str,
+    out: &Path,
+    shard: Option<ShardSpec>,
+) -> Result<Option<Manifest>> {
+    let path = out.join("manifest.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let m: Manifest = read_json(&path)?;
+    let same = m.spec_sha256 == spec_sha256
+        && m.shard == shard
+        && m.pool_problems.unwrap_or(1) == spec.passes.pool_problems;
+    Ok((same && is_finished(&m, out)).then_some(m))
+}
+
+/// Run (or resume) a campaign; returns the final manifest. A finished run in the output
+/// folder is returned as it is, without loading a problem or writing a file, even when its
+/// shards were deleted.
 pub fn run_campaign(
     spec: &CampaignSpec,
     spec_sha256: &str,
@@ -126,6 +157,9 @@ pub fn run_campaign(
             )));
         }
         m.exec.resume_with(&record, &out.display().to_string())?;
+        if is_finished(&m, out) {
+            return Ok(m);
+        }
         m.resumed_at.push(now_rfc3339());
         m.failure = None;
         m

@@ -10,7 +10,7 @@ pub mod records;
 pub mod rollout;
 pub mod spec;
 
-pub use campaign::{Manifest, RunOptions, ShardSpec, merge_campaign, run_campaign};
+pub use campaign::{Manifest, RunOptions, ShardSpec, finished_run, merge_campaign, run_campaign};
 pub use spec::{CampaignSpec, Pass};
 
 use crate::io::hex;
