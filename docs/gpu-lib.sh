@@ -1,7 +1,16 @@
 #!/bin/bash
 # Shared by the H200 session scripts from docs/gpu-run8.sh on (sourced; the earlier gpu-run*.sh
-# are kept as the records of what ran). Expects KVCREDIT_HOME, R (results), P (the private copy
-# of the repo), PIECES (model -> piece count) and SCRIPT (the session script's file name).
+# are kept as the records of what ran). Expects PIECES (model -> piece count) and SCRIPT (the
+# session script's file name); KVCREDIT_HOME, B (the binary), R (results) and P (the private
+# copy of the repo) default below.
+
+# The machine's torch, the session's folders and the binary's path (from docs/gpu-run10.sh on
+# the session scripts leave these to the library; earlier ones set them before sourcing it).
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/opt/torch/.venv/lib/python3.12/site-packages/torch/lib}
+export KVCREDIT_HOME=${KVCREDIT_HOME:-/tmp/kvhome} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+B=${B:-/tmp/kvcredit}
+R=${R:-/tmp/R}
+P=${P:-/tmp/repo}
 
 # Join a model's pieces once all of them have arrived.
 join_models() {
@@ -72,4 +81,11 @@ poll_session() {
   cat $R/steps.txt; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
   for d in $R/repro/repro-*; do echo "$(basename $d): $(ls $d/shards 2>/dev/null | wc -l) shard dirs"; done
   pack
+}
+
+# A `join` call: take the piece this call carried, join what is complete, keep the driver up.
+join_session() {
+  cp gpu/ship/* /tmp/m/ 2>/dev/null
+  join_models
+  ensure_driver; tail -n 3 $R/steps.txt 2>/dev/null
 }

@@ -9,17 +9,14 @@
 #   S  as soon as the 1.5B has arrived: its four specs (the bf16 pair finishes in ~2 pools).
 #   A  after both: experiments/repro-run.sh over all eight (nothing left to run; it writes the
 #      one report, $R/repro/report, and exits 2 for the fp16 pair).
-# Piece calls carry only gpu/ship, with tests/fixtures and docs/runs/h200-2026-12-0{1c,1d,1e,2}
-# moved aside (the machine keeps /tmp/repo from `setup`), so tree + a 50 MiB piece < 64 MiB.
+# The tree is ~69 MB: the `setup` call carries gpu (the binary) with tests/fixtures and
+# docs/runs/h200-2026-12-01{c,d} moved aside (~32 MB); the piece calls carry only gpu/ship,
+# with docs/runs/h200-2026-12-01e and docs/runs/h200-2026-12-02 moved aside too (the machine
+# keeps /tmp/repo from `setup`), so tree + a 50 MiB piece < 64 MiB. Commit nothing while moved.
 # Never signal a campaign from a call: xargs in repro-run.sh exits at once when a child dies
 # of a signal (gpu-run9's lease), leaving its siblings running unreported.
 # Modes: setup | join | poll SECS | drive (the driver itself).
 set -u
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/torch/lib
-export KVCREDIT_HOME=/tmp/kvhome PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
-B=/tmp/kvcredit
-R=/tmp/R
-P=/tmp/repo
 declare -A PIECES=([qwen2.5-coder-0.5b-instruct]=10 [qwen2.5-coder-1.5b-instruct]=22)
 
 SCRIPT=gpu-run10.sh
@@ -47,9 +44,7 @@ setup)
   setup_session docs/runs/h200-2026-12-02/repro/repro-* docs/runs/h200-2026-12-01e/repro/repro-*
   ;;
 join)
-  cp gpu/ship/* /tmp/m/ 2>/dev/null
-  join_models
-  ensure_driver; tail -n 3 $R/steps.txt 2>/dev/null
+  join_session
   ;;
 drive)
   lane_t > $R/lane-t.log 2>&1 &
