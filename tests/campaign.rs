@@ -506,8 +506,17 @@ fn sigkill_and_resume(name: &str, text: &str, engine_check: bool) -> (PathBuf, P
     if !engine_check {
         return (dir, reference, interrupted);
     }
-    // A stock run resumes only under the engine it ran with (their rounding differs).
-    let other = command(&interrupted)
+    // A stock run resumes only under the engine it ran with (their rounding differs); checked
+    // on a copy of the killed run (a finished one is final, under any engine).
+    let unfinished = dir.join("killed-engine");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(dir.join("killed"))
+        .arg(&unfinished)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let other = command(&unfinished)
         .env("KVCREDIT_ENGINE", "static")
         .output()
         .expect("binary runs");
