@@ -102,9 +102,9 @@ pub fn finished_run(
     Ok((same && is_finished(&m, out)).then_some(m))
 }
 
-/// Run (or resume) a campaign; returns the final manifest. A finished run in the output
-/// folder is returned as it is, without loading a problem or writing a file, even when its
-/// shards were deleted.
+/// Run (or resume) a campaign; returns the final manifest. A finished run of this spec in
+/// the output folder is returned as it is once the spec's checks pass, without running or
+/// writing anything, even when its shards were deleted.
 pub fn run_campaign(
     spec: &CampaignSpec,
     spec_sha256: &str,
