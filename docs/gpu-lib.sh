@@ -6,7 +6,9 @@
 
 # The machine's torch, the session's folders and the binary's path (from docs/gpu-run10.sh on
 # the session scripts leave these to the library; earlier ones set them before sourcing it).
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/opt/torch/.venv/lib/python3.12/site-packages/torch/lib}
+TORCH_LIB=${TORCH_LIB:-/opt/torch/.venv/lib/python3.12/site-packages/torch/lib}
+# Prepended: the machine may set LD_LIBRARY_PATH itself (the driver's libraries), without torch's.
+export LD_LIBRARY_PATH=$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export KVCREDIT_HOME=${KVCREDIT_HOME:-/tmp/kvhome} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 B=${B:-/tmp/kvcredit}
 R=${R:-/tmp/R}

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Plan for the next H200 session (not yet run): finish the seed-table reproduction (#16). The
+# Ran 2026-12-02 (results and what happened: docs/runs/h200-2026-12-02b/README.md; the run dirs
+# it names have moved there since, finished). It finished the seed-table reproduction (#16). The
 # run dirs travel with the tree in the `setup` call and resume there: the twins (56/80, 40/80)
 # and the 1.5B bf16 pair (64/80 each) from docs/runs/h200-2026-12-02/repro, the finished stock
 # 0.5B pair from docs/runs/h200-2026-12-01e/repro (`campaign run` leaves a finished run dir as
