@@ -312,6 +312,127 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
     }
 }
 
+/// `run_queue` under the batch-invariant policy, eager and static, on 2 rows over 6 jobs:
+/// every job's outcome is bitwise that of the job run alone, though rows were reloaded with
+/// shorter snapshots than the jobs before them (stale K/V beyond a row's length would change
+/// the tokens), one reloaded row was verified on the device against a resident row of the
+/// same snapshot, and a job whose branch token is a stop token ended at once and gave its row
+/// to the next job. Negative control: a wrong expected fingerprint on a job reached only by
+/// refill is an invariant error.
+#[test]
+fn refill_queue_is_bitwise_each_job_alone_under_batch_invariant() {
+    use kvcredit::decode::engine::{EngineMode, EngineOptions};
+    let m = model();
+    let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
+    let prompt: Vec<i64> = (1..30).collect();
+    let params = RolloutParams {
+        sampling: Sampling::Greedy,
+        max_new_tokens: 12,
+        key: NoiseKey::rollout(1, 0),
+        stop_tokens: &[],
+        special_tokens: &[],
+        text_stop: None,
+        policy,
+        max_margin: 1.0,
+        alternatives: 1,
+    };
+    let roll = rollout::rollout(&m.decoder, &prompt, &params).unwrap();
+    // A second rollout of another, longer prompt: its K/V are unrelated to the first's.
+    let other: Vec<i64> = (200..260).collect();
+    let roll_b = rollout::rollout(&m.decoder, &other, &params).unwrap();
+    let marked = |r: &rollout::Rollout| -> Vec<usize> {
+        (0..r.steps.len())
+            .filter(|&t| r.steps[t].fingerprint.is_some())
+            .collect()
+    };
+    let (a, b) = (marked(&roll), marked(&roll_b));
+    assert!(a.len() >= 2 && !b.is_empty(), "too few fingerprinted steps");
+    // Jobs 0-1 resume the second rollout's longest snapshot, 2-3 a middle and 4-5 a short one
+    // of the first. Job 0's branch token is a stop token, so row 0 takes job 2 (shorter) at
+    // once while row 1 decodes job 1 (longer): job 0's stale K/V lie within the keys even the
+    // eager step spans. Later job 4 (shorter) follows job 1 in row 1, and a job joins a
+    // resident row of its own snapshot.
+    let (long, mid, short) = (b[b.len() - 1], a[a.len() / 2], a[0]);
+    let stop = roll.steps[0].token;
+    let spots = [
+        (&roll_b, long, stop),
+        (&roll_b, long, 7),
+        (&roll, mid, 5),
+        (&roll, mid, 7),
+        (&roll, short, 9),
+        (&roll, short, 11),
+    ];
+    let jobs = |bad: Option<usize>| -> Vec<Job> {
+        spots
+            .iter()
+            .enumerate()
+            .map(|(k, &(r, t, first_token))| Job {
+                start: Start {
+                    cache: &r.cache,
+                    snap: r.snapshot(t),
+                    expect: Some(if bad == Some(k) {
+                        [0; 32]
+                    } else {
+                        r.steps[t].fingerprint.unwrap()
+                    }),
+                },
+                first_token,
+                key: NoiseKey {
+                    sample: k as u64,
+                    ..params.key
+                },
+            })
+            .collect()
+    };
+    let stops = [stop];
+    let decoding = Decoding {
+        model: &m.decoder,
+        policy,
+        sampling: Sampling::Temperature { temperature: 1.0 },
+        max_new_tokens: 8,
+        stop_tokens: &stops,
+        text_stop: None,
+    };
+    let order: Vec<usize> = (0..spots.len()).collect();
+    for mode in [EngineMode::Eager, EngineMode::Static] {
+        let opts = EngineOptions { mode };
+        let all = jobs(None);
+        let q = engine::run_queue(&decoding, &all, &order, 2, &opts, &mut |_| {}).unwrap();
+        let alone: Vec<Vec<usize>> = order.iter().map(|&j| vec![j]).collect();
+        let r = engine::run_batches(&decoding, &all, &alone, &opts, &mut |_| {}).unwrap();
+        assert_eq!(q.outcomes, r.outcomes, "{mode}: queue ≠ each job alone");
+        assert!(q.outcomes[0].tokens.is_empty());
+        assert_eq!(q.verified, vec![true; spots.len()], "{mode}");
+        let c = q.checks;
+        assert_eq!((c.checks, c.hits, c.snapshots, c.snapshot_hits), (6, 6, 3, 3));
+        // Job 1 (beside job 0, same snapshot) and a reloaded row at least were compared on
+        // the device.
+        assert!(q.stats.hashed_snapshots <= 4, "{mode}: {}", q.stats.describe());
+        let at: Vec<(u32, u32, u32, u32)> = q
+            .placements
+            .iter()
+            .map(|p| (p.chunk, p.row, p.fill, p.batch_rows))
+            .collect();
+        assert!(at.iter().all(|&(c, _, _, b)| c == 0 && b == 2), "{at:?}");
+        assert_eq!((at[0].1, at[0].2, at[2].1, at[2].2), (0, 0, 0, 1), "{at:?}");
+        // A row reloaded with a shorter snapshot than the job before it.
+        let shorter = at.iter().enumerate().any(|(j, &(_, row, fill, _))| {
+            fill > 0
+                && at.iter().enumerate().any(|(i, &(_, r2, f2, _))| {
+                    r2 == row && f2 + 1 == fill && all[i].start.snap.len > all[j].start.snap.len
+                })
+        });
+        assert!(shorter, "{mode}: no reload with a shorter snapshot: {at:?}");
+        // Negative control: job 5 is reached only by refill.
+        assert!(at[5].2 > 0, "{at:?}");
+        match engine::run_queue(&decoding, &jobs(Some(5)), &order, 2, &opts, &mut |_| {}) {
+            Err(Error::Invariant(msg)) => assert!(msg.contains("fingerprint mismatch"), "{msg}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("{mode}: a wrong fingerprint was accepted"),
+        }
+    }
+}
+
 #[test]
 fn sigkilled_campaign_resumes_to_identical_parquet() {
     let (dir, reference, _) = sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true);
