@@ -199,6 +199,11 @@ pub struct PassSpec {
     /// alone).
     #[serde(default = "one_problem", skip_serializing_if = "is_one_problem")]
     pub pool_problems: usize,
+    /// Continuous refill (default off): each pass of a group runs as one queue on a batch of
+    /// fixed width whose rows are reloaded with the next continuation as soon as theirs
+    /// finishes ([`crate::decode::engine::run_queue`]), instead of fixed batches. Any pool size.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refill: bool,
 }
 
 fn one_problem() -> usize {
