@@ -513,4 +513,18 @@ mod tests {
         let e = parse("truncated = \"boxed\"").unwrap_err().to_string();
         assert!(e.contains("incorrect") && e.contains("last_number"), "{e}");
     }
+
+    #[test]
+    fn refill_defaults_to_off_and_is_serialized_only_when_on() {
+        let parse = |extra: &str| {
+            toml::from_str::<PassSpec>(&format!("run = [\"exact\"]\nbatch_size = 4\n{extra}"))
+                .unwrap()
+        };
+        let off = parse("");
+        assert!(!off.refill);
+        assert!(!serde_json::to_string(&off).unwrap().contains("refill"));
+        let on = parse("refill = true\npool_problems = 3");
+        assert!(on.refill && on.pool_problems == 3);
+        assert!(serde_json::to_string(&on).unwrap().contains(r#""refill":true"#));
+    }
 }

@@ -207,7 +207,8 @@ pub struct EngineStats {
     pub gather_seconds: f64,
     /// Seconds spent verifying fingerprints.
     pub verify_seconds: f64,
-    /// Distinct snapshots hashed (other rows were compared with them on the device).
+    /// Snapshot copies hashed (other rows were compared with them on the device); distinct
+    /// per batch, while a queue hashes a snapshot again when no resident row shares it.
     pub hashed_snapshots: u64,
     /// CUDA graphs captured (one per batch size met).
     pub graph_captures: u64,
@@ -436,7 +437,9 @@ impl Queue<'_, '_> {
 
     /// Settle row `r` after a step (or the first load): a job whose branch token is a stop
     /// token ends at once, and a finished row is reloaded with the next waiting job, until the
-    /// row runs a live job or the queue is empty.
+    /// row runs a live job or the queue is empty. A finished row left without a job is rewound
+    /// to its last job's snapshot, so that, stepped on while the other rows finish (they may
+    /// have started up to `max_new_tokens` steps later), it never outgrows the capacity.
     fn settle(&mut self, r: usize, stepper: &mut Stepper, stats: &mut EngineStats) -> Result<()> {
         loop {
             let s = &mut self.slots[r];
@@ -450,7 +453,7 @@ impl Queue<'_, '_> {
                 }
             }
             let Some(&j) = self.order.get(self.next) else {
-                return Ok(());
+                return stepper.rewind_row(r, self.jobs[s.job].start.snap.len);
             };
             self.next += 1;
             let start = &self.jobs[j].start;
@@ -565,7 +568,7 @@ impl Queue<'_, '_> {
             }
             self.feed = next;
             for r in 0..self.slots.len() {
-                if !self.slots[r].live && self.waiting() > 0 {
+                if !self.slots[r].live {
                     self.settle(r, stepper, stats)?;
                 }
             }

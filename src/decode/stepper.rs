@@ -193,6 +193,20 @@ impl<'m> Stepper<'m> {
         self.cache.load_row(row, src, snap)
     }
 
+    /// Set row `row`'s length back to `len` (at most its length now): its next step writes
+    /// there, and positions from there on are never attended again.
+    pub fn rewind_row(&mut self, row: usize, len: i64) -> Result<()> {
+        let mut lens = self.cache.lens().to_vec();
+        let Some(l) = lens.get_mut(row) else {
+            return Err(Error::KvCache(format!(
+                "cannot rewind row {row} of a batch of {}",
+                self.cache.batch()
+            )));
+        };
+        *l = len;
+        self.cache.truncate(&lens)
+    }
+
     /// The batch cache (rows `0..batch()`).
     pub fn cache(&self) -> &KvCache {
         &self.cache
