@@ -569,7 +569,9 @@ impl Checker<'_> {
             }
             let mut rows: BTreeMap<u32, Vec<(u32, Member)>> = BTreeMap::new();
             for &c in &all {
-                rows.entry(at(c).row).or_default().push((at(c).fill, member(c)));
+                rows.entry(at(c).row)
+                    .or_default()
+                    .push((at(c).fill, member(c)));
             }
             if !rows.keys().copied().eq(0..n) {
                 found.push((

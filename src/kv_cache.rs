@@ -506,7 +506,10 @@ impl KvCache {
                 for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
                     d.f_narrow(0, row as i64, 1)?
                         .f_narrow(2, 0, snap.len)?
-                        .f_copy_(&f.f_narrow(0, snap.row as i64, 1)?.f_narrow(2, 0, snap.len)?)?;
+                        .f_copy_(
+                            &f.f_narrow(0, snap.row as i64, 1)?
+                                .f_narrow(2, 0, snap.len)?,
+                        )?;
                 }
             }
         }
@@ -518,11 +521,18 @@ impl KvCache {
                     (Kind::Bool, self.device),
                 )?);
             }
-            let mut m = self.masked.as_ref().expect("made above").f_narrow(0, row as i64, 1)?;
+            let mut m = self
+                .masked
+                .as_ref()
+                .expect("made above")
+                .f_narrow(0, row as i64, 1)?;
             let _ = m.f_zero_()?;
             if let (Some(from), true) = (&src.masked, snap.len > 0) {
-                m.f_narrow(1, 0, snap.len)?
-                    .f_copy_(&from.f_narrow(0, snap.row as i64, 1)?.f_narrow(1, 0, snap.len)?)?;
+                m.f_narrow(1, 0, snap.len)?.f_copy_(
+                    &from
+                        .f_narrow(0, snap.row as i64, 1)?
+                        .f_narrow(1, 0, snap.len)?,
+                )?;
             }
         }
         self.lens[row] = snap.len;

@@ -404,10 +404,17 @@ fn refill_queue_is_bitwise_each_job_alone_under_batch_invariant() {
         assert!(q.outcomes[0].tokens.is_empty());
         assert_eq!(q.verified, vec![true; spots.len()], "{mode}");
         let c = q.checks;
-        assert_eq!((c.checks, c.hits, c.snapshots, c.snapshot_hits), (6, 6, 3, 3));
+        assert_eq!(
+            (c.checks, c.hits, c.snapshots, c.snapshot_hits),
+            (6, 6, 3, 3)
+        );
         // Job 1 (beside job 0, same snapshot) and a reloaded row at least were compared on
         // the device.
-        assert!(q.stats.hashed_snapshots <= 4, "{mode}: {}", q.stats.describe());
+        assert!(
+            q.stats.hashed_snapshots <= 4,
+            "{mode}: {}",
+            q.stats.describe()
+        );
         let at: Vec<(u32, u32, u32, u32)> = q
             .placements
             .iter()
@@ -451,14 +458,18 @@ fn refill_queue_is_bitwise_each_job_alone_under_batch_invariant() {
         let q = engine::run_queue(&decoding, &same, &order, 3, &opts, &mut |_| {}).unwrap();
         let alone: Vec<Vec<usize>> = order.iter().map(|&j| vec![j]).collect();
         let r = engine::run_batches(&decoding, &same, &alone, &opts, &mut |_| {}).unwrap();
-        assert_eq!(q.outcomes, r.outcomes, "{mode}: queue of one snapshot ≠ each job alone");
+        assert_eq!(
+            q.outcomes, r.outcomes,
+            "{mode}: queue of one snapshot ≠ each job alone"
+        );
         assert_eq!(q.checks.hits, 8, "{mode}");
     }
 }
 
 #[test]
 fn sigkilled_campaign_resumes_to_identical_parquet() {
-    let (dir, reference, _) = sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true, &[]);
+    let (dir, reference, _) =
+        sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true, &[]);
     analyze_unfinished(&dir, &reference, &dir.join("killed"));
 }
 
@@ -883,8 +894,14 @@ fn refill_pooled_campaign_is_bitwise_per_problem_scheduling_under_batch_invarian
         tables_without_placement(&refill),
     );
     for ((name, x), (_, y)) in a.iter().zip(&b) {
-        assert!(x.iter().map(|b| b.num_rows()).sum::<usize>() > 0, "{name} is empty");
-        assert_eq!(x, y, "{name} differs between refill and per-problem batches");
+        assert!(
+            x.iter().map(|b| b.num_rows()).sum::<usize>() > 0,
+            "{name} is empty"
+        );
+        assert_eq!(
+            x, y,
+            "{name} differs between refill and per-problem batches"
+        );
     }
     let names: Vec<String> = read_batches(&refill.join("continuations.parquet")).unwrap()[0]
         .schema()
@@ -950,8 +967,16 @@ fn refill_pooled_campaign_is_bitwise_per_problem_scheduling_under_batch_invarian
     // The same spec without refill: not this finished run, and refused on resume.
     let mut plain = spec.clone();
     plain.passes.refill = false;
-    assert!(kvcredit::credit::finished_run(&spec, &sha, &refill, None).unwrap().is_some());
-    assert!(kvcredit::credit::finished_run(&plain, &sha, &refill, None).unwrap().is_none());
+    assert!(
+        kvcredit::credit::finished_run(&spec, &sha, &refill, None)
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        kvcredit::credit::finished_run(&plain, &sha, &refill, None)
+            .unwrap()
+            .is_none()
+    );
     let err = run(&plain).unwrap_err().to_string();
     assert!(
         err.contains("passes.refill = true") && !err.contains('\n'),

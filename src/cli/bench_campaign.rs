@@ -81,13 +81,8 @@ fn timed_run(a: &Args, spec: &Path, out: &Path) -> anyhow::Result<CampaignBench>
             out.display()
         );
     }
-    let SpecRun { spec, sha, cfg } = load_spec(
-        spec,
-        &a.run,
-        "bench campaign",
-        a.pool_problems,
-        a.refill,
-    )?;
+    let SpecRun { spec, sha, cfg } =
+        load_spec(spec, &a.run, "bench campaign", a.pool_problems, a.refill)?;
     let loading = Instant::now();
     let model = load_model(&spec, &cfg, a.allow_extrapolation)?;
     let load_seconds = loading.elapsed().as_secs_f64();

@@ -839,8 +839,8 @@ fn run_group(
                 }
             })
             .collect();
-        let shuffled = pass == Pass::Replica
-            && spec.passes.replica_schedule == ReplicaSchedule::Shuffled;
+        let shuffled =
+            pass == Pass::Replica && spec.passes.replica_schedule == ReplicaSchedule::Shuffled;
         let batches = if spec.passes.refill {
             vec![]
         } else if shuffled {

@@ -525,6 +525,10 @@ mod tests {
         assert!(!serde_json::to_string(&off).unwrap().contains("refill"));
         let on = parse("refill = true\npool_problems = 3");
         assert!(on.refill && on.pool_problems == 3);
-        assert!(serde_json::to_string(&on).unwrap().contains(r#""refill":true"#));
+        assert!(
+            serde_json::to_string(&on)
+                .unwrap()
+                .contains(r#""refill":true"#)
+        );
     }
 }

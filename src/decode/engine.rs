@@ -580,8 +580,10 @@ impl Queue<'_, '_> {
                 .collect();
             if !keep.is_empty() && keep.len() * 2 <= self.slots.len() {
                 stepper.compact(&keep)?;
-                let mut slots: Vec<Option<Slot>> =
-                    std::mem::take(&mut self.slots).into_iter().map(Some).collect();
+                let mut slots: Vec<Option<Slot>> = std::mem::take(&mut self.slots)
+                    .into_iter()
+                    .map(Some)
+                    .collect();
                 self.slots = keep.iter().filter_map(|&r| slots[r].take()).collect();
                 self.feed = keep.iter().map(|&r| self.feed[r]).collect();
             }
@@ -620,7 +622,9 @@ pub fn run_queue(
         ..EngineStats::default()
     };
     if width == 0 {
-        return Err(Error::Spec("a queue needs a batch of at least one row".into()));
+        return Err(Error::Spec(
+            "a queue needs a batch of at least one row".into(),
+        ));
     }
     let mut seen = vec![false; jobs.len()];
     for &j in order {

@@ -100,7 +100,16 @@ impl<'m> Stepper<'m> {
         extra: usize,
         min_capacity: i64,
     ) -> Result<Stepper<'m>> {
-        Stepper::build(model, policy, sampling, mode, parts, extra, min_capacity, false)
+        Stepper::build(
+            model,
+            policy,
+            sampling,
+            mode,
+            parts,
+            extra,
+            min_capacity,
+            false,
+        )
     }
 
     /// A batch whose row `i` resumes `parts[i]`, with `capacity` positions per row in every
