@@ -901,7 +901,7 @@ fn stop_after(dec: &Decoding, seq: &[i64], step: usize) -> Option<Stop> {
         Some(Stop::Eos)
     } else if seq.len() >= dec.max_new_tokens {
         Some(Stop::Length)
-    } else if (step + 1) % TEXT_STOP_EVERY == 0 && dec.text_stop.is_some_and(|f| f(seq)) {
+    } else if (step + 1).is_multiple_of(TEXT_STOP_EVERY) && dec.text_stop.is_some_and(|f| f(seq)) {
         Some(Stop::Text)
     } else {
         None
