@@ -16,7 +16,10 @@
 //!   `(1 + alternatives) × k` continuations per pivot and pass (samples `0..k`), and the
 //!   manifest's `cost.<pass>.continuations` equal to that pass's continuation rows;
 //! - `placement`: every continuation records `chunk`, `row` and `batch_rows`, and each batch of
-//!   a pass holds rows `0..batch_rows` once each, batches numbered `0..` per problem;
+//!   a pass holds rows `0..batch_rows` once each, batches numbered `0..` per problem; in a
+//!   refill run (`refill` in the manifest) each pass of a group is one queue: chunk 0 and one
+//!   `batch_rows` throughout, rows `0..batch_rows` each used, and each row's `fill`s `0..n`
+//!   once each;
 //! - `consistent`: `estimate` equals `(orig_successes − alt_successes)/k` (to 1e-12),
 //!   `informative` equals "the 2K outcomes are not all equal", `k` equals the manifest's, and
 //!   the successes equal the count of correct continuations of each branch (K of each);
@@ -24,7 +27,9 @@
 //!   continuation equals the exact one, and ran in the same batch and row (invariant 3);
 //! - `replica-grouping` (only when `replica_schedule == "shuffled"`): in no problem did the
 //!   replica group the continuations into exact's batches (the same set of batch
-//!   memberships, whatever the order), which would make the floor 0 by construction;
+//!   memberships, whatever the order), which would make the floor 0 by construction; in a
+//!   refill run a pass's grouping is its set of row sequences (each row's continuations in
+//!   `fill` order, whatever the row), and the replica's must differ from exact's;
 //! - `batch-invariant` (only when `policy == "batch_invariant"`): every replica and refeed (not
 //!   spectrum: its resume is lossy by design)
 //!   estimate and continuation equals the exact one (invariant 4).
@@ -169,8 +174,16 @@ fn est_row(k: &Key, pass: Pass) -> String {
 
 type ContKey = (u32, u32, u32, String, u32);
 
-/// Batch memberships `(pivot_pos, alt_rank, sample)` per (problem, pass), sorted.
-type Groupings = BTreeMap<(u32, Pass), Vec<BTreeSet<(u32, u32, u32, u32)>>>;
+/// A continuation's identity: (problem, pivot_pos, alt_rank, sample).
+type Member = (u32, u32, u32, u32);
+
+/// How each (problem or group, pass) grouped its continuations, sorted: per batch its members
+/// in ascending order; in a refill run per row the continuations it ran, in `fill` order.
+type Groupings = BTreeMap<(u32, Pass), Vec<Vec<Member>>>;
+
+fn member(c: &ContinuationRow) -> Member {
+    (c.problem, c.pivot_pos, c.alt_rank, c.sample)
+}
 
 fn cont_key(c: &ContinuationRow) -> ContKey {
     (
@@ -482,6 +495,9 @@ impl Checker<'_> {
                 .or_default()
                 .push(c);
         }
+        if self.manifest.refill == Some(true) {
+            return Some(self.queue_placement(&batches));
+        }
         let mut found = Vec::new();
         let mut groupings: Groupings = BTreeMap::new();
         for (&(problem, pass), chunks) in &batches {
@@ -513,10 +529,8 @@ impl Checker<'_> {
                         format!("rows {seen:?} but batch_rows = {n}"),
                     ));
                 }
-                let members: BTreeSet<(u32, u32, u32, u32)> = rows
-                    .iter()
-                    .map(|c| (c.problem, c.pivot_pos, c.alt_rank, c.sample))
-                    .collect();
+                let mut members: Vec<Member> = rows.iter().map(|c| member(c)).collect();
+                members.sort_unstable();
                 sets.push(members);
             }
             sets.sort();
@@ -526,6 +540,67 @@ impl Checker<'_> {
             self.push(Rule::Placement, row, d);
         }
         Some(groupings)
+    }
+
+    /// [`Self::placement`] of a refill run, given its rows per (group, pass) and chunk: one
+    /// queue per (group, pass), its row sequences as the grouping.
+    fn queue_placement(
+        &mut self,
+        batches: &BTreeMap<(u32, Pass), BTreeMap<u32, Vec<&ContinuationRow>>>,
+    ) -> Groupings {
+        let mut found = Vec::new();
+        let mut groupings: Groupings = BTreeMap::new();
+        for (&(problem, pass), chunks) in batches {
+            let what = format!("queue problem={problem} pass={pass}");
+            if !chunks.keys().copied().eq([0]) {
+                found.push((
+                    what.clone(),
+                    format!(
+                        "chunks {:?}, expected only 0 in a refill run",
+                        chunks.keys().collect::<Vec<_>>()
+                    ),
+                ));
+            }
+            let all: Vec<&ContinuationRow> = chunks.values().flatten().copied().collect();
+            let at = |c: &ContinuationRow| c.placement.expect("checked by the caller");
+            let n = at(all[0]).batch_rows;
+            if all.iter().any(|&c| at(c).batch_rows != n) {
+                found.push((what.clone(), "batch_rows differ within the queue".into()));
+            }
+            let mut rows: BTreeMap<u32, Vec<(u32, Member)>> = BTreeMap::new();
+            for &c in &all {
+                rows.entry(at(c).row)
+                    .or_default()
+                    .push((at(c).fill, member(c)));
+            }
+            if !rows.keys().copied().eq(0..n) {
+                found.push((
+                    what.clone(),
+                    format!(
+                        "rows {:?} but batch_rows = {n}",
+                        rows.keys().collect::<Vec<_>>()
+                    ),
+                ));
+            }
+            let mut sequences = Vec::with_capacity(rows.len());
+            for (row, mut fills) in rows {
+                fills.sort_unstable();
+                let seen: Vec<u32> = fills.iter().map(|f| f.0).collect();
+                if !seen.iter().copied().eq(0..seen.len() as u32) {
+                    found.push((
+                        format!("{what} row={row}"),
+                        format!("fills {seen:?}, expected 0..{} once each", seen.len()),
+                    ));
+                }
+                sequences.push(fills.into_iter().map(|f| f.1).collect::<Vec<_>>());
+            }
+            sequences.sort();
+            groupings.insert((problem, pass), sequences);
+        }
+        for (row, d) in found {
+            self.push(Rule::Placement, row, d);
+        }
+        groupings
     }
 
     /// A shuffled replica must not have run exact's batches in any problem.
@@ -538,10 +613,15 @@ impl Checker<'_> {
             if let Some(replica) = groupings.get(&(problem, Pass::Replica))
                 && replica == exact
             {
-                let sizes: Vec<usize> = exact.iter().map(BTreeSet::len).collect();
+                let sizes: Vec<usize> = exact.iter().map(Vec::len).collect();
+                let what = if self.manifest.refill == Some(true) {
+                    "row sequences"
+                } else {
+                    "batches"
+                };
                 found.push((
                     format!("problem={problem} pass=replica"),
-                    format!("the shuffled replica ran exact's batches (sizes {sizes:?})"),
+                    format!("the shuffled replica ran exact's {what} (sizes {sizes:?})"),
                 ));
             }
         }

@@ -473,6 +473,72 @@ impl KvCache {
         Ok(())
     }
 
+    /// Overwrite batch row `row` with snapshot `snap` of `src`, leaving the other rows as they
+    /// are. Positions at and beyond the snapshot's length keep whatever they held: attention
+    /// never sees them, since a row's queries attend only to keys at or below its own position
+    /// (the causal mask on each row's position, in the eager and the static forward alike).
+    pub fn load_row(&mut self, row: usize, src: &KvCache, snap: Snapshot) -> Result<()> {
+        if row >= self.batch() {
+            return Err(Error::KvCache(format!(
+                "cannot load row {row} of a batch of {}",
+                self.batch()
+            )));
+        }
+        if src.shape != self.shape || src.kind != self.kind || src.device != self.device {
+            return Err(Error::KvCache(
+                "gathered caches differ in shape, dtype or device".into(),
+            ));
+        }
+        if snap.row >= src.batch() || snap.len > src.lens[snap.row] || snap.len < 0 {
+            return Err(Error::KvCache(format!(
+                "snapshot (row {}, len {}) is not within its source cache",
+                snap.row, snap.len
+            )));
+        }
+        if snap.len > self.capacity {
+            return Err(Error::KvCache(format!(
+                "snapshot of length {} does not fit a cache of capacity {}",
+                snap.len, self.capacity
+            )));
+        }
+        if snap.len > 0 {
+            for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
+                for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
+                    d.f_narrow(0, row as i64, 1)?
+                        .f_narrow(2, 0, snap.len)?
+                        .f_copy_(
+                            &f.f_narrow(0, snap.row as i64, 1)?
+                                .f_narrow(2, 0, snap.len)?,
+                        )?;
+                }
+            }
+        }
+        if self.masked.is_some() || src.masked.is_some() {
+            if self.masked.is_none() {
+                let rows = self.rows() as i64;
+                self.masked = Some(Tensor::f_zeros(
+                    [rows, self.capacity],
+                    (Kind::Bool, self.device),
+                )?);
+            }
+            let mut m = self
+                .masked
+                .as_ref()
+                .expect("made above")
+                .f_narrow(0, row as i64, 1)?;
+            let _ = m.f_zero_()?;
+            if let (Some(from), true) = (&src.masked, snap.len > 0) {
+                m.f_narrow(1, 0, snap.len)?.f_copy_(
+                    &from
+                        .f_narrow(0, snap.row as i64, 1)?
+                        .f_narrow(1, 0, snap.len)?,
+                )?;
+            }
+        }
+        self.lens[row] = snap.len;
+        Ok(())
+    }
+
     /// Rows `0..parts.len()` of the attention mask from the snapshots' sources (an existing
     /// mask is overwritten in place; none is made when no source masks anything).
     fn load_masks(&mut self, parts: &[(&KvCache, Snapshot)]) -> Result<()> {

@@ -177,6 +177,37 @@ fn pool_problems_overrides_the_spec_and_is_recorded() {
 }
 
 #[test]
+fn refill_overrides_the_spec_and_is_recorded() {
+    let r = timed();
+    let dir = r.root.join("refill");
+    let (code, stdout, stderr) = kvcredit(&[
+        "bench",
+        "campaign",
+        s(&r.spec),
+        "--out",
+        s(&dir),
+        "--refill",
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(json(&dir.join("manifest.json"))["refill"], true);
+    assert_eq!(json(&dir.join("bench-campaign.json"))["refill"], true);
+    assert!(stdout.contains("pool_problems 1, refill,"), "{stdout}");
+    assert!(
+        json(&r.dir.join("bench-campaign.json"))
+            .get("refill")
+            .is_none()
+    );
+    // The spec file alone (no refill) does not resume the refill folder.
+    let (code, _, stderr) = kvcredit(&["campaign", "run", s(&r.spec), "--out", s(&dir)]);
+    assert_eq!(code, 2);
+    assert!(
+        one_error_line(&stderr).contains("passes.refill = true"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn an_existing_run_folder_is_refused() {
     let r = timed();
     let before = std::fs::read(r.dir.join("manifest.json")).unwrap();

@@ -312,9 +312,164 @@ fn fingerprint_check_catches_a_corrupted_snapshot() {
     }
 }
 
+/// `run_queue` under the batch-invariant policy, eager and static, on 2 rows over 6 jobs:
+/// every job's outcome is bitwise that of the job run alone, though rows were reloaded with
+/// shorter snapshots than the jobs before them (stale K/V beyond a row's length would change
+/// the tokens), one reloaded row was verified on the device against a resident row of the
+/// same snapshot, and a job whose branch token is a stop token ended at once and gave its row
+/// to the next job. Negative control: a wrong expected fingerprint on a job reached only by
+/// refill is an invariant error.
+#[test]
+fn refill_queue_is_bitwise_each_job_alone_under_batch_invariant() {
+    use kvcredit::decode::engine::{EngineMode, EngineOptions};
+    let m = model();
+    let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
+    let prompt: Vec<i64> = (1..30).collect();
+    let params = RolloutParams {
+        sampling: Sampling::Greedy,
+        max_new_tokens: 12,
+        key: NoiseKey::rollout(1, 0),
+        stop_tokens: &[],
+        special_tokens: &[],
+        text_stop: None,
+        policy,
+        max_margin: 1.0,
+        alternatives: 1,
+    };
+    let roll = rollout::rollout(&m.decoder, &prompt, &params).unwrap();
+    // A second rollout of another, longer prompt: its K/V are unrelated to the first's.
+    let other: Vec<i64> = (200..260).collect();
+    let roll_b = rollout::rollout(&m.decoder, &other, &params).unwrap();
+    let marked = |r: &rollout::Rollout| -> Vec<usize> {
+        (0..r.steps.len())
+            .filter(|&t| r.steps[t].fingerprint.is_some())
+            .collect()
+    };
+    let (a, b) = (marked(&roll), marked(&roll_b));
+    assert!(a.len() >= 2 && !b.is_empty(), "too few fingerprinted steps");
+    // Jobs 0-1 resume the second rollout's longest snapshot, 2-3 a middle and 4-5 a short one
+    // of the first. Job 0's branch token is a stop token, so row 0 takes job 2 (shorter) at
+    // once while row 1 decodes job 1 (longer): job 0's stale K/V lie within the keys even the
+    // eager step spans. Later job 4 (shorter) follows job 1 in row 1, and a job joins a
+    // resident row of its own snapshot.
+    let (long, mid, short) = (b[b.len() - 1], a[a.len() / 2], a[0]);
+    let stop = roll.steps[0].token;
+    let spots = [
+        (&roll_b, long, stop),
+        (&roll_b, long, 7),
+        (&roll, mid, 5),
+        (&roll, mid, 7),
+        (&roll, short, 9),
+        (&roll, short, 11),
+    ];
+    let jobs = |bad: Option<usize>| -> Vec<Job> {
+        spots
+            .iter()
+            .enumerate()
+            .map(|(k, &(r, t, first_token))| Job {
+                start: Start {
+                    cache: &r.cache,
+                    snap: r.snapshot(t),
+                    expect: Some(if bad == Some(k) {
+                        [0; 32]
+                    } else {
+                        r.steps[t].fingerprint.unwrap()
+                    }),
+                },
+                first_token,
+                key: NoiseKey {
+                    sample: k as u64,
+                    ..params.key
+                },
+            })
+            .collect()
+    };
+    let stops = [stop];
+    let decoding = Decoding {
+        model: &m.decoder,
+        policy,
+        sampling: Sampling::Temperature { temperature: 1.0 },
+        max_new_tokens: 8,
+        stop_tokens: &stops,
+        text_stop: None,
+    };
+    let order: Vec<usize> = (0..spots.len()).collect();
+    for mode in [EngineMode::Eager, EngineMode::Static] {
+        let opts = EngineOptions { mode };
+        let all = jobs(None);
+        let q = engine::run_queue(&decoding, &all, &order, 2, &opts, &mut |_| {}).unwrap();
+        let alone: Vec<Vec<usize>> = order.iter().map(|&j| vec![j]).collect();
+        let r = engine::run_batches(&decoding, &all, &alone, &opts, &mut |_| {}).unwrap();
+        assert_eq!(q.outcomes, r.outcomes, "{mode}: queue ≠ each job alone");
+        assert!(q.outcomes[0].tokens.is_empty());
+        assert_eq!(q.verified, vec![true; spots.len()], "{mode}");
+        let c = q.checks;
+        assert_eq!(
+            (c.checks, c.hits, c.snapshots, c.snapshot_hits),
+            (6, 6, 3, 3)
+        );
+        // Job 1 (beside job 0, same snapshot) and a reloaded row at least were compared on
+        // the device.
+        assert!(
+            q.stats.hashed_snapshots <= 4,
+            "{mode}: {}",
+            q.stats.describe()
+        );
+        let at: Vec<(u32, u32, u32, u32)> = q
+            .placements
+            .iter()
+            .map(|p| (p.chunk, p.row, p.fill, p.batch_rows))
+            .collect();
+        assert!(at.iter().all(|&(c, _, _, b)| c == 0 && b == 2), "{at:?}");
+        assert_eq!((at[0].1, at[0].2, at[2].1, at[2].2), (0, 0, 0, 1), "{at:?}");
+        // A row reloaded with a shorter snapshot than the job before it.
+        let shorter = at.iter().enumerate().any(|(j, &(_, row, fill, _))| {
+            fill > 0
+                && at.iter().enumerate().any(|(i, &(_, r2, f2, _))| {
+                    r2 == row && f2 + 1 == fill && all[i].start.snap.len > all[j].start.snap.len
+                })
+        });
+        assert!(shorter, "{mode}: no reload with a shorter snapshot: {at:?}");
+        // Negative control: job 5 is reached only by refill.
+        assert!(at[5].2 > 0, "{at:?}");
+        match engine::run_queue(&decoding, &jobs(Some(5)), &order, 2, &opts, &mut |_| {}) {
+            Err(Error::Invariant(msg)) => assert!(msg.contains("fingerprint mismatch"), "{msg}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("{mode}: a wrong fingerprint was accepted"),
+        }
+        // Eight jobs of the longest snapshot on 3 rows, in step: the third row's second job
+        // ends as the last two jobs start, and it steps on (2 of 3 rows live: no compaction)
+        // for as long as they run, which must not outgrow the rows' capacity.
+        let same: Vec<Job> = (0..8)
+            .map(|k| Job {
+                start: Start {
+                    cache: &roll_b.cache,
+                    snap: roll_b.snapshot(long),
+                    expect: roll_b.steps[long].fingerprint,
+                },
+                first_token: 20 + k,
+                key: NoiseKey {
+                    sample: k as u64,
+                    ..params.key
+                },
+            })
+            .collect();
+        let order: Vec<usize> = (0..same.len()).collect();
+        let q = engine::run_queue(&decoding, &same, &order, 3, &opts, &mut |_| {}).unwrap();
+        let alone: Vec<Vec<usize>> = order.iter().map(|&j| vec![j]).collect();
+        let r = engine::run_batches(&decoding, &same, &alone, &opts, &mut |_| {}).unwrap();
+        assert_eq!(
+            q.outcomes, r.outcomes,
+            "{mode}: queue of one snapshot ≠ each job alone"
+        );
+        assert_eq!(q.checks.hits, 8, "{mode}");
+    }
+}
+
 #[test]
 fn sigkilled_campaign_resumes_to_identical_parquet() {
-    let (dir, reference, _) = sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true);
+    let (dir, reference, _) =
+        sigkill_and_resume("kill", &spec_text("kill", "shuffled", 2), true, &[]);
     analyze_unfinished(&dir, &reference, &dir.join("killed"));
 }
 
@@ -389,7 +544,7 @@ fn analyze_unfinished(dir: &Path, reference: &Path, killed: &Path) {
 #[test]
 fn sigkilled_pooled_campaign_resumes_to_identical_parquet() {
     let text = small_spec_text("poolkill", 3, true);
-    let (dir, reference, interrupted) = sigkill_and_resume("poolkill", &text, false);
+    let (dir, reference, interrupted) = sigkill_and_resume("poolkill", &text, false, &[]);
     let bin = env!("CARGO_BIN_EXE_kvcredit");
     let kept = interrupted.join("shards/problem-00000/shard.json");
     let before = std::fs::read(&kept).unwrap();
@@ -429,9 +584,15 @@ fn sigkilled_pooled_campaign_resumes_to_identical_parquet() {
     assert!(manifest.contains(r#""pool_problems": 2"#), "{manifest}");
 }
 
-/// Run `text` to completion, then again SIGKILLed once problem 0's shard landed and resumed;
-/// asserts byte-identical Parquet. Returns (scratch dir, reference run, resumed run).
-fn sigkill_and_resume(name: &str, text: &str, engine_check: bool) -> (PathBuf, PathBuf, PathBuf) {
+/// Run `text` (with the command-line arguments `extra`) to completion, then again SIGKILLed
+/// once problem 0's shard landed and resumed; asserts byte-identical Parquet. Returns (scratch
+/// dir, reference run, resumed run).
+fn sigkill_and_resume(
+    name: &str,
+    text: &str,
+    engine_check: bool,
+    extra: &[&str],
+) -> (PathBuf, PathBuf, PathBuf) {
     let bin = env!("CARGO_BIN_EXE_kvcredit");
     let dir = common::scratch("campaign", name);
     let spec = write_spec(&dir, text);
@@ -446,7 +607,8 @@ fn sigkill_and_resume(name: &str, text: &str, engine_check: bool) -> (PathBuf, P
             "--quiet",
             "--out",
             out.to_str().unwrap(),
-        ]);
+        ])
+        .args(extra);
         c
     };
     let run = |out: &Path| command(out).output().expect("binary runs");
@@ -498,7 +660,12 @@ fn sigkill_and_resume(name: &str, text: &str, engine_check: bool) -> (PathBuf, P
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        assert_eq!(names, schema::columns(table).unwrap(), "{table} columns");
+        let refill = extra.contains(&"--refill");
+        assert_eq!(
+            names,
+            schema::run_columns(table, refill).unwrap(),
+            "{table} columns"
+        );
     }
     let manifest = std::fs::read_to_string(interrupted.join("manifest.json")).unwrap();
     assert!(manifest.contains("resumed_at"));
@@ -529,9 +696,9 @@ fn sigkill_and_resume(name: &str, text: &str, engine_check: bool) -> (PathBuf, P
     (dir, reference, interrupted)
 }
 
-/// Every table's rows with the placement columns (chunk, row, batch_rows) left out.
+/// Every table's rows with the placement columns (chunk, row, batch_rows, fill) left out.
 fn tables_without_placement(run: &Path) -> Vec<(String, Vec<arrow_array::RecordBatch>)> {
-    let placement = ["chunk", "row", "batch_rows"];
+    let placement = ["chunk", "row", "batch_rows", "fill"];
     ["rollouts", "pivots", "continuations", "estimates"]
         .iter()
         .map(|t| {
@@ -623,6 +790,197 @@ fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
     assert!(
         differs.contains(&"continuations"),
         "another seed went unnoticed: {differs:?}"
+    );
+}
+
+/// A pooled SIGKILLed run with `--refill` resumes to byte-identical Parquet (with `fill`).
+#[test]
+fn sigkilled_refill_campaign_resumes_to_identical_parquet() {
+    let text = small_spec_text("refillkill", 3, true);
+    let (_, _, resumed) = sigkill_and_resume("refillkill", &text, false, &["--refill"]);
+    let manifest = std::fs::read_to_string(resumed.join("manifest.json")).unwrap();
+    assert!(manifest.contains(r#""refill": true"#), "{manifest}");
+}
+
+/// Per (pass, group of 2 problems) the continuations each row ran, in `fill` order, as sorted
+/// sequences of "problem/pivot_pos/alt_rank/sample"; also whether any job was a refill.
+type RowSequences = std::collections::BTreeMap<(String, u32), Vec<Vec<String>>>;
+
+fn row_sequences(run: &Path) -> (RowSequences, bool) {
+    use arrow_array::{StringArray, UInt32Array};
+    type Rows = std::collections::BTreeMap<u32, Vec<(u32, String)>>;
+    let mut by: std::collections::BTreeMap<(String, u32), Rows> = Default::default();
+    let mut refilled = false;
+    for b in read_batches(&run.join("continuations.parquet")).unwrap() {
+        let pass: StringArray = common::column(&b, "pass");
+        let u32s = |n: &str| -> UInt32Array { common::column(&b, n) };
+        let (problem, pos, rank, sample) = (
+            u32s("problem"),
+            u32s("pivot_pos"),
+            u32s("alt_rank"),
+            u32s("sample"),
+        );
+        let (row, fill) = (u32s("row"), u32s("fill"));
+        for i in 0..b.num_rows() {
+            refilled |= fill.value(i) > 0;
+            let who = format!(
+                "{}/{}/{}/{}",
+                problem.value(i),
+                pos.value(i),
+                rank.value(i),
+                sample.value(i)
+            );
+            by.entry((pass.value(i).to_string(), problem.value(i) / 2))
+                .or_default()
+                .entry(row.value(i))
+                .or_default()
+                .push((fill.value(i), who));
+        }
+    }
+    let seqs = by
+        .into_iter()
+        .map(|(k, rows)| {
+            let mut v: Vec<Vec<String>> = rows
+                .into_values()
+                .map(|mut r| {
+                    r.sort();
+                    r.into_iter().map(|x| x.1).collect()
+                })
+                .collect();
+            v.sort();
+            (k, v)
+        })
+        .collect();
+    (seqs, refilled)
+}
+
+/// Under the batch-invariant policy, a refill run of pooled problems (pairs; queues of 3 rows
+/// over up to 8 continuations) gives bitwise the tables of the per-problem fixed-batch run,
+/// all but the placement columns; `check` passes it; its replica's row sequences differ from
+/// exact's in every group; the `fill` column is there, and a tampered one fails `check`;
+/// the run folder is refused (in one line) to a run without refill, and `finished_run` finds it
+/// only with refill.
+#[test]
+fn refill_pooled_campaign_is_bitwise_per_problem_scheduling_under_batch_invariant() {
+    let dir = common::scratch("campaign", "refill");
+    let bi = |pool: bool| {
+        small_spec_text("refill", 3, pool)
+            .replace(r#"policy = "stock""#, r#"policy = "batch_invariant""#)
+            .replace("batch_size = 4\n", "batch_size = 3\n")
+    };
+    let (single, _) = run_spec(&dir, &bi(false), "single");
+    let spec_path = write_spec(&dir, &bi(true));
+    let (mut spec, sha) = CampaignSpec::load(&spec_path).unwrap();
+    spec.passes.refill = true;
+    let model = model();
+    let refill = dir.join("refill");
+    let run = |spec: &CampaignSpec| {
+        kvcredit::credit::run_campaign(
+            spec,
+            &sha,
+            &model,
+            &kvcredit::credit::RunOptions {
+                out_dir: refill.clone(),
+                quiet: true,
+                shard: None,
+                exec: None,
+            },
+        )
+    };
+    let m = run(&spec).unwrap();
+    assert_eq!(m.refill, Some(true));
+    let (a, b) = (
+        tables_without_placement(&single),
+        tables_without_placement(&refill),
+    );
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(
+            x.iter().map(|b| b.num_rows()).sum::<usize>() > 0,
+            "{name} is empty"
+        );
+        assert_eq!(
+            x, y,
+            "{name} differs between refill and per-problem batches"
+        );
+    }
+    let names: Vec<String> = read_batches(&refill.join("continuations.parquet")).unwrap()[0]
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, schema::run_columns("continuations", true).unwrap());
+    let report = kvcredit::check::check_run(&refill).unwrap();
+    assert!(report.passed(), "{:#?}", report.violations);
+    let (seqs, refilled) = row_sequences(&refill);
+    assert!(refilled, "no row was refilled: {seqs:?}");
+    for group in 0..2 {
+        let of = |p: &str| &seqs[&(p.to_string(), group)];
+        assert_ne!(of("exact"), of("replica"), "group {group}");
+    }
+    let manifest = std::fs::read_to_string(single.join("manifest.json")).unwrap();
+    assert!(!manifest.contains(r#""refill":"#), "{manifest}");
+
+    // Negative control: a row given the same fill twice.
+    let tampered = dir.join("tampered");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&refill)
+        .arg(&tampered)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let path = tampered.join("continuations.parquet");
+    let mut done = false;
+    let batches: Vec<arrow_array::RecordBatch> = read_batches(&path)
+        .unwrap()
+        .into_iter()
+        .map(|b| {
+            use arrow_array::UInt32Array;
+            let i = b.schema().index_of("fill").unwrap();
+            let fill: UInt32Array = common::column(&b, "fill");
+            let mut v: Vec<u32> = (0..fill.len()).map(|j| fill.value(j)).collect();
+            if let Some(j) = v.iter().position(|&f| f > 0).filter(|_| !done) {
+                v[j] = 0;
+                done = true;
+            }
+            let mut cols = b.columns().to_vec();
+            cols[i] = std::sync::Arc::new(UInt32Array::from(v));
+            arrow_array::RecordBatch::try_new(b.schema(), cols).unwrap()
+        })
+        .collect();
+    assert!(done);
+    kvcredit::io::parquet::write_batches(&path, &batches).unwrap();
+    let report = kvcredit::check::check_run(&tampered).unwrap();
+    let placement: Vec<String> = report
+        .violations
+        .iter()
+        .filter(|v| v.rule == kvcredit::check::Rule::Placement)
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        placement.iter().any(|v| v.contains("fills")),
+        "{:#?}",
+        report.violations
+    );
+
+    // The same spec without refill: not this finished run, and refused on resume.
+    let mut plain = spec.clone();
+    plain.passes.refill = false;
+    assert!(
+        kvcredit::credit::finished_run(&spec, &sha, &refill, None)
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        kvcredit::credit::finished_run(&plain, &sha, &refill, None)
+            .unwrap()
+            .is_none()
+    );
+    let err = run(&plain).unwrap_err().to_string();
+    assert!(
+        err.contains("passes.refill = true") && !err.contains('\n'),
+        "{err}"
     );
 }
 

@@ -152,7 +152,8 @@ pub struct ContinuationRow {
 }
 
 /// Where a continuation ran in its pass: `chunk` (batch index within the pass for its
-/// problem), `row` (row in that batch) and `batch_rows` (rows the batch started with).
+/// problem), `row` (row in that batch), `batch_rows` (rows the batch started with) and, in
+/// refill runs, `fill` (its index among the continuations its row ran; 0 when not recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Placement {
     /// Batch index within the pass, per problem.
@@ -161,6 +162,8 @@ pub struct Placement {
     pub row: u32,
     /// Rows in that batch.
     pub batch_rows: u32,
+    /// Index among the continuations its row ran (0 without a `fill` column).
+    pub fill: u32,
 }
 
 /// One row of `rollouts.parquet` (its identity and pivot count).
@@ -551,6 +554,10 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
     if placed {
         cols.extend([col::CHUNK, col::ROW, col::BATCH_ROWS]);
     }
+    let filled = placed && has(col::FILL);
+    if filled {
+        cols.push(col::FILL);
+    }
     let verified = has(col::SNAPSHOT_VERIFIED);
     if verified {
         cols.push(col::SNAPSHOT_VERIFIED);
@@ -571,12 +578,18 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
             f.u32s(col::ROW)?,
             f.u32s(col::BATCH_ROWS)?,
         );
+        let fill = if filled {
+            f.u32s(col::FILL)?
+        } else {
+            vec![0; f.len()]
+        };
         Some(
             (0..f.len())
                 .map(|j| Placement {
                     chunk: c[j],
                     row: r[j],
                     batch_rows: b[j],
+                    fill: fill[j],
                 })
                 .collect(),
         )

@@ -94,6 +94,9 @@ pub struct CampaignBench {
     pub exec: ExecRecord,
     /// `passes.pool_problems` the run used.
     pub pool_problems: usize,
+    /// Whether the passes ran as continuously refilled queues (`passes.refill`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refill: bool,
     /// `passes.batch_size` (absent when the manifest does not record it).
     pub batch_size: Option<usize>,
     /// Replica batch size (`passes.replica_batch_size` or its default) when a replica pass ran.
@@ -222,6 +225,7 @@ impl CampaignBench {
             device: m.device.clone(),
             exec: m.exec,
             pool_problems,
+            refill: m.refill.unwrap_or(false),
             batch_size,
             replica_batch_size,
             problems: m.problems_done,
@@ -282,7 +286,7 @@ impl CampaignBench {
         let mut t = String::new();
         let _ = writeln!(
             t,
-            "campaign `{}` (spec sha256 {}): {} {} on {}, {} policy, {} engine, pool_problems {}, {}, {} problems",
+            "campaign `{}` (spec sha256 {}): {} {} on {}, {} policy, {} engine, pool_problems {}{}, {}, {} problems",
             self.spec_name,
             &self.spec_sha256[..self.spec_sha256.len().min(12)],
             self.model,
@@ -291,6 +295,7 @@ impl CampaignBench {
             self.exec.policy,
             engine,
             self.pool_problems,
+            if self.refill { ", refill" } else { "" },
             batches,
             self.problems
         );

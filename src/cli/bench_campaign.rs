@@ -25,6 +25,10 @@ pub struct Args {
     /// recorded in the manifest).
     #[arg(long, value_name = "P", conflicts_with = "from")]
     pool_problems: Option<usize>,
+    /// Run with `passes.refill = true` whatever the spec says (recorded in the manifest), to
+    /// time refill against fixed batches on one spec.
+    #[arg(long, conflicts_with = "from")]
+    refill: bool,
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -77,7 +81,8 @@ fn timed_run(a: &Args, spec: &Path, out: &Path) -> anyhow::Result<CampaignBench>
             out.display()
         );
     }
-    let SpecRun { spec, sha, cfg } = load_spec(spec, &a.run, "bench campaign", a.pool_problems)?;
+    let SpecRun { spec, sha, cfg } =
+        load_spec(spec, &a.run, "bench campaign", a.pool_problems, a.refill)?;
     let loading = Instant::now();
     let model = load_model(&spec, &cfg, a.allow_extrapolation)?;
     let load_seconds = loading.elapsed().as_secs_f64();

@@ -34,6 +34,9 @@ pub enum Cmd {
         /// shards' folders with `campaign merge`.
         #[arg(long, value_name = "i/N")]
         shard: Option<String>,
+        /// Run with `passes.refill = true` whatever the spec says (recorded in the manifest).
+        #[arg(long)]
+        refill: bool,
     },
     /// Load and validate specs without running or writing anything: every check `run` makes
     /// before loading the model (settings, problem range, prompt format, model name).
@@ -55,7 +58,7 @@ pub enum Cmd {
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
-    let (spec, out, run, quiet, allow_extrapolation, shard) = match cmd {
+    let (spec, out, run, quiet, allow_extrapolation, shard, refill) = match cmd {
         Cmd::Run {
             spec,
             out,
@@ -63,7 +66,8 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             quiet,
             allow_extrapolation,
             shard,
-        } => (spec, out, run, quiet, allow_extrapolation, shard),
+            refill,
+        } => (spec, out, run, quiet, allow_extrapolation, shard, refill),
         Cmd::Merge { dirs, out } => return merge(&dirs, &out),
         Cmd::Validate { specs } => return validate(&specs),
     };
@@ -72,7 +76,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         .map(|s| s.parse::<ShardSpec>().map_err(anyhow::Error::msg))
         .transpose()
         .context("--shard")?;
-    let SpecRun { spec, sha, cfg } = load_spec(&spec, &run, "campaign run", None)?;
+    let SpecRun { spec, sha, cfg } = load_spec(&spec, &run, "campaign run", None, refill)?;
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
     if let Some(m) = finished_run(&spec, &sha, &out_dir, shard)? {
         println!(
@@ -128,18 +132,23 @@ pub(super) struct SpecRun {
 }
 
 /// Load and validate the spec at `path` for the command `what`, with `--pool-problems` in
-/// place of `passes.pool_problems` when given (validated like the spec), and resolve its run
-/// configuration; nothing is loaded or written.
+/// place of `passes.pool_problems` when given and `passes.refill` on with `--refill`
+/// (validated like the spec), and resolve its run configuration; nothing is loaded or written.
 pub(super) fn load_spec(
     path: &Path,
     run: &RunArgs,
     what: &str,
     pool_problems: Option<usize>,
+    refill: bool,
 ) -> anyhow::Result<SpecRun> {
     let (mut spec, sha) = CampaignSpec::load(path)?;
     if let Some(p) = pool_problems {
         spec.passes.pool_problems = p;
         spec.validate().context("--pool-problems")?;
+    }
+    if refill {
+        spec.passes.refill = true;
+        spec.validate().context("--refill")?;
     }
     let cfg = run.resolve_spec(what, &spec.device, spec.dtype, spec.policy)?;
     spec.device = cfg.device_name.clone();

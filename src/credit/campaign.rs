@@ -82,7 +82,8 @@ fn is_finished(manifest: &Manifest, out: &Path) -> bool {
             .all(|t| out.join(format!("{t}.parquet")).exists())
 }
 
-/// The finished run of this spec, shard and `passes.pool_problems` in `out`, if there is one
+/// The finished run of this spec, shard, `passes.pool_problems` and `passes.refill` in `out`,
+/// if there is one
 /// (see [`run_campaign`], which returns it untouched); `None` for a missing, unfinished or
 /// other run, which [`run_campaign`] resumes or refuses.
 pub fn finished_run(
@@ -98,7 +99,8 @@ pub fn finished_run(
     let m: Manifest = read_json(&path)?;
     let same = m.spec_sha256 == spec_sha256
         && m.shard == shard
-        && m.pool_problems.unwrap_or(1) == spec.passes.pool_problems;
+        && m.pool_problems.unwrap_or(1) == spec.passes.pool_problems
+        && m.refill.unwrap_or(false) == spec.passes.refill;
     Ok((same && is_finished(&m, out)).then_some(m))
 }
 
@@ -156,6 +158,14 @@ pub fn run_campaign(
                 pool(m.pool_problems)
             )));
         }
+        let refill = m.refill.unwrap_or(false);
+        if refill != spec.passes.refill {
+            return Err(Error::Spec(format!(
+                "{} holds a run with passes.refill = {refill} and this run asks for {} (other schedules, other batches); use another --out",
+                out.display(),
+                spec.passes.refill
+            )));
+        }
         m.exec.resume_with(&record, &out.display().to_string())?;
         if is_finished(&m, out) {
             return Ok(m);
@@ -175,6 +185,7 @@ pub fn run_campaign(
             exec: record,
             replica_schedule: spec.passes.replica_schedule,
             pool_problems: (spec.passes.pool_problems > 1).then_some(spec.passes.pool_problems),
+            refill: spec.passes.refill.then_some(true),
             k: u32::try_from(spec.continuations.k)
                 .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
             seed: spec.seed,
@@ -330,6 +341,16 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
                 &m.spec_sha256[..m.spec_sha256.len().min(12)],
                 first_dir.display(),
                 &first.spec_sha256[..first.spec_sha256.len().min(12)]
+            )));
+        }
+        if m.refill != first.refill {
+            let on = |m: &Manifest| m.refill.unwrap_or(false);
+            return Err(Error::Spec(format!(
+                "{} ran with passes.refill = {} and {} with {}; merge shards of one schedule",
+                d.display(),
+                on(m),
+                first_dir.display(),
+                on(first)
             )));
         }
         if m.exec.policy == PolicyKind::Stock && m.exec.engine != first.exec.engine {
@@ -818,11 +839,21 @@ fn run_group(
                 }
             })
             .collect();
-        let batches = match (pass, spec.passes.replica_schedule) {
-            (Pass::Replica, ReplicaSchedule::Shuffled) => {
-                replica_batches(spec, &what, &exact_batches)?
-            }
-            _ => exact_batches.clone(),
+        let shuffled =
+            pass == Pass::Replica && spec.passes.replica_schedule == ReplicaSchedule::Shuffled;
+        let batches = if spec.passes.refill {
+            vec![]
+        } else if shuffled {
+            replica_batches(spec, &what, &exact_batches)?
+        } else {
+            exact_batches.clone()
+        };
+        let queue = if !spec.passes.refill {
+            None
+        } else if shuffled {
+            Some(replica_queue(spec, &what, pooled.len())?)
+        } else {
+            Some(((0..pooled.len()).collect(), spec.passes.batch_size))
         };
         let mut since = Instant::now();
         let mut recent = 0u64;
@@ -835,17 +866,20 @@ fn run_group(
                 recent = 0;
             }
         };
-        let run = engine::run_batches(
-            &decoding,
-            &jobs,
-            &batches,
-            &EngineOptions {
-                mode: settings.engine,
-            },
-            &mut on_tokens,
-        )
+        let opts = EngineOptions {
+            mode: settings.engine,
+        };
+        let run = match &queue {
+            Some((order, width)) => {
+                engine::run_queue(&decoding, &jobs, order, *width, &opts, &mut on_tokens)
+            }
+            None => engine::run_batches(&decoding, &jobs, &batches, &opts, &mut on_tokens),
+        }
         .map_err(|e| {
-            let rows = batches.iter().map(Vec::len).max().unwrap_or(0);
+            let rows = match &queue {
+                Some((_, width)) => *width,
+                None => batches.iter().map(Vec::len).max().unwrap_or(0),
+            };
             let what = format!("{} pass, batch size {rows}", pass.as_str());
             match e {
                 Error::OutOfMemory(m) => Error::OutOfMemory(format!(
@@ -994,7 +1028,15 @@ fn finish_problem(
             model,
         )?,
         records::pivots(&ctx, roll, pivots, model)?,
-        records::continuations(&ctx, pivots, ids, &outcomes, &audits, &graded),
+        records::continuations(
+            &ctx,
+            pivots,
+            ids,
+            &outcomes,
+            &audits,
+            &graded,
+            spec.passes.refill,
+        ),
         records::estimates(&ctx, roll, pivots, &estimates, model)?,
     ];
     Ok(Shard { tables, info })
@@ -1018,6 +1060,22 @@ fn replica_batches(
         )));
     }
     Ok(replica)
+}
+
+/// A group's shuffled replica queue with `passes.refill`: its `n` jobs in reverse order on
+/// `passes.replica_batch_size` rows; refused when that is exact's queue (the same order on
+/// as many rows, which happens only for a single job).
+fn replica_queue(spec: &CampaignSpec, what: &str, n: usize) -> Result<(Vec<usize>, usize)> {
+    let r = spec.passes.effective_replica_batch_size();
+    let order: Vec<usize> = (0..n).rev().collect();
+    let exact: Vec<usize> = (0..n).collect();
+    if n > 0 && order == exact && r.min(n) == spec.passes.batch_size.min(n) {
+        return Err(Error::Spec(format!(
+            "{what}: the shuffled replica would run exact's queue ({n} continuations, passes.batch_size = {}, passes.replica_batch_size = {r})",
+            spec.passes.batch_size
+        )));
+    }
+    Ok((order, r))
 }
 
 /// Prefill `prompt ⊕ y_<t` afresh into a cache with room for the continuation.

@@ -127,7 +127,7 @@ struct PivotCols {
 }
 
 /// `continuations`: one row per pass × pivot × branch × sample, with the batch it ran in and
-/// whether its starting K/V was verified.
+/// whether its starting K/V was verified; a `refill` run also records each job's `fill`.
 pub(crate) fn continuations(
     ctx: &Context,
     pivots: &[Pivot],
@@ -135,12 +135,14 @@ pub(crate) fn continuations(
     outcomes: &BTreeMap<Pass, Vec<Outcome>>,
     audits: &BTreeMap<Pass, PassAudit>,
     graded: &BTreeMap<Pass, Vec<Grade>>,
+    refill: bool,
 ) -> Table {
     let (mut pos, mut rank, mut branch, mut pass_col, mut sample) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut tokens, mut n_tokens, mut stop, mut answer, mut correct) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut chunk, mut row, mut batch_rows, mut verified) = (vec![], vec![], vec![], vec![]);
+    let mut fill = vec![];
     let mut rule = vec![];
     for (pass, outs) in outcomes {
         let audit = &audits[pass];
@@ -160,10 +162,11 @@ pub(crate) fn continuations(
             chunk.push(at.chunk);
             row.push(at.row);
             batch_rows.push(at.batch_rows);
+            fill.push(at.fill);
             verified.push(audit.verified[j]);
         }
     }
-    common(ctx, pos.len())
+    let table = common(ctx, pos.len())
         .with(col::PIVOT_POS, Column::U32(pos))
         .with(col::ALT_RANK, Column::U32(rank))
         .with(col::BRANCH, Column::Str(branch))
@@ -177,8 +180,13 @@ pub(crate) fn continuations(
         .with(col::CORRECT, Column::Bool(correct))
         .with(col::CHUNK, Column::U32(chunk))
         .with(col::ROW, Column::U32(row))
-        .with(col::BATCH_ROWS, Column::U32(batch_rows))
-        .with(col::SNAPSHOT_VERIFIED, Column::Bool(verified))
+        .with(col::BATCH_ROWS, Column::U32(batch_rows));
+    let table = if refill {
+        table.with(col::FILL, Column::U32(fill))
+    } else {
+        table
+    };
+    table.with(col::SNAPSHOT_VERIFIED, Column::Bool(verified))
 }
 
 /// `estimates`: one row per pivot × alternative × pass.

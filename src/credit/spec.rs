@@ -199,6 +199,11 @@ pub struct PassSpec {
     /// alone).
     #[serde(default = "one_problem", skip_serializing_if = "is_one_problem")]
     pub pool_problems: usize,
+    /// Continuous refill (default off): each pass of a group runs as one queue on a batch of
+    /// fixed width whose rows are reloaded with the next continuation as soon as theirs
+    /// finishes ([`crate::decode::engine::run_queue`]), instead of fixed batches. Any pool size.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refill: bool,
 }
 
 fn one_problem() -> usize {
@@ -507,5 +512,23 @@ mod tests {
         );
         let e = parse("truncated = \"boxed\"").unwrap_err().to_string();
         assert!(e.contains("incorrect") && e.contains("last_number"), "{e}");
+    }
+
+    #[test]
+    fn refill_defaults_to_off_and_is_serialized_only_when_on() {
+        let parse = |extra: &str| {
+            toml::from_str::<PassSpec>(&format!("run = [\"exact\"]\nbatch_size = 4\n{extra}"))
+                .unwrap()
+        };
+        let off = parse("");
+        assert!(!off.refill);
+        assert!(!serde_json::to_string(&off).unwrap().contains("refill"));
+        let on = parse("refill = true\npool_problems = 3");
+        assert!(on.refill && on.pool_problems == 3);
+        assert!(
+            serde_json::to_string(&on)
+                .unwrap()
+                .contains(r#""refill":true"#)
+        );
     }
 }

@@ -109,6 +109,9 @@ pub struct Placement {
     pub row: u32,
     /// Rows the batch started with.
     pub batch_rows: u32,
+    /// Index of the job among the jobs its row ran, 0 for the first ([`run_queue`] refills
+    /// rows; [`run_batches`] runs one job per row, so 0 there).
+    pub fill: u32,
 }
 
 /// Everything one engine run produced, indexed like its jobs.
@@ -204,7 +207,8 @@ pub struct EngineStats {
     pub gather_seconds: f64,
     /// Seconds spent verifying fingerprints.
     pub verify_seconds: f64,
-    /// Distinct snapshots hashed (other rows were compared with them on the device).
+    /// Snapshot copies hashed (other rows were compared with them on the device); distinct
+    /// per batch, while a queue hashes a snapshot again when no resident row shares it.
     pub hashed_snapshots: u64,
     /// CUDA graphs captured (one per batch size met).
     pub graph_captures: u64,
@@ -313,6 +317,7 @@ pub fn run_batches(
                 chunk: c as u32,
                 row: row as u32,
                 batch_rows: chunk.len() as u32,
+                fill: 0,
             });
         }
     }
@@ -369,8 +374,8 @@ pub fn run_batches(
         for (j, o) in decoded {
             out[j] = Some(o);
         }
-        for row in rows {
-            verified[chunk[row]] = true;
+        for j in rows {
+            verified[j] = true;
         }
     }
     if let Some(s) = &stepper {
@@ -385,6 +390,364 @@ pub fn run_batches(
     Ok(PassRun {
         outcomes,
         placements,
+        verified,
+        checks,
+        stats,
+    })
+}
+
+/// A batch row of [`run_queue`]: the job it runs (or last ran) and that job's progress.
+struct Slot {
+    /// The row's index when the batch was filled (its `Placement::row`).
+    row: u32,
+    /// The job loaded into it.
+    job: usize,
+    /// Whether that job is still decoding.
+    live: bool,
+    /// Tokens the job has sampled so far: its own step index.
+    step: usize,
+    /// Jobs the row ran before this one.
+    fill: u32,
+}
+
+/// The state of a [`run_queue`] besides the batch itself.
+struct Queue<'r, 'a> {
+    dec: &'r Decoding<'a>,
+    jobs: &'r [Job<'a>],
+    order: &'r [usize],
+    /// Index in `order` of the next job to load.
+    next: usize,
+    /// Rows of the batch, in batch order.
+    slots: Vec<Slot>,
+    /// Token each row is fed next.
+    feed: Vec<i64>,
+    tokens: Vec<Vec<i64>>,
+    out: Vec<Option<Outcome>>,
+    placements: Vec<Placement>,
+    width: u32,
+    /// Where the checks of loaded rows go to be hashed (`None` once decoding is over).
+    hashes: Option<std::sync::mpsc::Sender<PendingHashes>>,
+}
+
+impl Queue<'_, '_> {
+    /// Jobs not loaded yet.
+    fn waiting(&self) -> usize {
+        self.order.len() - self.next
+    }
+
+    /// Settle row `r` after a step (or the first load): a job whose branch token is a stop
+    /// token ends at once, and a finished row is reloaded with the next waiting job, until the
+    /// row runs a live job or the queue is empty. A finished row left without a job is rewound
+    /// to its last job's snapshot, so that, stepped on while the other rows finish (they may
+    /// have started up to `max_new_tokens` steps later), it never outgrows the capacity.
+    fn settle(&mut self, r: usize, stepper: &mut Stepper, stats: &mut EngineStats) -> Result<()> {
+        loop {
+            let s = &mut self.slots[r];
+            if s.live {
+                match stopped_at_branch(self.dec, &self.jobs[s.job]).filter(|_| s.step == 0) {
+                    Some(o) => {
+                        self.out[s.job] = Some(o);
+                        s.live = false;
+                    }
+                    None => return Ok(()),
+                }
+            }
+            let Some(&j) = self.order.get(self.next) else {
+                return stepper.rewind_row(r, self.jobs[s.job].start.snap.len);
+            };
+            self.next += 1;
+            let start = &self.jobs[j].start;
+            let t = Instant::now();
+            stepper.load_row(r, start.cache, start.snap)?;
+            stats.gather_seconds += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let pending = self.verify_row(r, j, stepper.cache(), stats)?;
+            stats.verify_seconds += t.elapsed().as_secs_f64();
+            // The hashing thread drops its receiver only after a mismatch, which the join
+            // reports.
+            if let Some(h) = &self.hashes {
+                let _ = h.send(pending);
+            }
+            let s = &mut self.slots[r];
+            *s = Slot {
+                row: s.row,
+                job: j,
+                live: true,
+                step: 0,
+                fill: s.fill + 1,
+            };
+            self.placements[j] = Placement {
+                chunk: 0,
+                row: s.row,
+                batch_rows: self.width,
+                fill: s.fill,
+            };
+            self.feed[r] = self.jobs[j].first_token;
+        }
+    }
+
+    /// The check of job `j` just loaded into row `r`: compared on the device with another
+    /// row that started from the same snapshot (its positions below the snapshot's length are
+    /// never written), else its K/V copied to the host for hashing.
+    fn verify_row(
+        &self,
+        r: usize,
+        j: usize,
+        cache: &KvCache,
+        stats: &mut EngineStats,
+    ) -> Result<PendingHashes> {
+        let start = &self.jobs[j].start;
+        let Some(expect) = start.expect else {
+            return Ok(PendingHashes::default());
+        };
+        let rep = self
+            .slots
+            .iter()
+            .enumerate()
+            .find(|&(q, o)| q != r && same_start(&self.jobs[o.job].start, start));
+        if let Some((q, o)) = rep {
+            if !cache.rows_equal(&[r], &[q], start.snap.len)? {
+                return Err(same_snapshot_differs());
+            }
+            return Ok(PendingHashes {
+                copies: vec![],
+                followers: vec![(j, o.job)],
+            });
+        }
+        stats.hashed_snapshots += 1;
+        let kv = cache.to_host(Snapshot {
+            row: r,
+            len: start.snap.len,
+        })?;
+        Ok(PendingHashes {
+            copies: vec![(j, kv, expect)],
+            followers: vec![],
+        })
+    }
+
+    /// Decode until every job has finished.
+    fn decode(
+        &mut self,
+        stepper: &mut Stepper,
+        stats: &mut EngineStats,
+        on_tokens: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        for r in 0..self.slots.len() {
+            self.settle(r, stepper, stats)?;
+        }
+        for step in 0.. {
+            if !self.slots.iter().any(|s| s.live) {
+                break;
+            }
+            // Finished rows (only once the queue is empty) draw on with their last job's key;
+            // their tokens are discarded.
+            let keys: Vec<NoiseKey> = self
+                .slots
+                .iter()
+                .map(|s| key_at(self.jobs[s.job].key, s.step))
+                .collect();
+            let next = stepper
+                .step(&self.feed, &keys)
+                .map_err(|e| e.context(&format!("continuation step {step}")))?;
+            let live = self.slots.iter().filter(|s| s.live).count();
+            count_step(stats, self.slots.len(), live, on_tokens);
+            for (s, &tok) in self.slots.iter_mut().zip(&next) {
+                s.step += 1;
+                if !s.live {
+                    continue;
+                }
+                let seq = &mut self.tokens[s.job];
+                seq.push(tok);
+                if let Some(stop) = stop_after(self.dec, seq, s.step - 1) {
+                    self.out[s.job] = Some(Outcome {
+                        tokens: std::mem::take(seq),
+                        stop,
+                    });
+                    s.live = false;
+                }
+            }
+            self.feed = next;
+            for r in 0..self.slots.len() {
+                if !self.slots[r].live {
+                    self.settle(r, stepper, stats)?;
+                }
+            }
+            if self.waiting() > 0 {
+                continue;
+            }
+            let keep: Vec<usize> = (0..self.slots.len())
+                .filter(|&r| self.slots[r].live)
+                .collect();
+            if !keep.is_empty() && keep.len() * 2 <= self.slots.len() {
+                stepper.compact(&keep)?;
+                let mut slots: Vec<Option<Slot>> = std::mem::take(&mut self.slots)
+                    .into_iter()
+                    .map(Some)
+                    .collect();
+                self.slots = keep.iter().filter_map(|&r| slots[r].take()).collect();
+                self.feed = keep.iter().map(|&r| self.feed[r]).collect();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Run `jobs` as one queue, taken in the order `order`, on a batch of `width` rows (fewer
+/// when the queue is shorter): each row whose job finishes is reloaded at once with the next
+/// job of the queue (its snapshot copied into that row), so the batch keeps its size (and its
+/// CUDA graph) while the queue lasts; once it is empty, finished rows are dropped once at
+/// least half the batch has finished, as in [`run_batches`]. Every job samples with its key's
+/// step plus its own step index, as in [`run_batches`], so under the batch-invariant policy
+/// its tokens are bitwise those of any batch schedule. Every row has room for the queue's
+/// longest snapshot plus `max_new_tokens + 1` positions, in every mode, so any job fits any
+/// row; positions beyond a reloaded row's length are never attended ([`KvCache::load_row`]).
+///
+/// Every job's starting K/V is verified against its fingerprint: the first rows as in
+/// [`run_batches`], a reloaded row on the device against a resident row that started from the
+/// same snapshot, else by hashing a host copy on another thread while the device decodes.
+/// Outcomes are returned only once every check matched; a mismatch is [`Error::Invariant`].
+/// Placements: chunk 0, the row, `batch_rows` the batch's size, `fill` the job's index among
+/// its row's jobs.
+pub fn run_queue(
+    dec: &Decoding,
+    jobs: &[Job],
+    order: &[usize],
+    width: usize,
+    opts: &EngineOptions,
+    on_tokens: &mut dyn FnMut(u64),
+) -> Result<PassRun> {
+    let mode = opts.mode.resolve(dec.model.device());
+    let mut stats = EngineStats {
+        mode: mode.to_string(),
+        ..EngineStats::default()
+    };
+    if width == 0 {
+        return Err(Error::Spec(
+            "a queue needs a batch of at least one row".into(),
+        ));
+    }
+    let mut seen = vec![false; jobs.len()];
+    for &j in order {
+        match seen.get_mut(j) {
+            None => {
+                return Err(Error::Spec(format!(
+                    "job {j} scheduled but only {} jobs given",
+                    jobs.len()
+                )));
+            }
+            Some(true) => return Err(Error::Spec(format!("job {j} scheduled twice"))),
+            Some(s) => *s = true,
+        }
+    }
+    if seen.contains(&false) {
+        return Err(Error::Spec("a job was not scheduled".into()));
+    }
+    if order.is_empty() {
+        return Ok(PassRun {
+            stats,
+            ..PassRun::default()
+        });
+    }
+    let width = width.min(order.len());
+    let extra = dec.max_new_tokens + 1;
+    let longest = order
+        .iter()
+        .map(|&j| jobs[j].start.snap.len)
+        .max()
+        .unwrap_or(0);
+    dec.model.check_context(
+        (longest + extra as i64) as usize,
+        &format!(
+            "continuing a {longest}-token state by {} tokens",
+            dec.max_new_tokens
+        ),
+    )?;
+    let first = &order[..width];
+    let parts: Vec<(&KvCache, Snapshot)> = first
+        .iter()
+        .map(|&j| (jobs[j].start.cache, jobs[j].start.snap))
+        .collect();
+    let t = Instant::now();
+    let mut stepper = Stepper::with_capacity(
+        dec.model,
+        dec.policy,
+        dec.sampling,
+        mode,
+        &parts,
+        extra,
+        longest + extra as i64,
+    )?;
+    stats.gather_seconds += t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let initial = verify(jobs, first, stepper.cache(), &mut stats)?;
+    stats.verify_seconds += t.elapsed().as_secs_f64();
+    let (tx, rx) = std::sync::mpsc::channel::<PendingHashes>();
+    let _ = tx.send(initial);
+    let mut q = Queue {
+        dec,
+        jobs,
+        order,
+        next: width,
+        slots: first
+            .iter()
+            .enumerate()
+            .map(|(r, &j)| Slot {
+                row: r as u32,
+                job: j,
+                live: true,
+                step: 0,
+                fill: 0,
+            })
+            .collect(),
+        feed: first.iter().map(|&j| jobs[j].first_token).collect(),
+        tokens: vec![Vec::new(); jobs.len()],
+        out: vec![None; jobs.len()],
+        placements: vec![Placement::default(); jobs.len()],
+        width: width as u32,
+        hashes: Some(tx),
+    };
+    for (r, &j) in first.iter().enumerate() {
+        q.placements[j] = Placement {
+            chunk: 0,
+            row: r as u32,
+            batch_rows: width as u32,
+            fill: 0,
+        };
+    }
+    // Copies are hashed as they come while the device decodes; followers are resolved once
+    // every representative has been hashed.
+    let hashed = std::thread::scope(|scope| {
+        let hashing = scope.spawn(move || -> Result<Vec<usize>> {
+            let (mut ok, mut followers) = (Vec::new(), Vec::new());
+            for p in rx {
+                ok.extend(p.hash_copies()?);
+                followers.extend(p.followers);
+            }
+            Ok(resolve_followers(ok, &followers))
+        });
+        let decoded = q.decode(&mut stepper, &mut stats, on_tokens);
+        // Closing the channel ends the hashing.
+        q.hashes = None;
+        let hashed = hashing
+            .join()
+            .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?;
+        decoded?;
+        hashed
+    })?;
+    stepper.report(&mut stats);
+    let mut verified = vec![false; jobs.len()];
+    for j in hashed {
+        verified[j] = true;
+    }
+    let outcomes = q
+        .out
+        .into_iter()
+        .map(|o| o.ok_or_else(|| Error::Invariant("a queued job did not finish".into())))
+        .collect::<Result<Vec<_>>>()?;
+    let checks = count_checks(jobs, &verified);
+    Ok(PassRun {
+        outcomes,
+        placements: q.placements,
         verified,
         checks,
         stats,
@@ -415,34 +778,53 @@ pub fn count_checks(jobs: &[Job], verified: &[bool]) -> SnapshotChecks {
 }
 
 /// Snapshot K/V copied to the host, with the fingerprints they must hash to.
+#[derive(Default)]
 struct PendingHashes {
-    /// (batch row, its K/V, the fingerprint it must hash to).
+    /// (job, its K/V as loaded into the batch, the fingerprint it must hash to).
     copies: Vec<(usize, HostKv, [u8; 32])>,
-    /// Rows that hold their representative's K/V bitwise (compared on the device) and are
-    /// verified once it hashes to the fingerprint: (row, representative row).
+    /// Jobs whose batch row held their representative job's K/V bitwise (compared on the
+    /// device) and are verified once it is: (job, representative job). A representative is
+    /// always registered (hashed or itself a follower) before its followers.
     followers: Vec<(usize, usize)>,
 }
 
 impl PendingHashes {
-    /// Hash every copy; a mismatch is an invariant violation. Returns the verified rows.
+    /// Hash every copy; a mismatch is an invariant violation. Returns the verified jobs.
     fn hash(self) -> Result<Vec<usize>> {
-        let mut rows = Vec::with_capacity(self.copies.len() + self.followers.len());
-        for (row, kv, expect) in &self.copies {
+        Ok(resolve_followers(self.hash_copies()?, &self.followers))
+    }
+
+    /// Hash the copies; returns their jobs (followers are left to [`resolve_followers`]).
+    fn hash_copies(&self) -> Result<Vec<usize>> {
+        let mut jobs = Vec::with_capacity(self.copies.len());
+        for (j, kv, expect) in &self.copies {
             if kv.fingerprint() != *expect {
                 return Err(Error::Invariant(format!(
                     "KV fingerprint mismatch resuming snapshot of length {}: the decode-time state was not reproduced",
                     kv.positions()
                 )));
             }
-            rows.push(*row);
+            jobs.push(*j);
         }
-        for &(row, rep) in &self.followers {
-            if rows.contains(&rep) {
-                rows.push(row);
-            }
-        }
-        Ok(rows)
+        Ok(jobs)
     }
+}
+
+/// `hashed` plus the followers whose representative is verified, in registration order.
+fn resolve_followers(mut hashed: Vec<usize>, followers: &[(usize, usize)]) -> Vec<usize> {
+    let mut ok: std::collections::BTreeSet<usize> = hashed.iter().copied().collect();
+    for &(j, rep) in followers {
+        if ok.contains(&rep) {
+            ok.insert(j);
+            hashed.push(j);
+        }
+    }
+    hashed
+}
+
+/// Whether two jobs start from the same snapshot with the same fingerprint to verify.
+fn same_start(a: &Start, b: &Start) -> bool {
+    std::ptr::eq(a.cache, b.cache) && a.snap == b.snap && a.expect == b.expect
 }
 
 /// Check the rows of a freshly loaded chunk against their decode-time fingerprints. Rows that
@@ -459,10 +841,9 @@ fn verify(
     let mut hashed: Vec<(usize, [u8; 32])> = Vec::new();
     for (row, &j) in chunk.iter().enumerate() {
         let s = &jobs[j].start;
-        let first = chunk[..row].iter().position(|&i| {
-            let o = &jobs[i].start;
-            std::ptr::eq(o.cache, s.cache) && o.snap == s.snap && o.expect == s.expect
-        });
+        let first = chunk[..row]
+            .iter()
+            .position(|&i| same_start(&jobs[i].start, s));
         match first {
             Some(r) => rep.push(r),
             None => {
@@ -475,16 +856,13 @@ fn verify(
     }
     let followers: Vec<(usize, usize)> = (0..chunk.len())
         .filter(|&r| rep[r] != r && jobs[chunk[r]].start.expect.is_some())
-        .map(|r| (r, rep[r]))
+        .map(|r| (chunk[r], chunk[rep[r]]))
         .collect();
     if !followers.is_empty() {
         let rows: Vec<usize> = (0..chunk.len()).collect();
         let upto = cache.lens().iter().copied().max().unwrap_or(0);
         if !cache.rows_equal(&rows, &rep, upto)? {
-            return Err(Error::Invariant(
-                "KV rows resumed from the same snapshot differ: the decode-time state was not reproduced"
-                    .into(),
-            ));
+            return Err(same_snapshot_differs());
         }
     }
     let mut copies = Vec::with_capacity(hashed.len());
@@ -494,9 +872,56 @@ fn verify(
             row,
             len: jobs[chunk[row]].start.snap.len,
         })?;
-        copies.push((row, kv, expect));
+        copies.push((chunk[row], kv, expect));
     }
     Ok(PendingHashes { copies, followers })
+}
+
+fn same_snapshot_differs() -> Error {
+    Error::Invariant(
+        "KV rows resumed from the same snapshot differ: the decode-time state was not reproduced"
+            .into(),
+    )
+}
+
+/// The outcome of a job whose branch token is a stop token: it ends before anything is
+/// decoded.
+fn stopped_at_branch(dec: &Decoding, job: &Job) -> Option<Outcome> {
+    dec.stop_tokens.contains(&job.first_token).then(|| Outcome {
+        tokens: vec![],
+        stop: Stop::Eos,
+    })
+}
+
+/// Why a job whose tokens are now `seq` (the last one sampled at its own step `step`) stops,
+/// if it does.
+fn stop_after(dec: &Decoding, seq: &[i64], step: usize) -> Option<Stop> {
+    let tok = *seq.last()?;
+    if dec.stop_tokens.contains(&tok) {
+        Some(Stop::Eos)
+    } else if seq.len() >= dec.max_new_tokens {
+        Some(Stop::Length)
+    } else if (step + 1).is_multiple_of(TEXT_STOP_EVERY) && dec.text_stop.is_some_and(|f| f(seq)) {
+        Some(Stop::Text)
+    } else {
+        None
+    }
+}
+
+/// `key` advanced to the job's own step `step`.
+fn key_at(key: NoiseKey, step: usize) -> NoiseKey {
+    NoiseKey {
+        step: key.step + step as u64,
+        ..key
+    }
+}
+
+/// Count one step of `rows` rows of which `live` produced a kept token.
+fn count_step(stats: &mut EngineStats, rows: usize, live: usize, on_tokens: &mut dyn FnMut(u64)) {
+    stats.steps += 1;
+    stats.row_steps += rows as u64;
+    stats.tokens += live as u64;
+    on_tokens(live as u64);
 }
 
 fn decode_chunk(
@@ -515,15 +940,9 @@ fn decode_chunk(
     // A branch token that is a stop token ends its continuation before anything is decoded.
     for slot in rows.iter_mut() {
         if let Some(j) = *slot
-            && dec.stop_tokens.contains(&jobs[j].first_token)
+            && let Some(o) = stopped_at_branch(dec, &jobs[j])
         {
-            done.push((
-                j,
-                Outcome {
-                    tokens: vec![],
-                    stop: Stop::Eos,
-                },
-            ));
+            done.push((j, o));
             *slot = None;
         }
     }
@@ -534,36 +953,18 @@ fn decode_chunk(
         // Finished rows draw with their old key; their tokens are discarded.
         let keys: Vec<NoiseKey> = rows
             .iter()
-            .map(|r| {
-                let key = jobs[r.unwrap_or(chunk[0])].key;
-                NoiseKey {
-                    step: key.step + step as u64,
-                    ..key
-                }
-            })
+            .map(|r| key_at(jobs[r.unwrap_or(chunk[0])].key, step))
             .collect();
         let next = stepper
             .step(&feed, &keys)
             .map_err(|e| e.context(&format!("continuation step {step}")))?;
         let live = rows.iter().filter(|r| r.is_some()).count();
-        stats.steps += 1;
-        stats.row_steps += rows.len() as u64;
-        stats.tokens += live as u64;
-        on_tokens(live as u64);
+        count_step(stats, rows.len(), live, on_tokens);
         for (slot, &tok) in rows.iter_mut().zip(&next) {
             let Some(j) = *slot else { continue };
             let seq = &mut tokens[j];
             seq.push(tok);
-            let stop = if dec.stop_tokens.contains(&tok) {
-                Some(Stop::Eos)
-            } else if seq.len() >= dec.max_new_tokens {
-                Some(Stop::Length)
-            } else if (step + 1) % TEXT_STOP_EVERY == 0 && dec.text_stop.is_some_and(|f| f(seq)) {
-                Some(Stop::Text)
-            } else {
-                None
-            };
-            if let Some(stop) = stop {
+            if let Some(stop) = stop_after(dec, seq, step) {
                 done.push((
                     j,
                     Outcome {

@@ -100,6 +100,44 @@ impl<'m> Stepper<'m> {
         extra: usize,
         min_capacity: i64,
     ) -> Result<Stepper<'m>> {
+        Stepper::build(
+            model,
+            policy,
+            sampling,
+            mode,
+            parts,
+            extra,
+            min_capacity,
+            false,
+        )
+    }
+
+    /// A batch whose row `i` resumes `parts[i]`, with `capacity` positions per row in every
+    /// mode (eager included), so that any snapshot up to `capacity − extra` positions can later
+    /// be loaded into any row ([`Self::load_row`]) and still decode `extra` positions.
+    pub fn with_capacity(
+        model: &'m Decoder,
+        policy: ExecPolicy,
+        sampling: Sampling,
+        mode: EngineMode,
+        parts: &[(&KvCache, Snapshot)],
+        extra: usize,
+        capacity: i64,
+    ) -> Result<Stepper<'m>> {
+        Stepper::build(model, policy, sampling, mode, parts, extra, capacity, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        model: &'m Decoder,
+        policy: ExecPolicy,
+        sampling: Sampling,
+        mode: EngineMode,
+        parts: &[(&KvCache, Snapshot)],
+        extra: usize,
+        min_capacity: i64,
+        eager_capacity: bool,
+    ) -> Result<Stepper<'m>> {
         let mode = mode.resolve(model.device());
         if mode == EngineMode::Graph && !model.device().is_cuda() {
             return Err(Error::Spec(format!(
@@ -108,7 +146,13 @@ impl<'m> Stepper<'m> {
             )));
         }
         let (cache, steps) = if mode == EngineMode::Eager {
-            (KvCache::gather(parts, extra as i64)?, Steps::Eager)
+            let longest = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
+            let room = if eager_capacity {
+                (min_capacity - longest).max(extra as i64)
+            } else {
+                extra as i64
+            };
+            (KvCache::gather(parts, room)?, Steps::Eager)
         } else {
             let (cache, st) = static_buffers(model, parts, extra, min_capacity)?;
             (cache, Steps::Static(st))
@@ -150,6 +194,26 @@ impl<'m> Stepper<'m> {
             self.steps = Steps::Static(st);
             Ok(())
         }
+    }
+
+    /// Overwrite row `row` with snapshot `snap` of `src` (the other rows, the capacity and
+    /// any captured graphs stay); the caller keeps it within the capacity.
+    pub fn load_row(&mut self, row: usize, src: &KvCache, snap: Snapshot) -> Result<()> {
+        self.cache.load_row(row, src, snap)
+    }
+
+    /// Set row `row`'s length back to `len` (at most its length now): its next step writes
+    /// there, and positions from there on are never attended again.
+    pub fn rewind_row(&mut self, row: usize, len: i64) -> Result<()> {
+        let mut lens = self.cache.lens().to_vec();
+        let Some(l) = lens.get_mut(row) else {
+            return Err(Error::KvCache(format!(
+                "cannot rewind row {row} of a batch of {}",
+                self.cache.batch()
+            )));
+        };
+        *l = len;
+        self.cache.truncate(&lens)
     }
 
     /// The batch cache (rows `0..batch()`).

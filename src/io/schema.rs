@@ -93,6 +93,8 @@ pub mod col {
     pub const ROW: &str = "row";
     /// `batch_rows`.
     pub const BATCH_ROWS: &str = "batch_rows";
+    /// `fill` (refill runs only).
+    pub const FILL: &str = "fill";
     /// `snapshot_verified`.
     pub const SNAPSHOT_VERIFIED: &str = "snapshot_verified";
     /// `estimate`.
@@ -199,6 +201,17 @@ pub fn columns(table: &str) -> Option<Vec<&'static str>> {
         _ => return None,
     };
     Some(COMMON_COLUMNS.iter().chain(rest).copied().collect())
+}
+
+/// [`columns`] of a run with `passes.refill` as `refill` says: a refill run's continuations
+/// also have `fill`, right after `batch_rows`.
+pub fn run_columns(table: &str, refill: bool) -> Option<Vec<&'static str>> {
+    let mut cols = columns(table)?;
+    if refill && table == "continuations" {
+        let at = cols.iter().position(|&c| c == col::BATCH_ROWS)? + 1;
+        cols.insert(at, col::FILL);
+    }
+    Some(cols)
 }
 
 /// One of the four ways the pivot state is obtained.
@@ -407,6 +420,9 @@ pub struct Manifest {
     /// `passes.pool_problems` when above 1 (problems run in pooled groups of that size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_problems: Option<usize>,
+    /// `passes.refill` when on (each pass ran as one continuously refilled queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refill: Option<bool>,
     /// Continuations per branch.
     pub k: u32,
     /// Campaign seed.
