@@ -396,23 +396,7 @@ impl KvCache {
             )));
         }
         for (src, s) in parts {
-            if src.shape != self.shape || src.kind != self.kind || src.device != self.device {
-                return Err(Error::KvCache(
-                    "gathered caches differ in shape, dtype or device".into(),
-                ));
-            }
-            if s.row >= src.batch() || s.len > src.lens[s.row] {
-                return Err(Error::KvCache(format!(
-                    "snapshot (row {}, len {}) is not within its source cache",
-                    s.row, s.len
-                )));
-            }
-            if s.len > self.capacity {
-                return Err(Error::KvCache(format!(
-                    "snapshot of length {} does not fit a cache of capacity {}",
-                    s.len, self.capacity
-                )));
-            }
+            self.check_source(src, *s)?;
         }
         // Group the rows by source cache, in first-appearance order.
         let mut groups: Vec<(&KvCache, Vec<usize>)> = Vec::new();
@@ -473,17 +457,10 @@ impl KvCache {
         Ok(())
     }
 
-    /// Overwrite batch row `row` with snapshot `snap` of `src`, leaving the other rows as they
-    /// are. Positions at and beyond the snapshot's length keep whatever they held: attention
-    /// never sees them, since a row's queries attend only to keys at or below its own position
-    /// (the causal mask on each row's position, in the eager and the static forward alike).
-    pub fn load_row(&mut self, row: usize, src: &KvCache, snap: Snapshot) -> Result<()> {
-        if row >= self.batch() {
-            return Err(Error::KvCache(format!(
-                "cannot load row {row} of a batch of {}",
-                self.batch()
-            )));
-        }
+    /// Refuse a snapshot `snap` of `src` that cannot be copied into a row of this cache:
+    /// another shape, dtype or device, a row or length outside `src`, or longer than the
+    /// capacity.
+    fn check_source(&self, src: &KvCache, snap: Snapshot) -> Result<()> {
         if src.shape != self.shape || src.kind != self.kind || src.device != self.device {
             return Err(Error::KvCache(
                 "gathered caches differ in shape, dtype or device".into(),
@@ -501,6 +478,21 @@ impl KvCache {
                 snap.len, self.capacity
             )));
         }
+        Ok(())
+    }
+
+    /// Overwrite batch row `row` with snapshot `snap` of `src`, leaving the other rows as they
+    /// are. Positions at and beyond the snapshot's length keep whatever they held: attention
+    /// never sees them, since a row's queries attend only to keys at or below its own position
+    /// (the causal mask on each row's position, in the eager and the static forward alike).
+    pub fn load_row(&mut self, row: usize, src: &KvCache, snap: Snapshot) -> Result<()> {
+        if row >= self.batch() {
+            return Err(Error::KvCache(format!(
+                "cannot load row {row} of a batch of {}",
+                self.batch()
+            )));
+        }
+        self.check_source(src, snap)?;
         if snap.len > 0 {
             for (dst, from) in self.layers.iter_mut().zip(&src.layers) {
                 for (d, f) in [(&dst.k, &from.k), (&dst.v, &from.v)] {

@@ -717,6 +717,19 @@ fn tables_without_placement(run: &Path) -> Vec<(String, Vec<arrow_array::RecordB
         .collect()
 }
 
+/// Assert that two runs' four tables are non-empty and bitwise equal, all but the placement
+/// columns (`what` names the two schedules in the message).
+fn assert_same_tables_but_placement(a: &Path, b: &Path, what: &str) {
+    let (a, b) = (tables_without_placement(a), tables_without_placement(b));
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(
+            x.iter().map(|b| b.num_rows()).sum::<usize>() > 0,
+            "{name} is empty"
+        );
+        assert_eq!(x, y, "{name} differs between {what}");
+    }
+}
+
 /// Under the batch-invariant policy, pooling 3 problems' rollouts and continuations (pools of
 /// 2: problems 0-1, then 2) gives bitwise the tables of per-problem scheduling, all but the
 /// placement columns; the pooled replica still ran batches other than exact's, and exact's
@@ -734,20 +747,7 @@ fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
         .replace("batch_size = 4\n", "batch_size = 5\n");
     let (single, _) = run_spec(&dir, &base, "single");
     let (pooled, _) = run_spec(&dir, &pooled_text, "pooled");
-    let (a, b) = (
-        tables_without_placement(&single),
-        tables_without_placement(&pooled),
-    );
-    for ((name, x), (_, y)) in a.iter().zip(&b) {
-        assert!(
-            x.iter().map(|b| b.num_rows()).sum::<usize>() > 0,
-            "{name} is empty"
-        );
-        assert_eq!(
-            x, y,
-            "{name} differs between pooled and per-problem scheduling"
-        );
-    }
+    assert_same_tables_but_placement(&single, &pooled, "pooled and per-problem scheduling");
     // Exact's batches held continuations of two problems at once.
     use arrow_array::{StringArray, UInt32Array};
     let mut by_batch: std::collections::BTreeMap<(String, u32, u32), Vec<u32>> = Default::default();
@@ -780,7 +780,10 @@ fn pooled_scheduling_is_bitwise_per_problem_scheduling_under_batch_invariant() {
 
     // Negative control.
     let (other, _) = run_spec(&dir, &base.replace("seed = 7", "seed = 8"), "other");
-    let c = tables_without_placement(&other);
+    let (a, c) = (
+        tables_without_placement(&single),
+        tables_without_placement(&other),
+    );
     let differs: Vec<&str> = a
         .iter()
         .zip(&c)
@@ -889,20 +892,7 @@ fn refill_pooled_campaign_is_bitwise_per_problem_scheduling_under_batch_invarian
     };
     let m = run(&spec).unwrap();
     assert_eq!(m.refill, Some(true));
-    let (a, b) = (
-        tables_without_placement(&single),
-        tables_without_placement(&refill),
-    );
-    for ((name, x), (_, y)) in a.iter().zip(&b) {
-        assert!(
-            x.iter().map(|b| b.num_rows()).sum::<usize>() > 0,
-            "{name} is empty"
-        );
-        assert_eq!(
-            x, y,
-            "{name} differs between refill and per-problem batches"
-        );
-    }
+    assert_same_tables_but_placement(&single, &refill, "refill and per-problem batches");
     let names: Vec<String> = read_batches(&refill.join("continuations.parquet")).unwrap()[0]
         .schema()
         .fields()

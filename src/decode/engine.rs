@@ -322,25 +322,10 @@ pub fn run_batches(
         }
     }
     // Static batches keep one capacity for the whole run (graphs hold on to the buffers).
-    let longest = batches
-        .iter()
-        .flatten()
-        .map(|&j| jobs[j].start.snap.len)
-        .max()
-        .unwrap_or(0);
-    dec.model.check_context(
-        (longest + extra as i64) as usize,
-        &format!(
-            "continuing a {longest}-token state by {} tokens",
-            dec.max_new_tokens
-        ),
-    )?;
+    let longest = longest_start(dec, jobs, batches.iter().flatten())?;
     let mut stepper: Option<Stepper> = None;
     for chunk in batches {
-        let parts: Vec<(&KvCache, Snapshot)> = chunk
-            .iter()
-            .map(|&j| (jobs[j].start.cache, jobs[j].start.snap))
-            .collect();
+        let parts = starts(jobs, chunk);
         let t = Instant::now();
         match stepper.as_mut() {
             Some(s) => s.load(&parts, extra)?,
@@ -650,23 +635,9 @@ pub fn run_queue(
     }
     let width = width.min(order.len());
     let extra = dec.max_new_tokens + 1;
-    let longest = order
-        .iter()
-        .map(|&j| jobs[j].start.snap.len)
-        .max()
-        .unwrap_or(0);
-    dec.model.check_context(
-        (longest + extra as i64) as usize,
-        &format!(
-            "continuing a {longest}-token state by {} tokens",
-            dec.max_new_tokens
-        ),
-    )?;
+    let longest = longest_start(dec, jobs, order)?;
     let first = &order[..width];
-    let parts: Vec<(&KvCache, Snapshot)> = first
-        .iter()
-        .map(|&j| (jobs[j].start.cache, jobs[j].start.snap))
-        .collect();
+    let parts = starts(jobs, first);
     let t = Instant::now();
     let mut stepper = Stepper::with_capacity(
         dec.model,
@@ -752,6 +723,35 @@ pub fn run_queue(
         checks,
         stats,
     })
+}
+
+/// The longest starting state among the jobs `ids`, refused when continuing it by
+/// `max_new_tokens` would exceed the model's context.
+fn longest_start<'i>(
+    dec: &Decoding,
+    jobs: &[Job],
+    ids: impl IntoIterator<Item = &'i usize>,
+) -> Result<i64> {
+    let longest = ids
+        .into_iter()
+        .map(|&j| jobs[j].start.snap.len)
+        .max()
+        .unwrap_or(0);
+    dec.model.check_context(
+        (longest + dec.max_new_tokens as i64 + 1) as usize,
+        &format!(
+            "continuing a {longest}-token state by {} tokens",
+            dec.max_new_tokens
+        ),
+    )?;
+    Ok(longest)
+}
+
+/// The starting snapshots of the jobs `ids`, in order.
+fn starts<'a>(jobs: &[Job<'a>], ids: &[usize]) -> Vec<(&'a KvCache, Snapshot)> {
+    ids.iter()
+        .map(|&j| (jobs[j].start.cache, jobs[j].start.snap))
+        .collect()
 }
 
 /// Per continuation and per distinct snapshot: how many had a fingerprint, how many were
