@@ -457,6 +457,19 @@ impl KvCache {
         Ok(())
     }
 
+    /// The mask of skipped positions (a view sharing its storage), made all-false first if
+    /// none was kept.
+    fn mask(&mut self) -> Result<Tensor> {
+        if self.masked.is_none() {
+            let rows = self.rows() as i64;
+            self.masked = Some(Tensor::f_zeros(
+                [rows, self.capacity],
+                (Kind::Bool, self.device),
+            )?);
+        }
+        Ok(self.masked.as_ref().expect("made above").shallow_clone())
+    }
+
     /// Refuse a snapshot `snap` of `src` that cannot be copied into a row of this cache:
     /// another shape, dtype or device, a row or length outside `src`, or longer than the
     /// capacity.
@@ -506,18 +519,7 @@ impl KvCache {
             }
         }
         if self.masked.is_some() || src.masked.is_some() {
-            if self.masked.is_none() {
-                let rows = self.rows() as i64;
-                self.masked = Some(Tensor::f_zeros(
-                    [rows, self.capacity],
-                    (Kind::Bool, self.device),
-                )?);
-            }
-            let mut m = self
-                .masked
-                .as_ref()
-                .expect("made above")
-                .f_narrow(0, row as i64, 1)?;
+            let mut m = self.mask()?.f_narrow(0, row as i64, 1)?;
             let _ = m.f_zero_()?;
             if let (Some(from), true) = (&src.masked, snap.len > 0) {
                 m.f_narrow(1, 0, snap.len)?.f_copy_(
@@ -569,14 +571,7 @@ impl KvCache {
         if positions.is_empty() {
             return Ok(());
         }
-        if self.masked.is_none() {
-            let rows = self.rows() as i64;
-            self.masked = Some(Tensor::f_zeros(
-                [rows, self.capacity],
-                (Kind::Bool, self.device),
-            )?);
-        }
-        let m = self.masked.as_ref().expect("made above");
+        let m = &self.mask()?;
         let idx = Tensor::f_from_slice(positions)?.f_to_device(self.device)?;
         let _ = m.f_narrow(0, row as i64, 1)?.f_index_fill_(1, &idx, 1)?;
         Ok(())
