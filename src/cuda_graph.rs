@@ -65,6 +65,21 @@ const ERR_LEN: usize = 1024;
 
 /// Call a shim function taking an error buffer; map a non-zero return to an error.
 fn call(what: &str, f: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<()> {
+    shim_call(
+        &format!("CUDA graph {what}"),
+        "CUDA graphs are not available in this build",
+        f,
+    )
+    .map_err(Error::Spec)
+}
+
+/// Call a shim function taking an error buffer (`f` returns non-zero on failure); the error
+/// is `what: <the shim's message>` (`unavailable` when it left none).
+pub(crate) fn shim_call(
+    what: &str,
+    unavailable: &str,
+    f: impl FnOnce(*mut c_char, usize) -> c_int,
+) -> std::result::Result<(), String> {
     let mut buf = vec![0u8; ERR_LEN];
     let rc = f(buf.as_mut_ptr().cast(), ERR_LEN);
     if rc == 0 {
@@ -73,11 +88,11 @@ fn call(what: &str, f: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<()> {
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     let msg = String::from_utf8_lossy(&buf[..end]);
     let msg = if msg.is_empty() {
-        "CUDA graphs are not available in this build".into()
+        unavailable.into()
     } else {
         msg
     };
-    Err(Error::Spec(format!("CUDA graph {what}: {msg}")))
+    Err(format!("{what}: {msg}"))
 }
 
 /// Whether this binary can capture CUDA graphs (its shim was compiled with CUDA headers).

@@ -22,6 +22,7 @@ pub mod gguf;
 pub mod io;
 pub mod kv_cache;
 pub mod model;
+pub mod nvrtc;
 pub mod registry;
 pub mod runtime;
 pub mod sampling;

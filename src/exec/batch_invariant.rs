@@ -41,6 +41,26 @@ use crate::config::Activation;
 use crate::{Error, Result};
 use tch::{Device, Kind, Tensor};
 
+/// Which kernels the batch-invariant policy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BiKernels {
+    /// Fixed-shape ATen calls (this module): any device; the tiles below set the shapes.
+    #[default]
+    Aten,
+    /// CUDA only ([`super::fused`]): linear layers as single cuBLASLt GEMMs of at most
+    /// `gemm_rows` rows under M-invariant settings, and NVRTC-compiled kernels for attention
+    /// (chunks of `key_chunk` keys), RMSNorm and the activation. `norm_rows`, `query_tile`
+    /// and `units` are not used.
+    Fused,
+}
+
+impl BiKernels {
+    fn is_aten(&self) -> bool {
+        *self == BiKernels::Aten
+    }
+}
+
 /// Fixed shapes of the batch-invariant policy's calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BiTiles {
@@ -54,6 +74,10 @@ pub struct BiTiles {
     pub key_chunk: i64,
     /// (block, chunk) units per batched attention matmul.
     pub units: i64,
+    /// The kernels these tiles are for (absent from records made before fused kernels
+    /// existed: those ran [`BiKernels::Aten`]).
+    #[serde(default, skip_serializing_if = "BiKernels::is_aten")]
+    pub kernels: BiKernels,
 }
 
 impl BiTiles {
@@ -65,14 +89,27 @@ impl BiTiles {
         query_tile: 4,
         key_chunk: 32,
         units: 8,
+        kernels: BiKernels::Aten,
     };
-    /// CUDA defaults: tiles large enough that a batch of 128 decoding rows is one matmul.
-    pub const CUDA: BiTiles = BiTiles {
+    /// CUDA defaults of the ATen kernels: tiles large enough that a batch of 128 decoding
+    /// rows is one matmul.
+    pub const CUDA_ATEN: BiTiles = BiTiles {
         gemm_rows: 128,
         norm_rows: 1024,
         query_tile: 8,
         key_chunk: 128,
         units: 256,
+        kernels: BiKernels::Aten,
+    };
+    /// CUDA defaults: the fused kernels, GEMMs of up to 512 rows (the range over which the
+    /// cuBLASLt settings were measured M-invariant on the H200), 128-key attention chunks.
+    pub const CUDA: BiTiles = BiTiles {
+        gemm_rows: 512,
+        norm_rows: 1024,
+        query_tile: 8,
+        key_chunk: 128,
+        units: 256,
+        kernels: BiKernels::Fused,
     };
 
     /// The default tiles of `device`'s kind.
@@ -83,12 +120,17 @@ impl BiTiles {
         }
     }
 
-    /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…`.
+    /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…` (then `,kernels=fused`
+    /// for the fused kernels).
     pub fn describe(&self) -> String {
-        format!(
+        let mut s = format!(
             "gemm_rows={},norm_rows={},query_tile={},key_chunk={},units={}",
             self.gemm_rows, self.norm_rows, self.query_tile, self.key_chunk, self.units
-        )
+        );
+        if self.kernels == BiKernels::Fused {
+            s.push_str(",kernels=fused");
+        }
+        s
     }
 }
 
@@ -105,6 +147,8 @@ pub struct TileOverrides {
     pub key_chunk: Option<i64>,
     /// See [`BiTiles::units`].
     pub units: Option<i64>,
+    /// See [`BiTiles::kernels`].
+    pub kernels: Option<BiKernels>,
 }
 
 impl TileOverrides {
@@ -115,6 +159,18 @@ impl TileOverrides {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| Error::Spec(format!("tile setting `{part}` is not key=value")))?;
+            if k.trim() == "kernels" {
+                o.kernels = Some(match v.trim() {
+                    "aten" => BiKernels::Aten,
+                    "fused" => BiKernels::Fused,
+                    other => {
+                        return Err(Error::Spec(format!(
+                            "tile setting `kernels={other}`: expected aten or fused"
+                        )));
+                    }
+                });
+                continue;
+            }
             let v: i64 = v.trim().parse().ok().filter(|v| *v > 0).ok_or_else(|| {
                 Error::Spec(format!("tile setting `{part}`: not a positive integer"))
             })?;
@@ -126,7 +182,7 @@ impl TileOverrides {
                 "units" => &mut o.units,
                 other => {
                     return Err(Error::Spec(format!(
-                        "unknown tile setting `{other}` (gemm_rows, norm_rows, query_tile, key_chunk, units)"
+                        "unknown tile setting `{other}` (gemm_rows, norm_rows, query_tile, key_chunk, units, kernels)"
                     )));
                 }
             };
@@ -142,6 +198,7 @@ impl TileOverrides {
         t.query_tile = self.query_tile.unwrap_or(t.query_tile);
         t.key_chunk = self.key_chunk.unwrap_or(t.key_chunk);
         t.units = self.units.unwrap_or(t.units);
+        t.kernels = self.kernels.unwrap_or(t.kernels);
         t
     }
 }

@@ -110,6 +110,29 @@ impl Check {
     }
 }
 
+/// How close the checked policy's reference logits are to the stock policy's (a sanity check
+/// of the values: invariance alone would also hold for a kernel computing nonsense).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StockAgreement {
+    /// Logit rows (positions) compared.
+    pub rows: usize,
+    /// Largest absolute logit difference.
+    pub max_abs: f64,
+    /// Rows whose argmax is the same token.
+    pub argmax_equal: usize,
+}
+
+impl StockAgreement {
+    /// Share of rows with the same argmax.
+    pub fn argmax_rate(&self) -> f64 {
+        if self.rows == 0 {
+            1.0
+        } else {
+            self.argmax_equal as f64 / self.rows as f64
+        }
+    }
+}
+
 /// All checks of one run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Report {
@@ -117,6 +140,8 @@ pub struct Report {
     pub policy: ExecPolicy,
     /// One entry per kind of comparison, in a fixed order.
     pub checks: Vec<Check>,
+    /// The reference prefills against the same prefills under stock (`None` under stock).
+    pub vs_stock: Option<StockAgreement>,
 }
 
 impl Report {
@@ -213,6 +238,11 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
                 .map(|(bs, row)| Check::new(&format!("batch{bs}_row{row}"))),
         )
         .collect();
+    let mut vs_stock = (policy != ExecPolicy::Stock).then_some(StockAgreement {
+        rows: 0,
+        max_abs: 0.0,
+        argmax_equal: 0,
+    });
     for _ in 0..opts.trials {
         let n = rng.range(opts.min_len, opts.max_len);
         let steps = rng.range(1, opts.decode_steps.min(n - 1));
@@ -224,6 +254,25 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
         let reference = model
             .forward(&ids(&seq)?, &mut ref_cache, &policy, &LogitsAt::All)?
             .f_get(0)?;
+        if let Some(agree) = vs_stock.as_mut() {
+            let mut cache = model.new_cache(1, n as i64)?;
+            let stock = model
+                .forward(&ids(&seq)?, &mut cache, &ExecPolicy::Stock, &LogitsAt::All)?
+                .f_get(0)?
+                .f_to_kind(Kind::Double)?;
+            let mine = reference.f_to_kind(Kind::Double)?;
+            let diff = mine.f_sub(&stock)?.f_abs()?.f_max()?.f_double_value(&[])?;
+            if diff.is_nan() || diff > agree.max_abs {
+                agree.max_abs = diff;
+            }
+            let same = mine
+                .f_argmax(-1, false)?
+                .f_eq_tensor(&stock.f_argmax(-1, false)?)?
+                .f_sum(Kind::Int64)?
+                .f_int64_value(&[])?;
+            agree.rows += n;
+            agree.argmax_equal += same as usize;
+        }
 
         // A shorter prefill, then decode steps.
         let mut cache = model.new_cache(1, n as i64)?;
@@ -309,7 +358,11 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
             check.kv(same_kv(&cache, row, &ref_cache, 0, n as i64)?);
         }
     }
-    Ok(Report { policy, checks })
+    Ok(Report {
+        policy,
+        checks,
+        vs_stock,
+    })
 }
 
 #[cfg(test)]

@@ -8,10 +8,11 @@ use crate::config::Activation;
 use tch::{Kind, Tensor};
 
 pub mod batch_invariant;
+mod fused;
 pub mod invariance;
 mod stock;
 
-pub use batch_invariant::{BiTiles, TileOverrides};
+pub use batch_invariant::{BiKernels, BiTiles, TileOverrides};
 
 /// An execution policy as specs, arguments and records name it: without its settings.
 #[derive(
@@ -161,6 +162,9 @@ impl ExecPolicy {
     pub fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> crate::Result<Tensor> {
         match self {
             ExecPolicy::Stock => stock::linear(x, w, b),
+            ExecPolicy::BatchInvariant(t) if t.kernels == BiKernels::Fused => {
+                fused::linear(t, x, w, b)
+            }
             ExecPolicy::BatchInvariant(t) => batch_invariant::linear(t, x, w, b),
         }
     }
@@ -176,6 +180,9 @@ impl ExecPolicy {
     ) -> crate::Result<Tensor> {
         match self {
             ExecPolicy::Stock => stock::attention(q, k, v, p),
+            ExecPolicy::BatchInvariant(t) if t.kernels == BiKernels::Fused => {
+                fused::attention(t, q, k, v, p)
+            }
             ExecPolicy::BatchInvariant(t) => batch_invariant::attention(t, q, k, v, p),
         }
     }
@@ -191,6 +198,9 @@ impl ExecPolicy {
                 let h = last_dim(x)?;
                 Ok(x.f_to_kind(out)?.f_rms_norm([h], None::<Tensor>, eps)?)
             }
+            ExecPolicy::BatchInvariant(t) if t.kernels == BiKernels::Fused => {
+                fused::rms_normalize(t, x, eps, out)
+            }
             ExecPolicy::BatchInvariant(t) => {
                 Ok(batch_invariant::rms_normalize(t, x, eps)?.f_to_kind(out)?)
             }
@@ -205,6 +215,9 @@ impl ExecPolicy {
                 Activation::GeluTanh => x.f_gelu("tanh")?,
                 Activation::Gelu => x.f_gelu("none")?,
             }),
+            ExecPolicy::BatchInvariant(t) if t.kernels == BiKernels::Fused => {
+                fused::activation(x, act)
+            }
             ExecPolicy::BatchInvariant(_) => batch_invariant::activation(x, act),
         }
     }
@@ -261,8 +274,19 @@ impl ExecSettings {
                 None => EngineMode::Auto,
             },
         };
+        let cuda = matches!(device, tch::Device::Cuda(_));
+        let base = match overrides.kernels {
+            Some(BiKernels::Aten) if cuda => BiTiles::CUDA_ATEN,
+            _ => BiTiles::for_device(device),
+        };
+        let tiles = overrides.apply(base);
+        if tiles.kernels == BiKernels::Fused && !(cuda && crate::cuda_graph::compiled()) {
+            return Err(crate::Error::Spec(format!(
+                "tile setting kernels=fused needs a CUDA device and a binary built with CUDA headers (device {device:?})"
+            )));
+        }
         Ok(ExecSettings {
-            tiles: overrides.apply(BiTiles::for_device(device)),
+            tiles,
             engine: engine.resolve(device),
         })
     }
@@ -284,5 +308,50 @@ impl ExecSettings {
             tiles: self.policy(kind).tiles(),
             engine,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn kernels_setting_parses_applies_and_records_compatibly() -> crate::Result<()> {
+        let o = TileOverrides::parse("kernels=fused, key_chunk=64")?;
+        let t = o.apply(BiTiles::CPU);
+        assert_eq!((t.kernels, t.key_chunk), (BiKernels::Fused, 64));
+        assert!(t.describe().ends_with(",kernels=fused"));
+        assert!(!BiTiles::CPU.describe().contains("kernels"));
+        assert!(TileOverrides::parse("kernels=triton").is_err());
+        // Records of the ATen kernels keep their old form; old records read as ATen.
+        let aten = serde_json::to_value(BiTiles::CUDA_ATEN)
+            .map_err(|e| crate::Error::Output(e.to_string()))?;
+        assert!(aten.get("kernels").is_none());
+        let fused =
+            serde_json::to_value(BiTiles::CUDA).map_err(|e| crate::Error::Output(e.to_string()))?;
+        assert_eq!(fused["kernels"], "fused");
+        let old: BiTiles =
+            serde_json::from_value(aten).map_err(|e| crate::Error::Output(e.to_string()))?;
+        assert_eq!(old, BiTiles::CUDA_ATEN);
+        Ok(())
+    }
+
+    #[test]
+    fn fused_kernels_are_the_cuda_default_and_refused_on_the_cpu() -> crate::Result<()> {
+        let cpu = ExecSettings::resolve(Device::Cpu, Some("kernels=aten"), None)?;
+        assert_eq!(cpu.tiles, BiTiles::CPU);
+        let err = ExecSettings::resolve(Device::Cpu, Some("kernels=fused"), None)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("kernels=fused needs a CUDA device"), "{err}");
+        let aten = ExecSettings::resolve(Device::Cuda(0), Some("kernels=aten"), None)?;
+        assert_eq!(aten.tiles, BiTiles::CUDA_ATEN);
+        if crate::cuda_graph::compiled() {
+            let auto = ExecSettings::resolve(Device::Cuda(0), Some(""), None)?;
+            assert_eq!(auto.tiles, BiTiles::CUDA);
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,225 @@
+//! The batch-invariant policy's fused CUDA kernels ([`super::BiKernels::Fused`]): the same
+//! guarantee as the fixed-shape ATen calls of [`super::batch_invariant`] — a token's result
+//! does not depend on what shares its forward pass — in about as many launches as the stock
+//! policy.
+//!
+//! * **linear**: one GEMM per call of at most `gemm_rows` rows, run with cuBLASLt preferred
+//!   and reduced-precision reductions and split-K off ([`crate::nvrtc::with_invariant_blas`]):
+//!   under those settings every row of a GEMM was measured bitwise the same for M = 1…512 on
+//!   the H200 (`kvcredit invariance` checks it for each model). Nothing is padded.
+//! * **attention, RMSNorm, activation**: kernels of `kernels/bi_kernels.cu`, compiled at run
+//!   time with NVRTC, in which each output element is one fixed sequence of fp32 operations
+//!   over its own row (the file explains the attention's chunked online softmax and why keys
+//!   a query cannot see never reach its result).
+//!
+//! fp64 runs use the ATen kernels (the fused ones are written for fp32, fp16 and bf16).
+use super::{AttnParams, BiTiles, batch_invariant};
+use crate::config::Activation;
+use crate::nvrtc::{Arg, Kernel, with_invariant_blas};
+use crate::{Error, Result};
+use tch::{Kind, Tensor};
+
+const SOURCE: &str = include_str!("../../kernels/bi_kernels.cu");
+const THREADS: u32 = 128;
+
+/// The kernels' element-type code, or `None` for types they do not handle.
+fn dtype_code(kind: Kind) -> Option<i32> {
+    match kind {
+        Kind::Float => Some(0),
+        Kind::Half => Some(1),
+        Kind::BFloat16 => Some(2),
+        _ => None,
+    }
+}
+
+fn kernel(x: &Tensor, name: &str, defines: &[(&str, i64)]) -> Result<Kernel> {
+    let code = dtype_code(x.kind())
+        .ok_or_else(|| Error::Torch(format!("fused kernels do not handle {:?}", x.kind())))?;
+    let mut options = vec![format!("-DKVC_DTYPE={code}")];
+    options.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    Kernel::get(x.device(), SOURCE, &options, name)
+}
+
+fn grid(n: i64) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::Torch(format!("kernel grid of {n} blocks is too large")))
+}
+
+/// `x @ w^T + b` as GEMMs of at most `gemm_rows` rows under the M-invariant cuBLAS settings.
+pub(super) fn linear(
+    tiles: &BiTiles,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+) -> Result<Tensor> {
+    let dims = x.size();
+    let k = super::last_dim(x)?;
+    let rows: i64 = dims[..dims.len() - 1].iter().product();
+    let m = tiles.gemm_rows;
+    with_invariant_blas(|| {
+        if rows <= m {
+            return Ok(x.f_linear(w, b)?);
+        }
+        let flat = x.f_reshape([rows, k])?.f_contiguous()?;
+        // Pieces start at multiples of m·K elements; copy one when that offset would change
+        // the pointer alignment cuBLASLt sees (up to 256 bytes).
+        let aligned = (m * k * x.kind().elt_size_in_bytes() as i64) % 256 == 0;
+        let mut outs = Vec::new();
+        let mut start = 0;
+        while start < rows {
+            let n = m.min(rows - start);
+            let piece = flat.f_narrow(0, start, n)?;
+            let piece = if aligned || start == 0 {
+                piece
+            } else {
+                let mut fresh = piece.f_empty_like()?;
+                fresh.f_copy_(&piece)?;
+                fresh
+            };
+            outs.push(piece.f_linear(w, b)?);
+            start += n;
+        }
+        let mut shape = dims[..dims.len() - 1].to_vec();
+        shape.push(w.size()[0]);
+        Ok(Tensor::f_cat(&outs, 0)?.f_reshape(shape)?)
+    })
+}
+
+/// `x / rms(x)` over the last dimension in fp32, returned as `out` (fp32 or `x`'s type).
+pub(super) fn rms_normalize(tiles: &BiTiles, x: &Tensor, eps: f64, out: Kind) -> Result<Tensor> {
+    if dtype_code(x.kind()).is_none() {
+        return Ok(batch_invariant::rms_normalize(tiles, x, eps)?.f_to_kind(out)?);
+    }
+    let dims = x.size();
+    let h = super::last_dim(x)?;
+    let rows: i64 = dims[..dims.len() - 1].iter().product();
+    let xc = x.f_contiguous()?;
+    // fp32 straight from the kernel unless `out` is `x`'s own half type.
+    let f32_out = out != x.kind() || x.kind() == Kind::Float;
+    let y = Tensor::f_empty(
+        dims.as_slice(),
+        (if f32_out { Kind::Float } else { x.kind() }, x.device()),
+    )?;
+    kernel(&xc, "kvc_bi_rms", &[])?.launch(
+        grid(rows)?,
+        THREADS,
+        &[
+            Arg::Ptr(xc.data_ptr()),
+            Arg::Ptr(y.data_ptr()),
+            Arg::I32(h as i32),
+            Arg::F32(eps as f32),
+            Arg::I32(i32::from(f32_out)),
+        ],
+    )?;
+    Ok(y.f_to_kind(out)?)
+}
+
+/// The MLP activation, elementwise in fp32, returned in `x`'s type.
+pub(super) fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
+    if dtype_code(x.kind()).is_none() {
+        return batch_invariant::activation(x, act);
+    }
+    let xc = x.f_contiguous()?;
+    let y = xc.f_empty_like()?;
+    let n = xc.numel() as i64;
+    let mode = match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+        Activation::Gelu => 2,
+    };
+    kernel(&xc, "kvc_bi_act", &[])?.launch(
+        grid((n + i64::from(THREADS) - 1) / i64::from(THREADS))?,
+        THREADS,
+        &[
+            Arg::Ptr(xc.data_ptr()),
+            Arg::Ptr(y.data_ptr()),
+            Arg::I64(n),
+            Arg::I32(mode),
+        ],
+    )?;
+    Ok(y)
+}
+
+/// `t` with unit stride in its last dimension (a copy only when it has another).
+fn unit_last(t: &Tensor) -> Result<Tensor> {
+    Ok(if t.stride().last() == Some(&1) {
+        t.shallow_clone()
+    } else {
+        t.f_contiguous()?
+    })
+}
+
+/// Grouped-query attention by the fused kernel; see `kernels/bi_kernels.cu`.
+pub(super) fn attention(
+    tiles: &BiTiles,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &AttnParams,
+) -> Result<Tensor> {
+    let kind = q.kind();
+    if dtype_code(kind).is_none() {
+        return batch_invariant::attention(tiles, q, k, v, p);
+    }
+    let (b, hq, t, d) = q.size4()?;
+    let (hkv, l) = (k.size()[1], k.size()[2]);
+    let msize = p.mask.size();
+    if !(msize.len() == 5 && msize[1] == 1 && msize[2] == 1 && msize[4] == l) {
+        return Err(Error::Torch(format!(
+            "fused attention needs a mask of shape [B, 1, 1, T, {l}], got {msize:?}"
+        )));
+    }
+    if hkv == 0 || hq % hkv != 0 || k.kind() != kind || v.kind() != kind {
+        return Err(Error::Torch(format!(
+            "fused attention: {hq} query heads over {hkv} key heads, kinds {kind:?}/{:?}/{:?}",
+            k.kind(),
+            v.kind()
+        )));
+    }
+    let (q, k, v) = (unit_last(q)?, unit_last(k)?, unit_last(v)?);
+    let mask = unit_last(&p.mask.f_to_kind(kind)?)?;
+    let (qs, ks, vs, ms) = (q.stride(), k.stride(), v.stride(), mask.stride());
+    // A broadcast mask dimension reads the same row for every sequence or position.
+    let msb = if msize[0] == 1 { 0 } else { ms[0] };
+    let mst = if msize[3] == 1 { 0 } else { ms[3] };
+    let drop = match kind {
+        Kind::Half => f32::from(half::f16::MIN),
+        Kind::BFloat16 => f32::from(half::bf16::MIN),
+        _ => f32::MIN,
+    };
+    let out = Tensor::f_empty([b, hq, t, d], (kind, q.device()))?;
+    let kern = kernel(
+        &q,
+        "kvc_bi_attention",
+        &[("HD", d), ("CH", tiles.key_chunk)],
+    )?;
+    kern.launch(
+        grid(b * hq * t)?,
+        THREADS,
+        &[
+            Arg::Ptr(q.data_ptr()),
+            Arg::Ptr(k.data_ptr()),
+            Arg::Ptr(v.data_ptr()),
+            Arg::Ptr(mask.data_ptr()),
+            Arg::Ptr(out.data_ptr()),
+            Arg::I32(hq as i32),
+            Arg::I32((hq / hkv) as i32),
+            Arg::I32(t as i32),
+            Arg::I32(l as i32),
+            Arg::I64(qs[0]),
+            Arg::I64(qs[1]),
+            Arg::I64(qs[2]),
+            Arg::I64(ks[0]),
+            Arg::I64(ks[1]),
+            Arg::I64(ks[2]),
+            Arg::I64(vs[0]),
+            Arg::I64(vs[1]),
+            Arg::I64(vs[2]),
+            Arg::I64(msb),
+            Arg::I64(mst),
+            Arg::F32(p.scale as f32),
+            Arg::F32(p.softcap.map_or(0.0, |c| c as f32)),
+            Arg::F32(drop),
+        ],
+    )?;
+    Ok(out)
+}
