@@ -5,7 +5,7 @@
 // bitwise the same however the work around it is batched.
 //
 // Defines set by the host: KVC_DTYPE (0 fp32, 1 fp16, 2 bf16) for every kernel; HD (head
-// dimension) and CH (keys per chunk) for attention.
+// dimension) and CH (keys per chunk) for attention, which is compiled only when HD is set.
 
 typedef unsigned short u16;
 
@@ -40,6 +40,7 @@ __device__ __forceinline__ void st(T* p, long long i, float x) {
 #define KVC_THREADS 128
 #define KVC_NEG_INF __int_as_float(0xff800000)
 
+#ifdef HD
 // Attention of one query head at one position, `q·k` scaled (and soft-capped), plus the
 // additive mask, softmax, times `v`. One block per (sequence, query head, position), walking
 // the keys in chunks of CH at fixed absolute offsets (a key always lands in the same chunk at
@@ -152,6 +153,7 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
   T* o = out + (((long long)b * hq + h) * tq + t) * HD;
   for (int d = tid; d < HD; d += KVC_THREADS) st(o, d, l > 0.f ? acc[d] / l : 0.f);
 }
+#endif
 
 // `x / sqrt(mean(x²) + eps)` per row of `cols`, in fp32. One block per row: thread i sums
 // elements i, i + 128, … in order, then the 128 partial sums are added by a fixed tree.

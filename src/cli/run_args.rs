@@ -24,7 +24,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub policy: Vec<PolicyKind>,
     /// Batch-invariant tile overrides over the device's defaults, e.g.
-    /// `gemm_rows=64,key_chunk=256` (keys: gemm_rows, norm_rows, query_tile, key_chunk, units).
+    /// `gemm_rows=64,key_chunk=256` (keys: gemm_rows, norm_rows, query_tile, key_chunk, units, and kernels=aten|fused; fused, the CUDA default, runs the NVRTC kernels).
     /// Default: the environment variable KVCREDIT_BI_TILES, if set. Recorded in manifests.
     #[arg(long)]
     pub tiles: Option<String>,

@@ -3,16 +3,17 @@
 //! does not depend on what shares its forward pass — in about as many launches as the stock
 //! policy.
 //!
-//! * **linear**: one GEMM per call of at most `gemm_rows` rows, run with cuBLASLt preferred
-//!   and reduced-precision reductions and split-K off ([`crate::nvrtc::with_invariant_blas`]):
-//!   under those settings every row of a GEMM was measured bitwise the same for M = 1…512 on
-//!   the H200 (`kvcredit invariance` checks it for each model). Nothing is padded.
+//! * **linear** (fp16, bf16): one GEMM per call of at most `gemm_rows` rows, run with cuBLASLt
+//!   preferred and reduced-precision reductions and split-K off
+//!   ([`crate::nvrtc::with_invariant_blas`]): under those settings a row's result did not
+//!   depend on M for M = 2…512 on the H200 (`kvcredit invariance` checks it per model); a
+//!   one-row call runs as two rows.
 //! * **attention, RMSNorm, activation**: kernels of `kernels/bi_kernels.cu`, compiled at run
 //!   time with NVRTC, in which each output element is one fixed sequence of fp32 operations
 //!   over its own row (the file explains the attention's chunked online softmax and why keys
 //!   a query cannot see never reach its result).
 //!
-//! fp64 runs use the ATen kernels (the fused ones are written for fp32, fp16 and bf16).
+//! fp64 runs use the ATen kernels throughout, fp32 runs for their linear layers.
 use super::{AttnParams, BiTiles, batch_invariant};
 use crate::config::Activation;
 use crate::nvrtc::{Arg, Kernel, with_invariant_blas};
@@ -45,42 +46,52 @@ fn grid(n: i64) -> Result<u32> {
 }
 
 /// `x @ w^T + b` as GEMMs of at most `gemm_rows` rows under the M-invariant cuBLAS settings.
-pub(super) fn linear(
-    tiles: &BiTiles,
-    x: &Tensor,
-    w: &Tensor,
-    b: Option<&Tensor>,
-) -> Result<Tensor> {
+///
+/// A one-row GEMM is run as two rows (the second zero): on the H200 cuBLASLt rounds M = 1
+/// differently from M ≥ 2 (`kvcredit invariance`'s decode_vs_prefill check on the Qwen2.5-0.5B
+/// shape). fp32 (and fp64) GEMMs have no split-K switch, so they keep the fixed-shape ATen
+/// tiles (`gemm_rows` rows, zero-padded).
+pub(super) fn linear(tiles: &BiTiles, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    if !matches!(x.kind(), Kind::Half | Kind::BFloat16) {
+        return batch_invariant::linear(tiles, x, w, b);
+    }
     let dims = x.size();
     let k = super::last_dim(x)?;
     let rows: i64 = dims[..dims.len() - 1].iter().product();
     let m = tiles.gemm_rows;
+    let mut shape = dims[..dims.len() - 1].to_vec();
+    shape.push(w.size()[0]);
     with_invariant_blas(|| {
+        if rows == 1 {
+            let two = x.f_reshape([1, k])?.f_constant_pad_nd([0, 0, 0, 1])?;
+            return Ok(two.f_linear(w, b)?.f_narrow(0, 0, 1)?.f_reshape(shape.as_slice())?);
+        }
         if rows <= m {
             return Ok(x.f_linear(w, b)?);
         }
         let flat = x.f_reshape([rows, k])?.f_contiguous()?;
         // Pieces start at multiples of m·K elements; copy one when that offset would change
-        // the pointer alignment cuBLASLt sees (up to 256 bytes).
+        // the pointer alignment cuBLASLt sees (up to 256 bytes). A last piece of one row is
+        // widened like a one-row call.
         let aligned = (m * k * x.kind().elt_size_in_bytes() as i64) % 256 == 0;
         let mut outs = Vec::new();
         let mut start = 0;
         while start < rows {
             let n = m.min(rows - start);
             let piece = flat.f_narrow(0, start, n)?;
-            let piece = if aligned || start == 0 {
+            let piece = if n == 1 {
+                piece.f_constant_pad_nd([0, 0, 0, 1])?
+            } else if aligned {
                 piece
             } else {
                 let mut fresh = piece.f_empty_like()?;
                 fresh.f_copy_(&piece)?;
                 fresh
             };
-            outs.push(piece.f_linear(w, b)?);
+            outs.push(piece.f_linear(w, b)?.f_narrow(0, 0, n)?);
             start += n;
         }
-        let mut shape = dims[..dims.len() - 1].to_vec();
-        shape.push(w.size()[0]);
-        Ok(Tensor::f_cat(&outs, 0)?.f_reshape(shape)?)
+        Ok(Tensor::f_cat(&outs, 0)?.f_reshape(shape.as_slice())?)
     })
 }
 
