@@ -108,7 +108,7 @@ fn test_logits_bs1_match_bsn_batch_invariant() -> Result<()> {
 #[test]
 fn wide_shape_is_batch_invariant_and_stock_is_not() -> Result<()> {
     // Positive and negative control on one shape, with one harness: batch-invariant mode is
-    // bitwise invariant; stock differs somewhere, in fp32 and in bf16.
+    // bitwise invariant (fp32 and bf16); stock differs somewhere in fp32.
     let opts = CheckOptions {
         trials: 3,
         seed: 3,
@@ -134,10 +134,15 @@ fn wide_shape_is_batch_invariant_and_stock_is_not() -> Result<()> {
             stock.checks.iter().filter(|c| !c.passed()).count(),
             stock.checks.len()
         );
-        assert!(
-            !stock.invariant(),
-            "{what}: stock was bitwise invariant too; the control no longer discriminates"
-        );
+        if kind == Kind::Float {
+            assert!(
+                !stock.invariant(),
+                "{what}: stock was bitwise invariant too; the control no longer discriminates"
+            );
+        }
+        // bf16 stock is not asserted: on CPUs without AVX-512 (e.g. this project's AMD EPYC CI
+        // machines) libtorch's bf16 matmul takes a path whose rows do not depend on M, and stock
+        // happens to be invariant at this shape. The fp32 control discriminates everywhere.
     }
     Ok(())
 }

@@ -205,7 +205,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             agree.rows,
             100.0 * agree.argmax_rate()
         );
-        if !(agree.argmax_rate() >= MIN_STOCK_ARGMAX) || agree.max_abs.is_nan() {
+        if agree.argmax_rate() < MIN_STOCK_ARGMAX || agree.max_abs.is_nan() {
             bail!(
                 "{}: its logits disagree with stock's beyond rounding (same argmax in {:.1}% of rows,                  below {:.0}%): the kernels compute something else",
                 cfg.policy,

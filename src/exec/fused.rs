@@ -51,7 +51,12 @@ fn grid(n: i64) -> Result<u32> {
 /// differently from M ≥ 2 (`kvcredit invariance`'s decode_vs_prefill check on the Qwen2.5-0.5B
 /// shape). fp32 (and fp64) GEMMs have no split-K switch, so they keep the fixed-shape ATen
 /// tiles (`gemm_rows` rows, zero-padded).
-pub(super) fn linear(tiles: &BiTiles, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+pub(super) fn linear(
+    tiles: &BiTiles,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+) -> Result<Tensor> {
     if !matches!(x.kind(), Kind::Half | Kind::BFloat16) {
         return batch_invariant::linear(tiles, x, w, b);
     }
@@ -64,7 +69,10 @@ pub(super) fn linear(tiles: &BiTiles, x: &Tensor, w: &Tensor, b: Option<&Tensor>
     with_invariant_blas(|| {
         if rows == 1 {
             let two = x.f_reshape([1, k])?.f_constant_pad_nd([0, 0, 0, 1])?;
-            return Ok(two.f_linear(w, b)?.f_narrow(0, 0, 1)?.f_reshape(shape.as_slice())?);
+            return Ok(two
+                .f_linear(w, b)?
+                .f_narrow(0, 0, 1)?
+                .f_reshape(shape.as_slice())?);
         }
         if rows <= m {
             return Ok(x.f_linear(w, b)?);
