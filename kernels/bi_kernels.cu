@@ -5,7 +5,8 @@
 // bitwise the same however the work around it is batched.
 //
 // Defines set by the host: KVC_DTYPE (0 fp32, 1 fp16, 2 bf16) for every kernel; HD (head
-// dimension) and CH (keys per chunk) for attention, which is compiled only when HD is set.
+// dimension) and CH (keys per chunk, a multiple of 32) for attention, compiled only when HD
+// is set.
 
 typedef unsigned short u16;
 
@@ -41,11 +42,18 @@ __device__ __forceinline__ void st(T* p, long long i, float x) {
 #define KVC_NEG_INF __int_as_float(0xff800000)
 
 #ifdef HD
+// Keys per staged tile: K and V rows are loaded into shared memory 32 keys at a time by the
+// whole block (coalesced), then read from there.
+#define KVC_TILE 32
+// Threads per key in the score phase: thread `part` sums dimensions part, part + 4, … in
+// order, and the four partial sums are added as (p0 + p1) + (p2 + p3).
+#define KVC_PARTS 4
+
 // Attention of one query head at one position, `q·k` scaled (and soft-capped), plus the
 // additive mask, softmax, times `v`. One block per (sequence, query head, position), walking
-// the keys in chunks of CH at fixed absolute offsets (a key always lands in the same chunk at
-// the same place) with an online softmax:
-//   * a chunk's scores are plain dot products over HD in order; its max is exact;
+// the keys in chunks of CH (a multiple of 32) at fixed absolute offsets — a key always lands
+// in the same chunk at the same place — with an online softmax:
+//   * a key's score is a fixed-order dot product over HD (above); a chunk's max is exact;
 //   * the running state is rescaled by exp(m_old − m_new) (exactly 1 when the max did not
 //     move; when it is 0 the state restarts from +0, so a state built only from dropped keys
 //     leaves no trace);
@@ -53,7 +61,7 @@ __device__ __forceinline__ void st(T* p, long long i, float x) {
 //     dropped key (mask ≤ `drop`) or a key past the end contributes nothing at all;
 //   * a chunk with no live key is skipped (exactly what processing it would do to the state).
 // Hence keys a query cannot see — masked, past its position, past the cache's length — never
-// reach its result, whatever their number.
+// reach its result, whatever their number, and nothing depends on the batch or the grid.
 extern "C" __global__ void __launch_bounds__(KVC_THREADS)
 kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                  const T* __restrict__ mask, T* __restrict__ out, int hq, int group, int tq,
@@ -63,6 +71,7 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
   __shared__ float qs[HD];
   __shared__ float acc[HD];
   __shared__ float pr[CH];
+  __shared__ float tile[KVC_TILE * HD];
   __shared__ float wmax[KVC_THREADS / 32];
   __shared__ float run_m, run_l, fac;
   __shared__ int live_any;
@@ -84,29 +93,39 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
   const T* kb = k + b * ksb + kh * ksh;
   const T* vb = v + b * vsb + kh * vsh;
   const T* mrow = mask + b * msb + t * mst;
+  const int kl = tid / KVC_PARTS;   // key of the tile this thread scores
+  const int part = tid % KVC_PARTS;
   __syncthreads();
 
   for (int c0 = 0; c0 < len; c0 += CH) {
     if (tid == 0) live_any = 0;
-    __syncthreads();
-    for (int j = tid; j < CH; j += KVC_THREADS) {
-      const int key = c0 + j;
-      float s = KVC_NEG_INF;
-      if (key < len) {
-        const float mv = ld(mrow, key);
-        if (mv > drop) live_any = 1;
-        const T* kr = kb + key * ksl;
-        float dot = 0.f;
-#pragma unroll 8
-        for (int d = 0; d < HD; ++d) dot = fmaf(qs[d], ld(kr, d), dot);
-        s = dot * scale;
-        if (softcap > 0.f) s = tanhf(s / softcap) * softcap;
-        s = s + mv;
+    for (int s0 = 0; s0 < CH; s0 += KVC_TILE) {
+      // Stage the tile's keys (zeros past the end).
+      for (int i = tid; i < KVC_TILE * HD; i += KVC_THREADS) {
+        const int key = c0 + s0 + i / HD;
+        tile[i] = key < len ? ld(kb, key * ksl + i % HD) : 0.f;
       }
-      pr[j] = s;
+      __syncthreads();
+      float dot = 0.f;
+      for (int d = part; d < HD; d += KVC_PARTS) dot = fmaf(qs[d], tile[kl * HD + d], dot);
+      const float pair = dot + __shfl_xor_sync(0xffffffffu, dot, 1);
+      const float all = pair + __shfl_xor_sync(0xffffffffu, pair, 2);
+      if (part == 0) {
+        const int key = c0 + s0 + kl;
+        float sc = KVC_NEG_INF;
+        if (key < len) {
+          const float mv = ld(mrow, key);
+          if (mv > drop) live_any = 1;
+          sc = all * scale;
+          if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
+          sc = sc + mv;
+        }
+        pr[s0 + kl] = sc;
+      }
+      __syncthreads();
     }
-    __syncthreads();
     const int live = live_any;
+    __syncthreads();  // every thread has read live_any before the next chunk resets it
     if (!live) continue;
 
     // The chunk's max (exact in any order), then the rescale factor.
@@ -129,15 +148,30 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
     const float f = fac;
     const int nj = min(CH, len - c0);
-    for (int d = tid; d < HD; d += KVC_THREADS) {
-      float a = (f == 0.f) ? 0.f : acc[d] * f;
-      const T* vc = vb + c0 * vsl + d;
-      for (int j = 0; j < nj; ++j) {
-        const float p = pr[j];
-        if (p != 0.f) a = fmaf(p, ld(vc, j * vsl), a);
-      }
-      acc[d] = a;
+    float a[(HD + KVC_THREADS - 1) / KVC_THREADS];
+    for (int r = 0; r * KVC_THREADS + tid < HD; ++r) {
+      const int d = r * KVC_THREADS + tid;
+      a[r] = (f == 0.f) ? 0.f : acc[d] * f;
     }
+    for (int s0 = 0; s0 < nj; s0 += KVC_TILE) {
+      for (int i = tid; i < KVC_TILE * HD; i += KVC_THREADS) {
+        const int key = c0 + s0 + i / HD;
+        tile[i] = key < len ? ld(vb, key * vsl + i % HD) : 0.f;
+      }
+      __syncthreads();
+      const int n = min(KVC_TILE, nj - s0);
+      for (int r = 0; r * KVC_THREADS + tid < HD; ++r) {
+        const int d = r * KVC_THREADS + tid;
+        float x = a[r];
+        for (int j = 0; j < n; ++j) {
+          const float p = pr[s0 + j];
+          x = (p != 0.f) ? fmaf(p, tile[j * HD + d], x) : x;
+        }
+        a[r] = x;
+      }
+      __syncthreads();
+    }
+    for (int r = 0; r * KVC_THREADS + tid < HD; ++r) acc[r * KVC_THREADS + tid] = a[r];
     if (tid == 0) {
       float l = (f == 0.f) ? 0.f : run_l * f;
       for (int j = 0; j < nj; ++j) {

@@ -285,6 +285,12 @@ impl ExecSettings {
                 "tile setting kernels=fused needs a CUDA device and a binary built with CUDA headers (device {device:?})"
             )));
         }
+        if tiles.kernels == BiKernels::Fused && tiles.key_chunk % 32 != 0 {
+            return Err(crate::Error::Spec(format!(
+                "tile setting key_chunk={}: the fused attention kernel needs a multiple of 32",
+                tiles.key_chunk
+            )));
+        }
         Ok(ExecSettings {
             tiles,
             engine: engine.resolve(device),
@@ -351,6 +357,7 @@ mod tests {
         if crate::cuda_graph::compiled() {
             let auto = ExecSettings::resolve(Device::Cuda(0), Some(""), None)?;
             assert_eq!(auto.tiles, BiTiles::CUDA);
+            assert!(ExecSettings::resolve(Device::Cuda(0), Some("key_chunk=48"), None).is_err());
         }
         Ok(())
     }
