@@ -55,9 +55,10 @@ pub struct Args {
 }
 
 /// Least share of reference positions whose argmax must match stock's. Rounding alone flips
-/// a few percent of argmaxes (2–3% between stock decode and prefill in bf16, measured);
-/// a kernel computing the wrong function agrees on few.
-const MIN_STOCK_ARGMAX: f64 = 0.9;
+/// up to ~10% on random-weight models, whose logits are near ties (90.4% agreement measured
+/// on the Qwen2.5-1.5B shape in bf16); a kernel computing the wrong function agrees on almost
+/// none of a vocabulary of thousands.
+const MIN_STOCK_ARGMAX: f64 = 0.5;
 
 /// Seconds per decode step at batch `b` after `ctx` cached tokens: `kvcredit bench`'s eager
 /// decode-step timing (one warm-up step, greedy, tokens read back).
