@@ -23,6 +23,7 @@ pub mod io;
 pub mod kv_cache;
 pub mod model;
 pub mod nvrtc;
+pub mod profile;
 pub mod registry;
 pub mod runtime;
 pub mod sampling;

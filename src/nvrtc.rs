@@ -7,6 +7,7 @@
 use crate::cuda_graph::shim_call;
 use crate::{Error, Result};
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::Mutex;
 use tch::Device;
@@ -105,23 +106,49 @@ pub struct Kernel {
     device: c_int,
 }
 
-/// (device, source address, options, kernel name): sources are `&'static` strings.
-type Key = (c_int, usize, Vec<String>, String);
+/// (device, source address, options): sources are `&'static` strings.
+type Key = (c_int, usize, Vec<String>);
 
-fn cache() -> &'static Mutex<HashMap<Key, usize>> {
-    static CACHE: std::sync::OnceLock<Mutex<HashMap<Key, usize>>> = std::sync::OnceLock::new();
-    CACHE.get_or_init(Default::default)
+/// A loaded module and the kernels looked up in it so far.
+struct Module {
+    handle: usize,
+    functions: HashMap<String, usize>,
 }
 
-type ModKey = (c_int, usize, Vec<String>);
-
-fn modules() -> &'static Mutex<HashMap<ModKey, usize>> {
-    static MODULES: std::sync::OnceLock<Mutex<HashMap<ModKey, usize>>> = std::sync::OnceLock::new();
+fn modules() -> &'static Mutex<HashMap<Key, Module>> {
+    static MODULES: std::sync::OnceLock<Mutex<HashMap<Key, Module>>> = std::sync::OnceLock::new();
     MODULES.get_or_init(Default::default)
 }
 
 fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::Torch(format!("NVRTC input has a NUL byte: {s:?}")))
+}
+
+/// Compile `source` with `options` and load it on CUDA device `index`; the module's handle.
+fn compile(index: c_int, source: &str, options: &[String]) -> Result<usize> {
+    let src = cstring(source)?;
+    let opts = options
+        .iter()
+        .map(|o| cstring(o))
+        .collect::<Result<Vec<_>>>()?;
+    let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut raw: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the strings outlive the call; the shim writes at most `n` bytes.
+    shim_call("NVRTC", UNAVAILABLE, |e, n| {
+        raw = unsafe {
+            kvc_nvrtc_module(
+                index,
+                src.as_ptr(),
+                ptrs.as_ptr(),
+                ptrs.len() as c_int,
+                e,
+                n,
+            )
+        };
+        c_int::from(raw.is_null())
+    })
+    .map_err(torch_err)?;
+    Ok(raw as usize)
 }
 
 impl Kernel {
@@ -138,59 +165,31 @@ impl Kernel {
             )));
         };
         let index = index as c_int;
-        let key: Key = (
-            index,
-            source.as_ptr() as usize,
-            options.to_vec(),
-            name.into(),
-        );
-        let mut kernels = cache().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&func) = kernels.get(&key) {
+        let key: Key = (index, source.as_ptr() as usize, options.to_vec());
+        let mut mods = modules().lock().unwrap_or_else(|e| e.into_inner());
+        let module = match mods.entry(key) {
+            Entry::Occupied(m) => m.into_mut(),
+            Entry::Vacant(slot) => slot.insert(Module {
+                handle: compile(index, source, options)?,
+                functions: HashMap::new(),
+            }),
+        };
+        if let Some(&func) = module.functions.get(name) {
             return Ok(Kernel {
                 func,
                 device: index,
             });
         }
-        let mkey = (index, source.as_ptr() as usize, options.to_vec());
-        let mut mods = modules().lock().unwrap_or_else(|e| e.into_inner());
-        let module = match mods.get(&mkey) {
-            Some(&m) => m,
-            None => {
-                let src = cstring(source)?;
-                let opts = options
-                    .iter()
-                    .map(|o| cstring(o))
-                    .collect::<Result<Vec<_>>>()?;
-                let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
-                let mut raw: *mut c_void = std::ptr::null_mut();
-                // SAFETY: the strings outlive the call; the shim writes at most `n` bytes.
-                shim_call("NVRTC", UNAVAILABLE, |e, n| {
-                    raw = unsafe {
-                        kvc_nvrtc_module(
-                            index,
-                            src.as_ptr(),
-                            ptrs.as_ptr(),
-                            ptrs.len() as c_int,
-                            e,
-                            n,
-                        )
-                    };
-                    c_int::from(raw.is_null())
-                })
-                .map_err(torch_err)?;
-                mods.insert(mkey, raw as usize);
-                raw as usize
-            }
-        };
         let cname = cstring(name)?;
+        let handle = module.handle;
         let mut func: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `module` is a loaded module; the shim writes at most `n` bytes.
+        // SAFETY: `handle` is a loaded module; the shim writes at most `n` bytes.
         shim_call("NVRTC kernel", UNAVAILABLE, |e, n| {
-            func = unsafe { kvc_nvrtc_function(module as *mut c_void, cname.as_ptr(), e, n) };
+            func = unsafe { kvc_nvrtc_function(handle as *mut c_void, cname.as_ptr(), e, n) };
             c_int::from(func.is_null())
         })
         .map_err(torch_err)?;
-        kernels.insert(key, func as usize);
+        module.functions.insert(name.into(), func as usize);
         Ok(Kernel {
             func: func as usize,
             device: index,

@@ -69,6 +69,12 @@ pub struct BenchConfig {
     pub bandwidth_gbs: Option<f64>,
     /// Seed of prompts and sampling noise.
     pub seed: u64,
+    /// Batch sizes whose eager decode step is profiled on the device: GPU time per kernel.
+    #[serde(default)]
+    pub profile_batches: Vec<usize>,
+    /// Folder for the profiles' Chrome traces (`trace-<policy>-b<batch>.json`); none: no trace.
+    #[serde(skip)]
+    pub trace_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for BenchConfig {
@@ -90,6 +96,8 @@ impl Default for BenchConfig {
             temperature: 1.0,
             bandwidth_gbs: Some(4300.0),
             seed: 0,
+            profile_batches: vec![],
+            trace_dir: None,
         }
     }
 }
@@ -161,6 +169,27 @@ pub struct ContinuationResult {
     pub tokens_sha256: String,
 }
 
+/// Device time of one (policy, batch) eager decode step, per kernel ([`crate::profile`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProfileResult {
+    /// Execution policy.
+    pub policy: PolicyKind,
+    /// Rows decoded together.
+    pub batch: usize,
+    /// Cached tokens per row before the profiled steps.
+    pub context: usize,
+    /// Steps profiled.
+    pub steps: usize,
+    /// GPU milliseconds per step, all kernels and copies (not the gaps between them).
+    pub gpu_ms_per_step: f64,
+    /// GPU milliseconds per step by kernel family, largest first.
+    pub families: Vec<(String, f64)>,
+    /// The longest-running kernels (nanoseconds over all profiled steps), longest first.
+    pub kernels: Vec<crate::profile::KernelTime>,
+    /// Where its Chrome trace was saved.
+    pub trace: Option<String>,
+}
+
 /// KV memory of the pivots' snapshots against the rollout's cache.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemoryResult {
@@ -224,6 +253,9 @@ pub struct BenchReport {
     pub continuations: Vec<ContinuationResult>,
     /// Snapshot memory (policy independent).
     pub memory: Option<MemoryResult>,
+    /// Device profiles of decode steps.
+    #[serde(default)]
+    pub profiles: Vec<ProfileResult>,
     /// Baselines used for the ratios.
     pub hf: Vec<HfBaseline>,
     /// Targets and whether they were met.
@@ -294,7 +326,8 @@ pub fn measurement_count(cfg: &BenchConfig) -> u64 {
     let per_policy = 1
         + cfg.batches.len() * cfg.engines.len()
         + usize::from(!cfg.cont_batches.is_empty())
-        + cfg.cont_batches.len() * cfg.engines.len();
+        + cfg.cont_batches.len() * cfg.engines.len()
+        + cfg.profile_batches.len();
     (cfg.policies.len() * per_policy) as u64
 }
 
@@ -312,7 +345,8 @@ pub fn run(
             "bench: --prompt and --steps must be positive".into(),
         ));
     }
-    if cfg.batches.contains(&0) || cfg.cont_batches.contains(&0) {
+    if cfg.batches.contains(&0) || cfg.cont_batches.contains(&0) || cfg.profile_batches.contains(&0)
+    {
         return Err(Error::Spec("bench: batch sizes must be positive".into()));
     }
     let decode = cfg.warmup_steps + 1 + cfg.steps;
@@ -354,6 +388,7 @@ pub fn run(
         decode: vec![],
         continuations: vec![],
         memory: None,
+        profiles: vec![],
         hf: vec![],
         targets: vec![],
         errors: vec![],
@@ -402,6 +437,22 @@ pub fn run(
                 }
                 progress.done();
             }
+        }
+        for &b in &cfg.profile_batches {
+            progress.start(&format!("{policy}: profile batch {b}"));
+            let what = format!("{policy} profile batch {b}");
+            let trace = cfg
+                .trace_dir
+                .as_ref()
+                .map(|d| d.join(format!("trace-{}-b{b}.json", policy.kind())));
+            if let Some(p) = base.as_ref().and_then(|base| {
+                attempt(&mut errors, &what, || {
+                    runners::profile_steps(model, policy, base, b, cfg, trace.as_deref())
+                })
+            }) {
+                report.profiles.push(p);
+            }
+            progress.done();
         }
         drop(base);
 

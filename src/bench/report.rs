@@ -287,6 +287,36 @@ impl BenchReport {
                 m.prefix_copy_ratio
             );
         }
+        for p in &self.profiles {
+            let families: Vec<String> = p
+                .families
+                .iter()
+                .map(|(f, ms)| format!("{f} {ms:.3}"))
+                .collect();
+            let families = if families.is_empty() {
+                "no device kernels seen".to_string()
+            } else {
+                families.join(", ")
+            };
+            let _ = writeln!(
+                s,
+                "\ndevice profile: {} batch {}, eager, {} steps after {} cached tokens: {:.3} GPU ms/step ({})",
+                p.policy, p.batch, p.steps, p.context, p.gpu_ms_per_step, families
+            );
+            for k in p.kernels.iter().take(PROFILE_SHOWN) {
+                let name: String = k.name.chars().take(90).collect();
+                let _ = writeln!(
+                    s,
+                    "  {:>9.3} ms {:>6.1} calls  {:<11} {name}",
+                    k.ns as f64 / 1e6 / p.steps as f64,
+                    k.calls as f64 / p.steps as f64,
+                    k.family
+                );
+            }
+            if let Some(t) = &p.trace {
+                let _ = writeln!(s, "  trace: {t}");
+            }
+        }
         if !self.errors.is_empty() {
             let _ = writeln!(s, "\nfailed measurements");
             for e in &self.errors {
@@ -314,3 +344,6 @@ impl BenchReport {
         s
     }
 }
+
+/// Kernels listed per device profile in the table (the JSON keeps more).
+const PROFILE_SHOWN: usize = 12;

@@ -1,14 +1,15 @@
 //! The timed measurements of [`super::run`]: prefill, decode steps and batched continuations.
 //! `kvcredit invariance --bench` times its prefill and decode steps with the same functions.
 use super::{
-    BenchConfig, ContinuationResult, MemoryResult, PrefillResult, kv_bytes_per_token, median,
-    random_ids,
+    BenchConfig, ContinuationResult, MemoryResult, PrefillResult, ProfileResult,
+    kv_bytes_per_token, median, random_ids,
 };
 use crate::credit::rollout::{self, RolloutParams};
 use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::exec::ExecPolicy;
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
+use crate::profile;
 use crate::runtime::sync;
 use crate::sampling::{self, NoiseKey, Sampling};
 use crate::{Error, Result};
@@ -74,32 +75,9 @@ pub fn decode_steps(
     b: usize,
     cfg: &BenchConfig,
 ) -> Result<DecodeTiming> {
-    let parts = vec![(base, base.snapshot(0)); b];
     // Warm-up, one counted step, timed steps.
     let total = cfg.warmup_steps + 1 + cfg.steps;
-    let vocab = model.config().vocab_size as i64;
-    let mut feed = random_ids(b, vocab, cfg.seed ^ 0xdec0de);
-    let cap = base.lens()[0] + total as i64 + 1;
-    let mut stepper = engine::Stepper::new(
-        model,
-        policy,
-        Sampling::Greedy,
-        mode,
-        &parts,
-        total + 1,
-        cap,
-    )?;
-    let keys: Vec<NoiseKey> = vec![
-        NoiseKey {
-            seed: cfg.seed,
-            problem: 0,
-            pivot: 0,
-            branch: 0,
-            sample: 0,
-            step: 0,
-        };
-        b
-    ];
+    let (mut stepper, mut feed, keys) = resumed(model, policy, mode, base, b, total, cfg)?;
     for _ in 0..cfg.warmup_steps {
         feed = stepper.step(&feed, &keys)?;
     }
@@ -126,6 +104,84 @@ pub fn decode_steps(
         fallback: stats.graph_fallback,
     })
 }
+
+/// A greedy stepper over `b` copies of `base`'s row 0 with room for `steps` steps, the first
+/// tokens to feed and the rows' noise keys.
+fn resumed<'m>(
+    model: &'m Decoder,
+    policy: ExecPolicy,
+    mode: EngineMode,
+    base: &KvCache,
+    b: usize,
+    steps: usize,
+    cfg: &BenchConfig,
+) -> Result<(engine::Stepper<'m>, Vec<i64>, Vec<NoiseKey>)> {
+    let parts = vec![(base, base.snapshot(0)); b];
+    let vocab = model.config().vocab_size as i64;
+    let feed = random_ids(b, vocab, cfg.seed ^ 0xdec0de);
+    let cap = base.lens()[0] + steps as i64 + 1;
+    let stepper = engine::Stepper::new(
+        model,
+        policy,
+        Sampling::Greedy,
+        mode,
+        &parts,
+        steps + 1,
+        cap,
+    )?;
+    let key = NoiseKey {
+        seed: cfg.seed,
+        problem: 0,
+        pivot: 0,
+        branch: 0,
+        sample: 0,
+        step: 0,
+    };
+    Ok((stepper, feed, vec![key; b]))
+}
+
+/// GPU time per kernel of `cfg.steps` eager decode steps of `b` rows resumed from `base`'s row
+/// 0 (after `cfg.warmup_steps` unprofiled ones), per step; `trace`: also save the Chrome trace.
+pub fn profile_steps(
+    model: &Decoder,
+    policy: ExecPolicy,
+    base: &KvCache,
+    b: usize,
+    cfg: &BenchConfig,
+    trace: Option<&std::path::Path>,
+) -> Result<ProfileResult> {
+    let total = cfg.warmup_steps + cfg.steps;
+    let (mut stepper, mut feed, keys) =
+        resumed(model, policy, EngineMode::Eager, base, b, total, cfg)?;
+    for _ in 0..cfg.warmup_steps {
+        feed = stepper.step(&feed, &keys)?;
+    }
+    sync(model.device());
+    let ((), kernels) = profile::device_profile(trace, || {
+        for _ in 0..cfg.steps {
+            feed = stepper.step(&feed, &keys)?;
+        }
+        sync(model.device());
+        Ok(())
+    })?;
+    let per_step = |ns: u64| ns as f64 / 1e6 / cfg.steps as f64;
+    Ok(ProfileResult {
+        policy: policy.kind(),
+        batch: b,
+        context: base.lens()[0] as usize,
+        steps: cfg.steps,
+        gpu_ms_per_step: per_step(kernels.iter().map(|k| k.ns).sum()),
+        families: profile::by_family(&kernels)
+            .into_iter()
+            .map(|(f, ns)| (f, per_step(ns)))
+            .collect(),
+        kernels: kernels.into_iter().take(PROFILE_TOP).collect(),
+        trace: trace.map(|p| p.display().to_string()),
+    })
+}
+
+/// Kernels kept per profile (longest first).
+const PROFILE_TOP: usize = 24;
 
 /// A rollout and the jobs of its pivots.
 pub(super) struct ContinuationSetup {

@@ -79,6 +79,10 @@ pub struct Args {
     /// Seed of prompts and sampling noise.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Batch sizes whose eager decode step is profiled on the device (GPU time per kernel,
+    /// printed and in the JSON; Chrome traces `trace-<policy>-b<batch>.json` under `--out`).
+    #[arg(long, value_delimiter = ',')]
+    profile: Vec<usize>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -147,7 +151,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .bandwidth_gbs
             .or((device != Device::Cpu).then_some(4300.0)),
         seed: a.seed,
+        profile_batches: a.profile.clone(),
+        trace_dir: (!a.profile.is_empty()).then(|| a.out.clone()),
     };
+    if !a.profile.is_empty() {
+        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    }
     let pb = ProgressBar::new(bench::measurement_count(&cfg));
     if a.quiet {
         pb.set_draw_target(ProgressDrawTarget::hidden());
