@@ -5,7 +5,7 @@
 // bitwise the same however the work around it is batched.
 //
 // Defines set by the host: KVC_DTYPE (0 fp32, 1 fp16, 2 bf16) for every kernel; HD (head
-// dimension) and CH (keys per chunk, a multiple of 32) for attention, compiled only when HD
+// dimension) and CH (keys per block, a multiple of 32) for attention, compiled only when HD
 // is set.
 
 typedef unsigned short u16;
@@ -16,11 +16,15 @@ __device__ __forceinline__ float ld(const T* p, long long i) { return p[i]; }
 __device__ __forceinline__ void st(T* p, long long i, float x) { p[i] = x; }
 #elif KVC_DTYPE == 1
 typedef u16 T;
-__device__ __forceinline__ float ld(const T* p, long long i) {
+__device__ __forceinline__ float h2f(u16 h) {
   float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p[i]));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
 }
+__device__ __forceinline__ float ld(const T* p, long long i) { return h2f(p[i]); }
+// The lower- and higher-addressed element of two packed in a 32-bit word.
+__device__ __forceinline__ float lo16(unsigned w) { return h2f((u16)(w & 0xffffu)); }
+__device__ __forceinline__ float hi16(unsigned w) { return h2f((u16)(w >> 16)); }
 __device__ __forceinline__ void st(T* p, long long i, float x) {
   u16 h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
@@ -31,6 +35,8 @@ typedef u16 T;
 __device__ __forceinline__ float ld(const T* p, long long i) {
   return __uint_as_float(((unsigned)p[i]) << 16);
 }
+__device__ __forceinline__ float lo16(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi16(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ void st(T* p, long long i, float x) {
   u16 h;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
@@ -42,150 +48,151 @@ __device__ __forceinline__ void st(T* p, long long i, float x) {
 #define KVC_NEG_INF __int_as_float(0xff800000)
 
 #ifdef HD
-// Keys per staged tile: K and V rows are loaded into shared memory 32 keys at a time by the
-// whole block (coalesced), then read from there.
-#define KVC_TILE 32
-// Threads per key in the score phase: thread `part` sums dimensions part, part + 4, … in
-// order, and the four partial sums are added as (p0 + p1) + (p2 + p3).
-#define KVC_PARTS 4
+// Warps per block, and output dimensions per lane.
+#define KVC_WARPS (KVC_THREADS / 32)
+#define KVC_DPL ((HD + 31) / 32)
+#define KVC_FULL 0xffffffffu
 
-// Attention of one query head at one position, `q·k` scaled (and soft-capped), plus the
-// additive mask, softmax, times `v`. One block per (sequence, query head, position), walking
-// the keys in chunks of CH (a multiple of 32) at fixed absolute offsets — a key always lands
-// in the same chunk at the same place — with an online softmax:
-//   * a key's score is a fixed-order dot product over HD (above); a chunk's max is exact;
-//   * the running state is rescaled by exp(m_old − m_new) (exactly 1 when the max did not
-//     move; when it is 0 the state restarts from +0, so a state built only from dropped keys
-//     leaves no trace);
-//   * each output dimension sums p·v over the chunk's keys in key order, skipping p = 0, so a
-//     dropped key (mask ≤ `drop`) or a key past the end contributes nothing at all;
-//   * a chunk with no live key is skipped (exactly what processing it would do to the state).
-// Hence keys a query cannot see — masked, past its position, past the cache's length — never
-// reach its result, whatever their number, and nothing depends on the batch or the grid.
+// Attention of one query head at one position: `q·k` scaled (and soft-capped), plus the
+// additive mask, softmax, times `v`. One block per (sequence, query head, position).
+//
+// The keys are cut at fixed absolute offsets into blocks of CH keys (a multiple of 32), dealt
+// round-robin to the block's KVC_WARPS warps (warp w takes key blocks w, w + W, w + 2W, …), so
+// a key always lands in the same warp at the same place, whatever the cache's length. Each
+// warp walks its keys 32 at a time (one per lane) with its own online softmax:
+//   * lane j's score is a dot product over HD taken in dimension order (one fmaf chain);
+//   * a key is live when it is inside the cache and its mask is above `drop`; dead keys get
+//     p = 0 exactly and do not enter the max; a 32-key step with no live key is skipped;
+//   * the step's max is exact (in any order); the running state is rescaled by
+//     exp(m_old − m_new) (exactly 1 when the max did not move; when it is 0 the state restarts
+//     from +0, so nothing of an earlier state survives a restart);
+//   * every lane adds p·v over the step's keys in key order for its output dimensions, and the
+//     normalizer Σp in the same order (so all lanes hold the same normalizer).
+// The warps' states are then folded in warp order (a warp that saw no live key is skipped).
+// Keys a query cannot see — masked, past its position, past the cache's length — never reach
+// its result, and nothing depends on the batch, the number of positions, or the grid.
 extern "C" __global__ void __launch_bounds__(KVC_THREADS)
 kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                  const T* __restrict__ mask, T* __restrict__ out, int hq, int group, int tq,
                  int len, long long qsb, long long qsh, long long qst, long long ksb,
                  long long ksh, long long ksl, long long vsb, long long vsh, long long vsl,
-                 long long msb, long long mst, float scale, float softcap, float drop) {
+                 long long msb, long long mst, float scale, float softcap, float drop,
+                 int vec) {
   __shared__ float qs[HD];
-  __shared__ float acc[HD];
-  __shared__ float pr[CH];
-  __shared__ float tile[KVC_TILE * HD];
-  __shared__ float wmax[KVC_THREADS / 32];
-  __shared__ float run_m, run_l, fac;
-  __shared__ int live_any;
+  __shared__ float wm[KVC_WARPS];
+  __shared__ float wl[KVC_WARPS];
+  __shared__ float wacc[KVC_WARPS * HD];
 
   const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
   const int t = blockIdx.x % tq;
   const int h = (blockIdx.x / tq) % hq;
   const int b = blockIdx.x / (tq * hq);
   const int kh = h / group;
 
-  for (int d = tid; d < HD; d += KVC_THREADS) {
-    qs[d] = ld(q, b * qsb + h * qsh + t * qst + d);
-    acc[d] = 0.f;
-  }
-  if (tid == 0) {
-    run_m = KVC_NEG_INF;
-    run_l = 0.f;
-  }
+  for (int d = tid; d < HD; d += KVC_THREADS) qs[d] = ld(q, b * qsb + h * qsh + t * qst + d);
+  __syncthreads();
   const T* kb = k + b * ksb + kh * ksh;
   const T* vb = v + b * vsb + kh * vsh;
   const T* mrow = mask + b * msb + t * mst;
-  const int kl = tid / KVC_PARTS;   // key of the tile this thread scores
-  const int part = tid % KVC_PARTS;
-  __syncthreads();
 
-  for (int c0 = 0; c0 < len; c0 += CH) {
-    if (tid == 0) live_any = 0;
-    for (int s0 = 0; s0 < CH; s0 += KVC_TILE) {
-      // Stage the tile's keys (zeros past the end).
-      for (int i = tid; i < KVC_TILE * HD; i += KVC_THREADS) {
-        const int key = c0 + s0 + i / HD;
-        tile[i] = key < len ? ld(kb, key * ksl + i % HD) : 0.f;
-      }
-      __syncthreads();
-      float dot = 0.f;
-      for (int d = part; d < HD; d += KVC_PARTS) dot = fmaf(qs[d], tile[kl * HD + d], dot);
-      const float pair = dot + __shfl_xor_sync(0xffffffffu, dot, 1);
-      const float all = pair + __shfl_xor_sync(0xffffffffu, pair, 2);
-      if (part == 0) {
-        const int key = c0 + s0 + kl;
-        float sc = KVC_NEG_INF;
-        if (key < len) {
-          const float mv = ld(mrow, key);
-          if (mv > drop) live_any = 1;
-          sc = all * scale;
+  float m_run = KVC_NEG_INF;
+  float l_run = 0.f;
+  float acc[KVC_DPL];
+#pragma unroll
+  for (int r = 0; r < KVC_DPL; ++r) acc[r] = 0.f;
+
+  for (int c0 = warp * CH; c0 < len; c0 += KVC_WARPS * CH) {
+    const int c1 = min(c0 + CH, len);
+    for (int s0 = c0; s0 < c1; s0 += 32) {
+      const int key = s0 + lane;
+      bool live = false;
+      float sc = KVC_NEG_INF;
+      if (key < c1) {
+        const float mv = ld(mrow, key);
+        live = mv > drop;
+        if (live) {
+          const T* kr = kb + key * ksl;
+          float dot = 0.f;
+#if KVC_DTYPE != 0 && HD % 8 == 0
+          if (vec) {
+            // The same fmaf chain, its operands read 8 at a time.
+            const uint4* kr8 = reinterpret_cast<const uint4*>(kr);
+#pragma unroll 4
+            for (int c = 0; c < HD / 8; ++c) {
+              const uint4 u = kr8[c];
+              const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                dot = fmaf(qs[c * 8 + 2 * i], lo16(w[i]), dot);
+                dot = fmaf(qs[c * 8 + 2 * i + 1], hi16(w[i]), dot);
+              }
+            }
+          } else
+#endif
+          {
+#pragma unroll 8
+            for (int d = 0; d < HD; ++d) dot = fmaf(qs[d], ld(kr, d), dot);
+          }
+          sc = dot * scale;
           if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
           sc = sc + mv;
         }
-        pr[s0 + kl] = sc;
       }
-      __syncthreads();
-    }
-    const int live = live_any;
-    __syncthreads();  // every thread has read live_any before the next chunk resets it
-    if (!live) continue;
-
-    // The chunk's max (exact in any order), then the rescale factor.
-    float m = KVC_NEG_INF;
-    for (int j = tid; j < CH; j += KVC_THREADS) m = fmaxf(m, pr[j]);
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if ((tid & 31) == 0) wmax[tid >> 5] = m;
-    __syncthreads();
-    if (tid == 0) {
-      float mc = wmax[0];
-      for (int w = 1; w < KVC_THREADS / 32; ++w) mc = fmaxf(mc, wmax[w]);
-      const float mn = fmaxf(run_m, mc);
-      fac = expf(run_m - mn);
-      run_m = mn;
-    }
-    __syncthreads();
-    const float mn = run_m;
-    for (int j = tid; j < CH; j += KVC_THREADS) pr[j] = expf(pr[j] - mn);
-    __syncthreads();
-
-    const float f = fac;
-    const int nj = min(CH, len - c0);
-    float a[(HD + KVC_THREADS - 1) / KVC_THREADS];
-    for (int r = 0; r * KVC_THREADS + tid < HD; ++r) {
-      const int d = r * KVC_THREADS + tid;
-      a[r] = (f == 0.f) ? 0.f : acc[d] * f;
-    }
-    for (int s0 = 0; s0 < nj; s0 += KVC_TILE) {
-      for (int i = tid; i < KVC_TILE * HD; i += KVC_THREADS) {
-        const int key = c0 + s0 + i / HD;
-        tile[i] = key < len ? ld(vb, key * vsl + i % HD) : 0.f;
-      }
-      __syncthreads();
-      const int n = min(KVC_TILE, nj - s0);
-      for (int r = 0; r * KVC_THREADS + tid < HD; ++r) {
-        const int d = r * KVC_THREADS + tid;
-        float x = a[r];
-        for (int j = 0; j < n; ++j) {
-          const float p = pr[s0 + j];
-          x = (p != 0.f) ? fmaf(p, tile[j * HD + d], x) : x;
+      if (!__any_sync(KVC_FULL, live)) continue;
+      float mc = sc;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(KVC_FULL, mc, off));
+      const float mn = fmaxf(m_run, mc);
+      const float f = expf(m_run - mn);
+      m_run = mn;
+      const float p = live ? expf(sc - mn) : 0.f;
+      float l = (f == 0.f) ? 0.f : l_run * f;
+#pragma unroll
+      for (int r = 0; r < KVC_DPL; ++r) acc[r] = (f == 0.f) ? 0.f : acc[r] * f;
+      const int nk = min(32, c1 - s0);
+#pragma unroll 4
+      for (int j = 0; j < nk; ++j) {
+        const float pj = __shfl_sync(KVC_FULL, p, j);
+        const T* vr = vb + (s0 + j) * vsl;
+        if (pj != 0.f) {  // the same for every lane
+          l += pj;
+#pragma unroll
+          for (int r = 0; r < KVC_DPL; ++r) {
+            const int d = lane + 32 * r;
+            if (d < HD) acc[r] = fmaf(pj, ld(vr, d), acc[r]);
+          }
         }
-        a[r] = x;
       }
-      __syncthreads();
+      l_run = l;
     }
-    for (int r = 0; r * KVC_THREADS + tid < HD; ++r) acc[r * KVC_THREADS + tid] = a[r];
-    if (tid == 0) {
-      float l = (f == 0.f) ? 0.f : run_l * f;
-      for (int j = 0; j < nj; ++j) {
-        const float p = pr[j];
-        if (p != 0.f) l += p;
-      }
-      run_l = l;
-    }
-    __syncthreads();
   }
 
-  const float l = run_l;
+  if (lane == 0) {
+    wm[warp] = m_run;
+    wl[warp] = l_run;
+  }
+#pragma unroll
+  for (int r = 0; r < KVC_DPL; ++r) {
+    const int d = lane + 32 * r;
+    if (d < HD) wacc[warp * HD + d] = acc[r];
+  }
+  __syncthreads();
   T* o = out + (((long long)b * hq + h) * tq + t) * HD;
-  for (int d = tid; d < HD; d += KVC_THREADS) st(o, d, l > 0.f ? acc[d] / l : 0.f);
+  for (int d = tid; d < HD; d += KVC_THREADS) {
+    float m = KVC_NEG_INF, l = 0.f, a = 0.f;
+    for (int w = 0; w < KVC_WARPS; ++w) {
+      if (wl[w] == 0.f) continue;  // no live key
+      const float mn = fmaxf(m, wm[w]);
+      const float fo = expf(m - mn);
+      const float fw = expf(wm[w] - mn);
+      l = (fo == 0.f ? 0.f : l * fo) + wl[w] * fw;
+      a = (fo == 0.f ? 0.f : a * fo) + wacc[w * HD + d] * fw;
+      m = mn;
+    }
+    st(o, d, l > 0.f ? a / l : 0.f);
+  }
 }
 #endif
 

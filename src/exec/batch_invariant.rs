@@ -49,9 +49,13 @@ pub enum BiKernels {
     #[default]
     Aten,
     /// CUDA only ([`super::fused`]): linear layers as single cuBLASLt GEMMs of at most
-    /// `gemm_rows` rows under M-invariant settings, and NVRTC-compiled kernels for attention
-    /// (chunks of `key_chunk` keys), RMSNorm and the activation. `norm_rows`, `query_tile`
-    /// and `units` are not used.
+    /// `gemm_rows` rows under M-invariant settings (long-K weights in two fixed K slices),
+    /// and NVRTC-compiled kernels for attention (blocks of `key_chunk` keys dealt to four
+    /// warps), RMSNorm and the activation. `norm_rows`, `query_tile` and `units` are not used.
+    ///
+    /// Recorded as `fused2`, its second revision (2026-12-02): the first, recorded as `fused`,
+    /// had other numerics, so its records fail to load instead of resuming under these.
+    #[serde(rename = "fused2")]
     Fused,
 }
 
@@ -102,12 +106,12 @@ impl BiTiles {
         kernels: BiKernels::Aten,
     };
     /// CUDA defaults: the fused kernels, GEMMs of up to 512 rows (the range over which the
-    /// cuBLASLt settings were measured M-invariant on the H200), 128-key attention chunks.
+    /// cuBLASLt settings were measured M-invariant on the H200), 32-key attention blocks.
     pub const CUDA: BiTiles = BiTiles {
         gemm_rows: 512,
         norm_rows: 1024,
         query_tile: 8,
-        key_chunk: 128,
+        key_chunk: 32,
         units: 256,
         kernels: BiKernels::Fused,
     };
@@ -120,7 +124,7 @@ impl BiTiles {
         }
     }
 
-    /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…` (then `,kernels=fused`
+    /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…` (then `,kernels=fused2`
     /// for the fused kernels).
     pub fn describe(&self) -> String {
         let mut s = format!(
@@ -128,7 +132,7 @@ impl BiTiles {
             self.gemm_rows, self.norm_rows, self.query_tile, self.key_chunk, self.units
         );
         if self.kernels == BiKernels::Fused {
-            s.push_str(",kernels=fused");
+            s.push_str(",kernels=fused2");
         }
         s
     }
@@ -162,7 +166,7 @@ impl TileOverrides {
             if k.trim() == "kernels" {
                 o.kernels = Some(match v.trim() {
                     "aten" => BiKernels::Aten,
-                    "fused" => BiKernels::Fused,
+                    "fused" | "fused2" => BiKernels::Fused,
                     other => {
                         return Err(Error::Spec(format!(
                             "tile setting `kernels={other}`: expected aten or fused"
@@ -241,28 +245,27 @@ pub(super) fn linear(
     let dims = x.size();
     let n = w.size()[0];
     let (buf, rows, tiles) = padded_rows(x, m, x.kind())?;
-    let k = buf.size()[1];
-    // Tiles start at multiples of m·K elements of a fresh buffer; copy a tile when that offset
-    // would change the pointer alignment a BLAS library sees (up to 256 bytes).
-    let aligned = (m * k * x.kind().elt_size_in_bytes() as i64) % 256 == 0;
     let outs = (0..tiles)
-        .map(|i| {
-            let tile = buf.f_narrow(0, i * m, m)?;
-            let tile = if aligned || i == 0 {
-                tile
-            } else {
-                // `Tensor::copy` without its panic: a zeroed tensor like `tile`, copied into.
-                let mut fresh = tile.f_zeros_like()?;
-                fresh.f_copy_(&tile)?;
-                fresh
-            };
-            Ok(tile.f_linear(w, b)?)
-        })
+        .map(|i| Ok(aligned_rows(&buf, i * m, m)?.f_linear(w, b)?))
         .collect::<Result<Vec<Tensor>>>()?;
     let out = join(outs)?;
     let mut shape = dims[..dims.len() - 1].to_vec();
     shape.push(n);
     Ok(out.f_narrow(0, 0, rows)?.f_reshape(shape)?)
+}
+
+/// Rows `start..start + n` of the 2-D `flat`, with the pointer alignment a BLAS library sees
+/// (up to 256 bytes) of `flat`'s own: a view when the row offset keeps it, else a copy. So a
+/// tile's GEMM does not depend on where the tile sits in the batch.
+pub(super) fn aligned_rows(flat: &Tensor, start: i64, n: i64) -> Result<Tensor> {
+    let piece = flat.f_narrow(0, start, n)?;
+    let offset = start * flat.size()[1] * flat.kind().elt_size_in_bytes() as i64;
+    if offset % 256 == 0 {
+        return Ok(piece);
+    }
+    let mut fresh = piece.f_empty_like()?;
+    fresh.f_copy_(&piece)?;
+    Ok(fresh)
 }
 
 /// `x / rms(x)` in fp32 (fp64 for fp64 runs) over the last dimension, the sums of squares taken over fixed row tiles.

@@ -7,7 +7,7 @@
 //!   preferred and reduced-precision reductions and split-K off
 //!   ([`crate::nvrtc::with_invariant_blas`]): under those settings a row's result did not
 //!   depend on M for M = 2…512 on the H200 (`kvcredit invariance` checks it per model); a
-//!   one-row call runs as two rows.
+//!   one-row call runs as two rows, and a long-K weight as a fixed split over K.
 //! * **attention, RMSNorm, activation**: kernels of `kernels/bi_kernels.cu`, compiled at run
 //!   time with NVRTC, in which each output element is one fixed sequence of fp32 operations
 //!   over its own row (the file explains the attention's chunked online softmax and why keys
@@ -49,8 +49,9 @@ fn grid(n: i64) -> Result<u32> {
 ///
 /// A one-row GEMM is run as two rows (the second zero): on the H200 cuBLASLt rounds M = 1
 /// differently from M ≥ 2 (`kvcredit invariance`'s decode_vs_prefill check on the Qwen2.5-0.5B
-/// shape). fp32 (and fp64) GEMMs have no split-K switch, so they keep the fixed-shape ATen
-/// tiles (`gemm_rows` rows, zero-padded).
+/// shape). A long-K weight is cut into [`k_slices`] fixed slices ([`sliced_gemm`]). fp32 (and
+/// fp64) GEMMs have no split-K switch, so they keep the fixed-shape ATen tiles (`gemm_rows`
+/// rows, zero-padded).
 pub(super) fn linear(
     tiles: &BiTiles,
     x: &Tensor,
@@ -66,41 +67,76 @@ pub(super) fn linear(
     let m = tiles.gemm_rows;
     let mut shape = dims[..dims.len() - 1].to_vec();
     shape.push(w.size()[0]);
+    let slices = if w.is_contiguous() {
+        k_slices(w.size()[0], k)
+    } else {
+        1
+    };
+    // One GEMM of `n` rows of `piece` (≥ 2 rows; a one-row piece is widened first).
+    let gemm = |piece: Tensor, n: i64| -> Result<Tensor> {
+        let piece = if n == 1 {
+            piece.f_constant_pad_nd([0, 0, 0, 1])?
+        } else {
+            piece
+        };
+        Ok(sliced_gemm(&piece, w, b, slices)?.f_narrow(0, 0, n)?)
+    };
     with_invariant_blas(|| {
-        if rows == 1 {
-            let two = x.f_reshape([1, k])?.f_constant_pad_nd([0, 0, 0, 1])?;
-            return Ok(two
-                .f_linear(w, b)?
-                .f_narrow(0, 0, 1)?
-                .f_reshape(shape.as_slice())?);
-        }
-        if rows <= m {
-            return Ok(x.f_linear(w, b)?);
-        }
         let flat = x.f_reshape([rows, k])?.f_contiguous()?;
-        // Pieces start at multiples of m·K elements; copy one when that offset would change
-        // the pointer alignment cuBLASLt sees (up to 256 bytes). A last piece of one row is
-        // widened like a one-row call.
-        let aligned = (m * k * x.kind().elt_size_in_bytes() as i64) % 256 == 0;
+        if rows <= m {
+            return Ok(gemm(flat, rows)?.f_reshape(shape.as_slice())?);
+        }
         let mut outs = Vec::new();
         let mut start = 0;
         while start < rows {
             let n = m.min(rows - start);
-            let piece = flat.f_narrow(0, start, n)?;
             let piece = if n == 1 {
-                piece.f_constant_pad_nd([0, 0, 0, 1])?
-            } else if aligned {
-                piece
+                flat.f_narrow(0, start, 1)?
             } else {
-                let mut fresh = piece.f_empty_like()?;
-                fresh.f_copy_(&piece)?;
-                fresh
+                batch_invariant::aligned_rows(&flat, start, n)?
             };
-            outs.push(piece.f_linear(w, b)?.f_narrow(0, 0, n)?);
+            outs.push(gemm(piece, n)?);
             start += n;
         }
         Ok(Tensor::f_cat(&outs, 0)?.f_reshape(shape.as_slice())?)
     })
+}
+
+/// Fixed K slices of a GEMM with `n` outputs over `k` inputs, from the weight's shape alone:
+/// 2 for a long-K weight (`k ≥ 2048` and `k ≥ 2n`, e.g. an MLP's down projection), else 1.
+/// With split-K off, cuBLASLt runs such a GEMM on a handful of thread blocks: the Qwen2.5-1.5B
+/// down projection took 199 µs against 9 µs stock on the H200, and 11 µs as two slices
+/// (`benches/gemm_shapes.py`, `docs/runs/h200-2026-12-02e/`).
+pub(super) fn k_slices(n: i64, k: i64) -> i64 {
+    if k >= 2048 && k >= 2 * n && k % 16 == 0 {
+        2
+    } else {
+        1
+    }
+}
+
+/// `x @ w^T + b` for a 2-D `x` of at least two rows, with K cut into `slices` equal slices at
+/// fixed offsets: each slice is one GEMM into fp32 (a batched GEMM over the slices), and the
+/// partial products are added in slice order, then the bias, then rounded once to `x`'s type.
+/// A row's result depends only on that row (the slices are fixed by the weight's shape).
+fn sliced_gemm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, slices: i64) -> Result<Tensor> {
+    if slices == 1 {
+        return Ok(x.f_linear(w, b)?);
+    }
+    let (m, k) = x.size2()?;
+    let n = w.size()[0];
+    let ks = k / slices;
+    let xs = x.f_view([m, slices, ks])?.f_transpose(0, 1)?;
+    let ws = w.f_view([n, slices, ks])?.f_permute([1, 2, 0])?;
+    let parts = xs.f_bmm_dtype(&ws, Kind::Float)?;
+    let mut acc = parts.f_select(0, 0)?;
+    for i in 1..slices {
+        acc = acc.f_add(&parts.f_select(0, i)?)?;
+    }
+    if let Some(b) = b {
+        acc = acc.f_add(&b.f_to_kind(Kind::Float)?)?;
+    }
+    Ok(acc.f_to_kind(x.kind())?)
 }
 
 /// `x / rms(x)` over the last dimension in fp32, returned as `out` (fp32 or `x`'s type).
@@ -205,6 +241,12 @@ pub(super) fn attention(
         Kind::BFloat16 => f32::from(half::bf16::MIN),
         _ => f32::MIN,
     };
+    // K rows can be read 16 bytes at a time when every row starts 16-byte aligned.
+    let el = kind.elt_size_in_bytes() as i64;
+    let vec = el == 2
+        && d % 8 == 0
+        && (k.data_ptr() as usize).is_multiple_of(16)
+        && [ks[0], ks[1], ks[2]].iter().all(|s| (s * el) % 16 == 0);
     let out = Tensor::f_empty([b, hq, t, d], (kind, q.device()))?;
     let kern = kernel(
         &q,
@@ -238,6 +280,7 @@ pub(super) fn attention(
             Arg::F32(p.scale as f32),
             Arg::F32(p.softcap.map_or(0.0, |c| c as f32)),
             Arg::F32(drop),
+            Arg::I32(i32::from(vec)),
         ],
     )?;
     Ok(out)

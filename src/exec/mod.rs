@@ -327,7 +327,11 @@ mod tests {
         let o = TileOverrides::parse("kernels=fused, key_chunk=64")?;
         let t = o.apply(BiTiles::CPU);
         assert_eq!((t.kernels, t.key_chunk), (BiKernels::Fused, 64));
-        assert!(t.describe().ends_with(",kernels=fused"));
+        assert!(t.describe().ends_with(",kernels=fused2"));
+        assert_eq!(
+            TileOverrides::parse("kernels=fused2")?.kernels,
+            Some(BiKernels::Fused)
+        );
         assert!(!BiTiles::CPU.describe().contains("kernels"));
         assert!(TileOverrides::parse("kernels=triton").is_err());
         // Records of the ATen kernels keep their old form; old records read as ATen.
@@ -336,7 +340,11 @@ mod tests {
         assert!(aten.get("kernels").is_none());
         let fused =
             serde_json::to_value(BiTiles::CUDA).map_err(|e| crate::Error::Output(e.to_string()))?;
-        assert_eq!(fused["kernels"], "fused");
+        assert_eq!(fused["kernels"], "fused2");
+        // Records of the first fused revision do not load as the second.
+        let mut r1 = fused.clone();
+        r1["kernels"] = "fused".into();
+        assert!(serde_json::from_value::<BiTiles>(r1).is_err());
         let old: BiTiles =
             serde_json::from_value(aten).map_err(|e| crate::Error::Output(e.to_string()))?;
         assert_eq!(old, BiTiles::CUDA_ATEN);
