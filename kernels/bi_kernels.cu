@@ -48,8 +48,9 @@ __device__ __forceinline__ void st(T* p, long long i, float x) {
 #define KVC_NEG_INF __int_as_float(0xff800000)
 
 #ifdef HD
-// Warps per block, and output dimensions per lane.
-#define KVC_WARPS (KVC_THREADS / 32)
+// Threads and warps per attention block, and output dimensions per lane.
+#define KVC_ATT_THREADS 256
+#define KVC_WARPS (KVC_ATT_THREADS / 32)
 #define KVC_DPL ((HD + 31) / 32)
 #define KVC_FULL 0xffffffffu
 
@@ -71,7 +72,7 @@ __device__ __forceinline__ void st(T* p, long long i, float x) {
 // The warps' states are then folded in warp order (a warp that saw no live key is skipped).
 // Keys a query cannot see — masked, past its position, past the cache's length — never reach
 // its result, and nothing depends on the batch, the number of positions, or the grid.
-extern "C" __global__ void __launch_bounds__(KVC_THREADS)
+extern "C" __global__ void __launch_bounds__(KVC_ATT_THREADS)
 kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                  const T* __restrict__ mask, T* __restrict__ out, int hq, int group, int tq,
                  int len, long long qsb, long long qsh, long long qst, long long ksb,
@@ -91,7 +92,7 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
   const int b = blockIdx.x / (tq * hq);
   const int kh = h / group;
 
-  for (int d = tid; d < HD; d += KVC_THREADS) qs[d] = ld(q, b * qsb + h * qsh + t * qst + d);
+  for (int d = tid; d < HD; d += KVC_ATT_THREADS) qs[d] = ld(q, b * qsb + h * qsh + t * qst + d);
   __syncthreads();
   const T* kb = k + b * ksb + kh * ksh;
   const T* vb = v + b * vsb + kh * vsh;
@@ -110,9 +111,10 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
       bool live = false;
       float sc = KVC_NEG_INF;
       if (key < c1) {
+        // The mask and the key row are loaded together; a dead key's dot product (of whatever
+        // its row holds) is never used.
         const float mv = ld(mrow, key);
-        live = mv > drop;
-        if (live) {
+        {
           const T* kr = kb + key * ksl;
           float dot = 0.f;
 #if KVC_DTYPE != 0 && HD % 8 == 0
@@ -135,9 +137,12 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 #pragma unroll 8
             for (int d = 0; d < HD; ++d) dot = fmaf(qs[d], ld(kr, d), dot);
           }
-          sc = dot * scale;
-          if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
-          sc = sc + mv;
+          live = mv > drop;
+          if (live) {
+            sc = dot * scale;
+            if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
+            sc = sc + mv;
+          }
         }
       }
       if (!__any_sync(KVC_FULL, live)) continue;
@@ -151,17 +156,29 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
       float l = (f == 0.f) ? 0.f : l_run * f;
 #pragma unroll
       for (int r = 0; r < KVC_DPL; ++r) acc[r] = (f == 0.f) ? 0.f : acc[r] * f;
+      // Keys in key order, their V values loaded 8 keys at a time ahead of use (a dead key's
+      // value is loaded but never used).
       const int nk = min(32, c1 - s0);
-#pragma unroll 4
-      for (int j = 0; j < nk; ++j) {
-        const float pj = __shfl_sync(KVC_FULL, p, j);
-        const T* vr = vb + (s0 + j) * vsl;
-        if (pj != 0.f) {  // the same for every lane
-          l += pj;
+      for (int j0 = 0; j0 < nk; j0 += 8) {
+        float pv[8];
+        float vv[8][KVC_DPL];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const int j = j0 + u;
+          pv[u] = __shfl_sync(KVC_FULL, p, j & 31);
+          const T* vr = vb + (long long)(s0 + j) * vsl;
 #pragma unroll
           for (int r = 0; r < KVC_DPL; ++r) {
             const int d = lane + 32 * r;
-            if (d < HD) acc[r] = fmaf(pj, ld(vr, d), acc[r]);
+            vv[u][r] = (j < nk && d < HD) ? ld(vr, d) : 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (j0 + u < nk && pv[u] != 0.f) {  // the same for every lane
+            l += pv[u];
+#pragma unroll
+            for (int r = 0; r < KVC_DPL; ++r) acc[r] = fmaf(pv[u], vv[u][r], acc[r]);
           }
         }
       }
@@ -180,7 +197,7 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
   }
   __syncthreads();
   T* o = out + (((long long)b * hq + h) * tq + t) * HD;
-  for (int d = tid; d < HD; d += KVC_THREADS) {
+  for (int d = tid; d < HD; d += KVC_ATT_THREADS) {
     float m = KVC_NEG_INF, l = 0.f, a = 0.f;
     for (int w = 0; w < KVC_WARPS; ++w) {
       if (wl[w] == 0.f) continue;  // no live key

@@ -50,12 +50,13 @@ pub enum BiKernels {
     Aten,
     /// CUDA only ([`super::fused`]): linear layers as single cuBLASLt GEMMs of at most
     /// `gemm_rows` rows under M-invariant settings (long-K weights in two fixed K slices),
-    /// and NVRTC-compiled kernels for attention (blocks of `key_chunk` keys dealt to four
+    /// and NVRTC-compiled kernels for attention (blocks of `key_chunk` keys dealt to eight
     /// warps), RMSNorm and the activation. `norm_rows`, `query_tile` and `units` are not used.
     ///
-    /// Recorded as `fused2`, its second revision (2026-12-02): the first, recorded as `fused`,
-    /// had other numerics, so its records fail to load instead of resuming under these.
-    #[serde(rename = "fused2")]
+    /// Recorded as `fused3`, the third revision (2026-12-02: eight warps per attention block);
+    /// the first (`fused`: one block walking the keys in series) and the second (`fused2`: four
+    /// warps) had other numerics, so their records fail to load instead of resuming under these.
+    #[serde(rename = "fused3")]
     Fused,
 }
 
@@ -124,7 +125,7 @@ impl BiTiles {
         }
     }
 
-    /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…` (then `,kernels=fused2`
+    /// `gemm_rows=…,norm_rows=…,query_tile=…,key_chunk=…,units=…` (then `,kernels=fused3`
     /// for the fused kernels).
     pub fn describe(&self) -> String {
         let mut s = format!(
@@ -132,7 +133,7 @@ impl BiTiles {
             self.gemm_rows, self.norm_rows, self.query_tile, self.key_chunk, self.units
         );
         if self.kernels == BiKernels::Fused {
-            s.push_str(",kernels=fused2");
+            s.push_str(",kernels=fused3");
         }
         s
     }
@@ -166,7 +167,7 @@ impl TileOverrides {
             if k.trim() == "kernels" {
                 o.kernels = Some(match v.trim() {
                     "aten" => BiKernels::Aten,
-                    "fused" | "fused2" => BiKernels::Fused,
+                    "fused" | "fused3" => BiKernels::Fused,
                     other => {
                         return Err(Error::Spec(format!(
                             "tile setting `kernels={other}`: expected aten or fused"

@@ -22,6 +22,8 @@ use tch::{Kind, Tensor};
 
 const SOURCE: &str = include_str!("../../kernels/bi_kernels.cu");
 const THREADS: u32 = 128;
+/// Threads of an attention block (`KVC_ATT_THREADS`: eight warps).
+const ATT_THREADS: u32 = 256;
 
 /// The kernels' element-type code, or `None` for types they do not handle.
 fn dtype_code(kind: Kind) -> Option<i32> {
@@ -255,7 +257,7 @@ pub(super) fn attention(
     )?;
     kern.launch(
         grid(b * hq * t)?,
-        THREADS,
+        ATT_THREADS,
         &[
             Arg::Ptr(q.data_ptr()),
             Arg::Ptr(k.data_ptr()),
@@ -284,4 +286,28 @@ pub(super) fn attention(
         ],
     )?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::k_slices;
+
+    /// Only long-K weights are sliced: the MLP down projections of both Qwen shapes, not their
+    /// attention, gate/up or output-head weights.
+    #[test]
+    fn only_long_k_weights_are_sliced() {
+        assert_eq!(k_slices(896, 4864), 2);
+        assert_eq!(k_slices(1536, 8960), 2);
+        for (n, k) in [
+            (896, 896),
+            (128, 896),
+            (4864, 896),
+            (151936, 896),
+            (256, 1536),
+        ] {
+            assert_eq!(k_slices(n, k), 1, "N={n} K={k}");
+        }
+        // A K that does not split into 16-element-aligned halves stays whole.
+        assert_eq!(k_slices(100, 4100), 1);
+    }
 }

@@ -327,9 +327,9 @@ mod tests {
         let o = TileOverrides::parse("kernels=fused, key_chunk=64")?;
         let t = o.apply(BiTiles::CPU);
         assert_eq!((t.kernels, t.key_chunk), (BiKernels::Fused, 64));
-        assert!(t.describe().ends_with(",kernels=fused2"));
+        assert!(t.describe().ends_with(",kernels=fused3"));
         assert_eq!(
-            TileOverrides::parse("kernels=fused2")?.kernels,
+            TileOverrides::parse("kernels=fused3")?.kernels,
             Some(BiKernels::Fused)
         );
         assert!(!BiTiles::CPU.describe().contains("kernels"));
@@ -340,11 +340,13 @@ mod tests {
         assert!(aten.get("kernels").is_none());
         let fused =
             serde_json::to_value(BiTiles::CUDA).map_err(|e| crate::Error::Output(e.to_string()))?;
-        assert_eq!(fused["kernels"], "fused2");
-        // Records of the first fused revision do not load as the second.
-        let mut r1 = fused.clone();
-        r1["kernels"] = "fused".into();
-        assert!(serde_json::from_value::<BiTiles>(r1).is_err());
+        assert_eq!(fused["kernels"], "fused3");
+        // Records of the earlier fused revisions do not load as the current one.
+        for old in ["fused", "fused2"] {
+            let mut r = fused.clone();
+            r["kernels"] = old.into();
+            assert!(serde_json::from_value::<BiTiles>(r).is_err(), "{old}");
+        }
         let old: BiTiles =
             serde_json::from_value(aten).map_err(|e| crate::Error::Output(e.to_string()))?;
         assert_eq!(old, BiTiles::CUDA_ATEN);
