@@ -33,6 +33,8 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
         "6",
         "--cont-batches",
         "3,8",
+        "--profile",
+        "3",
         "--quiet",
         "--out",
         out.to_str().unwrap(),
@@ -83,6 +85,25 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
     assert_eq!(memory["met"], true);
     assert!(memory["value"].as_f64().unwrap() < 1.1);
 
+    // One device profile per policy; on the CPU it sees no kernels but writes its trace.
+    let profiles = json["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2, "{profiles:?}");
+    for p in profiles {
+        assert_eq!(
+            (p["batch"].as_u64(), p["steps"].as_u64()),
+            (Some(3), Some(2))
+        );
+        assert!(p["kernels"].as_array().unwrap().is_empty(), "{p}");
+        let trace = std::path::PathBuf::from(p["trace"].as_str().unwrap());
+        assert!(trace.starts_with(&out), "{}", trace.display());
+        let text = std::fs::read_to_string(&trace).unwrap();
+        assert!(text.contains("aten::"), "trace without ops");
+    }
+    assert!(
+        stdout.contains("device profile: batch_invariant batch 3"),
+        "{stdout}"
+    );
+
     // The Parquet table holds one row per measurement: 2 prefills + 4 decode + 4 continuations.
     let parquet = out.join("bench-tiny-qwen2-fp32-cpu.parquet");
     let batches = kvcredit::io::parquet::read_batches(&parquet).unwrap();
@@ -114,6 +135,7 @@ fn bench_rejects_bad_settings_in_one_line() {
     let missing_targets = out.join("no-such-targets.toml");
     for args in [
         vec!["--batches", "0"],
+        vec!["--profile", "0"],
         vec!["--prompt", "0"],
         vec!["--synthetic", "no-such-shape"],
         vec!["--targets", bad_targets.to_str().unwrap()],

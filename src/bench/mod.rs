@@ -447,6 +447,10 @@ pub fn run(
                 .map(|d| d.join(format!("trace-{}-b{b}.json", policy.kind())));
             if let Some(p) = base.as_ref().and_then(|base| {
                 attempt(&mut errors, &what, || {
+                    if let Some(dir) = &cfg.trace_dir {
+                        std::fs::create_dir_all(dir)
+                            .map_err(|e| Error::Output(format!("{}: {e}", dir.display())))?;
+                    }
                     runners::profile_steps(model, policy, base, b, cfg, trace.as_deref())
                 })
             }) {

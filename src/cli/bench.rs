@@ -154,9 +154,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         profile_batches: a.profile.clone(),
         trace_dir: (!a.profile.is_empty()).then(|| a.out.clone()),
     };
-    if !a.profile.is_empty() {
-        std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    }
     let pb = ProgressBar::new(bench::measurement_count(&cfg));
     if a.quiet {
         pb.set_draw_target(ProgressDrawTarget::hidden());
