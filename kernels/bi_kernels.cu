@@ -114,35 +114,33 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         // The mask and the key row are loaded together; a dead key's dot product (of whatever
         // its row holds) is never used.
         const float mv = ld(mrow, key);
-        {
-          const T* kr = kb + key * ksl;
-          float dot = 0.f;
+        const T* kr = kb + key * ksl;
+        float dot = 0.f;
 #if KVC_DTYPE != 0 && HD % 8 == 0
-          if (vec) {
-            // The same fmaf chain, its operands read 8 at a time.
-            const uint4* kr8 = reinterpret_cast<const uint4*>(kr);
+        if (vec) {
+          // The same fmaf chain, its operands read 8 at a time.
+          const uint4* kr8 = reinterpret_cast<const uint4*>(kr);
 #pragma unroll 4
-            for (int c = 0; c < HD / 8; ++c) {
-              const uint4 u = kr8[c];
-              const unsigned w[4] = {u.x, u.y, u.z, u.w};
+          for (int c = 0; c < HD / 8; ++c) {
+            const uint4 u = kr8[c];
+            const unsigned w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                dot = fmaf(qs[c * 8 + 2 * i], lo16(w[i]), dot);
-                dot = fmaf(qs[c * 8 + 2 * i + 1], hi16(w[i]), dot);
-              }
+            for (int i = 0; i < 4; ++i) {
+              dot = fmaf(qs[c * 8 + 2 * i], lo16(w[i]), dot);
+              dot = fmaf(qs[c * 8 + 2 * i + 1], hi16(w[i]), dot);
             }
-          } else
+          }
+        } else
 #endif
-          {
+        {
 #pragma unroll 8
-            for (int d = 0; d < HD; ++d) dot = fmaf(qs[d], ld(kr, d), dot);
-          }
-          live = mv > drop;
-          if (live) {
-            sc = dot * scale;
-            if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
-            sc = sc + mv;
-          }
+          for (int d = 0; d < HD; ++d) dot = fmaf(qs[d], ld(kr, d), dot);
+        }
+        live = mv > drop;
+        if (live) {
+          sc = dot * scale;
+          if (softcap > 0.f) sc = tanhf(sc / softcap) * softcap;
+          sc = sc + mv;
         }
       }
       if (!__any_sync(KVC_FULL, live)) continue;

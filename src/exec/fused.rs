@@ -92,12 +92,7 @@ pub(super) fn linear(
         let mut start = 0;
         while start < rows {
             let n = m.min(rows - start);
-            let piece = if n == 1 {
-                flat.f_narrow(0, start, 1)?
-            } else {
-                batch_invariant::aligned_rows(&flat, start, n)?
-            };
-            outs.push(gemm(piece, n)?);
+            outs.push(gemm(batch_invariant::aligned_rows(&flat, start, n)?, n)?);
             start += n;
         }
         Ok(Tensor::f_cat(&outs, 0)?.f_reshape(shape.as_slice())?)
