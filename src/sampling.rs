@@ -4,7 +4,15 @@
 //! entry `v` is a hash of a per-row [`NoiseKey`] and `v`, computed on the device with integer
 //! ops. The noise is therefore a function of the key only, never of a row's position in the
 //! batch or of the batch size, and the choice is exact given bitwise-equal logits.
+//!
+//! Two [`Sampler`]s draw the token: the ATen reference (the noise as `[B, V]` tensors, about
+//! thirty passes over int64/fp64 data) and, on CUDA, the fused kernels of
+//! `kernels/sampling.cu` (two launches), which choose bitwise the same token;
+//! [`check_fused`] verifies that on the device, with a negative control.
+use crate::nvrtc::{Arg, Kernel};
 use crate::{Error, Result};
+use std::cell::Cell;
+use std::sync::OnceLock;
 use tch::{Device, Kind, Tensor};
 
 /// How the next token is chosen.
@@ -172,6 +180,275 @@ fn vocab_of(logits: &Tensor) -> Result<i64> {
     })
 }
 
+/// Which implementation adds the Gumbel noise and takes the argmax of a sampled step. Both
+/// choose bitwise the same token given the same logits and keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sampler {
+    /// ATen ops: the noise as `[B, V]` tensors, then add and argmax (any device; the reference).
+    Aten,
+    /// `kernels/sampling.cu` compiled with NVRTC: noise, add and argmax fused (CUDA only).
+    Fused,
+}
+
+thread_local! {
+    static OVERRIDE: Cell<Option<Sampler>> = const { Cell::new(None) };
+}
+
+impl Sampler {
+    /// Parse `aten` or `fused`.
+    pub fn parse(s: &str) -> Result<Sampler> {
+        match s {
+            "aten" => Ok(Sampler::Aten),
+            "fused" => Ok(Sampler::Fused),
+            _ => Err(Error::Spec(format!("`{s}` is not a sampler (aten, fused)"))),
+        }
+    }
+
+    /// The name [`Sampler::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sampler::Aten => "aten",
+            Sampler::Fused => "fused",
+        }
+    }
+
+    /// Whether this sampler can run on `device`.
+    pub fn check_device(self, device: Device) -> Result<()> {
+        if self == Sampler::Fused && !fused_available(device) {
+            return Err(Error::Spec(format!(
+                "the fused sampler needs a CUDA device and a binary built with the C++ shim (device {device:?})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The sampler used on `device`: the calling thread's [`with_sampler`] override, else
+    /// `KVCREDIT_SAMPLER` (`aten` or `fused`), else fused where it can run and ATen elsewhere.
+    pub fn for_device(device: Device) -> Result<Sampler> {
+        if let Some(s) = OVERRIDE.with(Cell::get) {
+            return Ok(s);
+        }
+        static ENV: OnceLock<std::result::Result<Option<Sampler>, String>> = OnceLock::new();
+        let env = ENV.get_or_init(|| match std::env::var("KVCREDIT_SAMPLER") {
+            Ok(v) if !v.is_empty() => Sampler::parse(&v)
+                .map(Some)
+                .map_err(|_| format!("KVCREDIT_SAMPLER=`{v}`: not a sampler (aten, fused)")),
+            _ => Ok(None),
+        });
+        match env.clone().map_err(Error::Spec)? {
+            Some(s) => s.check_device(device).map(|()| s),
+            None if fused_available(device) => Ok(Sampler::Fused),
+            None => Ok(Sampler::Aten),
+        }
+    }
+}
+
+/// Run `f` with `sampler` drawing this thread's tokens (the previous choice is restored).
+pub fn with_sampler<T>(sampler: Sampler, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Sampler>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OVERRIDE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(OVERRIDE.with(|c| c.replace(Some(sampler))));
+    f()
+}
+
+fn fused_available(device: Device) -> bool {
+    matches!(device, Device::Cuda(_)) && crate::cuda_graph::compiled()
+}
+
+const SAMPLING_SOURCE: &str = include_str!("../kernels/sampling.cu");
+/// Vocabulary entries per block of `kvc_gumbel_partial` (`KVC_SLICE`).
+const FUSED_SLICE: i64 = 256 * 16;
+
+/// The fused kernels' (scaled logits `[B, V]` fp32, key words) sizes, checked.
+fn fused_dims(x: &Tensor, words: &Tensor) -> Result<(i64, i64)> {
+    let v = vocab_of(x)?;
+    let b = x.size()[0];
+    if x.dim() != 2 || words.numel() != 2 * b as usize || words.kind() != Kind::Int64 {
+        return Err(Error::Invariant(format!(
+            "fused sampler: logits {:?} and key words {:?} ({:?}) do not match",
+            x.size(),
+            words.size(),
+            words.kind()
+        )));
+    }
+    if v > i64::from(i32::MAX) || b > i64::from(i32::MAX) {
+        return Err(Error::Invariant(format!(
+            "fused sampler: [{b}, {v}] is too large"
+        )));
+    }
+    Ok((b, v))
+}
+
+/// Gumbel-max with the fused kernels: the token of each row of `scaled` (`[B, V]`, fp32).
+fn fused_argmax(scaled: &Tensor, words: &Tensor) -> Result<Tensor> {
+    let x = scaled.f_to_kind(Kind::Float)?.f_contiguous()?;
+    let w = words.f_contiguous()?;
+    let (b, v) = fused_dims(&x, &w)?;
+    let dev = x.device();
+    let slices = (v + FUSED_SLICE - 1) / FUSED_SLICE;
+    let best_v = Tensor::f_empty([b, slices], (Kind::Float, dev))?;
+    let best_i = Tensor::f_empty([b, slices], (Kind::Int64, dev))?;
+    let out = Tensor::f_empty([b], (Kind::Int64, dev))?;
+    let grid = |n: i64| {
+        u32::try_from(n).map_err(|_| Error::Invariant(format!("fused sampler: {n} blocks")))
+    };
+    Kernel::get(dev, SAMPLING_SOURCE, &[], "kvc_gumbel_partial")?.launch(
+        grid(b * slices)?,
+        256,
+        &[
+            Arg::Ptr(x.data_ptr()),
+            Arg::Ptr(w.data_ptr()),
+            Arg::I32(b as i32),
+            Arg::I32(v as i32),
+            Arg::I32(slices as i32),
+            Arg::Ptr(best_v.data_ptr()),
+            Arg::Ptr(best_i.data_ptr()),
+        ],
+    )?;
+    Kernel::get(dev, SAMPLING_SOURCE, &[], "kvc_gumbel_fold")?.launch(
+        grid((b + 127) / 128)?,
+        128,
+        &[
+            Arg::Ptr(best_v.data_ptr()),
+            Arg::Ptr(best_i.data_ptr()),
+            Arg::I32(b as i32),
+            Arg::I32(slices as i32),
+            Arg::Ptr(out.data_ptr()),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// The noise `[B, V]` (fp32) as the fused kernels compute it, for key words on a CUDA device;
+/// `control` takes the logs in fp32 instead (a negative control that must differ).
+pub fn gumbel_noise_fused(words: &Tensor, vocab: i64, control: bool) -> Result<Tensor> {
+    let w = words.f_contiguous()?;
+    let b = w.numel() as i64 / 2;
+    let out = Tensor::f_empty([b, vocab], (Kind::Float, w.device()))?;
+    fused_dims(&out, &w)?;
+    let options = if control {
+        vec!["-DKVC_NOISE_F32=1".to_string()]
+    } else {
+        vec![]
+    };
+    let blocks = u32::try_from(((b * vocab + 255) / 256).min(65_536)).unwrap_or(65_536);
+    Kernel::get(w.device(), SAMPLING_SOURCE, &options, "kvc_gumbel_noise")?.launch(
+        blocks,
+        256,
+        &[
+            Arg::Ptr(w.data_ptr()),
+            Arg::I32(b as i32),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(out.data_ptr()),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// Gumbel-max of `scaled` logits (`[B, V]`, fp32) under `sampler`.
+fn gumbel_argmax(scaled: &Tensor, words: &Tensor, sampler: Sampler) -> Result<Tensor> {
+    match sampler {
+        Sampler::Aten => {
+            let noise = gumbel_noise_from(words, vocab_of(scaled)?)?;
+            Ok(scaled.f_add(&noise)?.f_argmax(-1, false)?)
+        }
+        Sampler::Fused => fused_argmax(scaled, words),
+    }
+}
+
+/// What [`check_fused`] compared, bitwise.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SamplerCheck {
+    /// Noise elements compared (`rows × vocab`).
+    pub noise_elements: i64,
+    /// Fused noise elements whose bits differ from the reference's.
+    pub noise_mismatches: i64,
+    /// Rows whose token was drawn by both samplers (over every sampling rule checked).
+    pub token_rows: i64,
+    /// Rows where the two samplers chose different tokens.
+    pub token_mismatches: i64,
+    /// Noise elements of the negative control (logs in fp32) that differ from the reference:
+    /// must be above zero, or the comparison could not see a change of rounding.
+    pub control_mismatches: i64,
+}
+
+impl SamplerCheck {
+    /// Bitwise agreement, and a negative control that the comparison caught.
+    pub fn passed(&self) -> bool {
+        self.noise_mismatches == 0 && self.token_mismatches == 0 && self.control_mismatches > 0
+    }
+}
+
+/// Compare the fused sampler with the ATen reference on `device` (CUDA), bitwise: the noise of
+/// `rows` keys over `vocab` entries, and the tokens both choose from random `[rows, vocab]`
+/// logits (with ties, `-inf`, a NaN row) under temperature 1, 0.7 and top-p 0.9.
+pub fn check_fused(device: Device, rows: i64, vocab: i64, seed: u64) -> Result<SamplerCheck> {
+    Sampler::Fused.check_device(device)?;
+    let _guard = tch::no_grad_guard();
+    let keys: Vec<NoiseKey> = (0..rows as u64)
+        .map(|r| NoiseKey {
+            seed,
+            problem: r % 7,
+            pivot: r,
+            branch: r % 3,
+            sample: r % 5,
+            step: r * 31,
+        })
+        .collect();
+    let words = key_words(&keys, device)?;
+    let bits = |t: &Tensor| t.f_view_dtype(Kind::Int);
+    let reference = bits(&gumbel_noise_from(&words, vocab)?)?;
+    let count_ne = |a: &Tensor, b: &Tensor| -> Result<i64> {
+        Ok(a.f_ne_tensor(b)?.f_sum(Kind::Int64)?.f_int64_value(&[])?)
+    };
+    let noise_mismatches = count_ne(
+        &bits(&gumbel_noise_fused(&words, vocab, false)?)?,
+        &reference,
+    )?;
+    let control_mismatches = count_ne(
+        &bits(&gumbel_noise_fused(&words, vocab, true)?)?,
+        &reference,
+    )?;
+
+    tch::manual_seed(seed as i64);
+    let logits = Tensor::f_randn([rows, vocab], (Kind::Float, device))?.f_mul_scalar(3.0)?;
+    if rows >= 4 && vocab >= 8 {
+        let _ = logits.f_get(1)?.f_fill_(0.0)?;
+        let _ = logits.f_get(2)?.f_fill_(f64::NEG_INFINITY)?;
+        let _ = logits
+            .f_get(3)?
+            .f_narrow(0, 0, vocab / 2)?
+            .f_fill_(f64::NEG_INFINITY)?;
+        let _ = logits.f_get(0)?.f_narrow(0, 5, 1)?.f_fill_(f64::NAN)?;
+    }
+    let rules = [
+        Sampling::Temperature { temperature: 1.0 },
+        Sampling::Temperature { temperature: 0.7 },
+        Sampling::TopP {
+            top_p: 0.9,
+            temperature: 1.0,
+        },
+    ];
+    let mut token_mismatches = 0;
+    for rule in rules {
+        let a = with_sampler(Sampler::Aten, || select_on_device(&logits, rule, &words))?;
+        let f = with_sampler(Sampler::Fused, || select_on_device(&logits, rule, &words))?;
+        token_mismatches += count_ne(&a, &f)?;
+    }
+    Ok(SamplerCheck {
+        noise_elements: rows * vocab,
+        noise_mismatches,
+        token_rows: rows * rules.len() as i64,
+        token_mismatches,
+        control_mismatches,
+    })
+}
+
 /// Choose one token per row of `logits` (`[B, V]`, any float dtype).
 pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<Vec<i64>> {
     let chosen = match sampling {
@@ -185,22 +462,23 @@ pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<
 
 /// The chosen token of each row as a device tensor `[B]`, from device-resident key words
 /// `[2, B, 1]` ([`noise_words`]; unused when greedy). Same choice as [`select`]; no host sync.
+/// The noise and argmax run under [`Sampler::for_device`].
 pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> Result<Tensor> {
     let logits = logits.f_to_kind(Kind::Float)?;
     Ok(match sampling {
         Sampling::Greedy => logits.f_argmax(-1, false)?,
         Sampling::Temperature { temperature } => {
-            let noise = gumbel_noise_from(words, vocab_of(&logits)?)?;
+            let sampler = Sampler::for_device(logits.device())?;
             // x / 1 is x exactly: skip the pass over [B, V].
             let scaled = if temperature == 1.0 {
                 logits
             } else {
                 logits.f_div_scalar(temperature)?
             };
-            scaled.f_add(&noise)?.f_argmax(-1, false)?
+            gumbel_argmax(&scaled, words, sampler)?
         }
         Sampling::TopP { top_p, temperature } => {
-            let noise = gumbel_noise_from(words, vocab_of(&logits)?)?;
+            let sampler = Sampler::for_device(logits.device())?;
             let scaled = logits.f_div_scalar(temperature)?;
             // Keep a token if the probability of the tokens sorted before it is below top_p
             // (the most probable token is always kept); the rest get -inf before Gumbel-max.
@@ -209,10 +487,11 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
             let before = p.f_cumsum(-1, Kind::Double)?.f_sub(&p)?;
             let drop_sorted = before.f_ge(top_p)?;
             let drop = drop_sorted.f_scatter(-1, &order, &drop_sorted)?;
-            scaled
-                .f_masked_fill(&drop, f64::NEG_INFINITY)?
-                .f_add(&noise)?
-                .f_argmax(-1, false)?
+            gumbel_argmax(
+                &scaled.f_masked_fill(&drop, f64::NEG_INFINITY)?,
+                words,
+                sampler,
+            )?
         }
     })
 }
@@ -345,6 +624,49 @@ mod tests {
         // A chosen token outside the vocabulary.
         assert!(step_info(&logits, &[1, 2]).is_ok());
         assert!(step_info(&logits, &[1, 3]).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn samplers_parse_and_the_override_is_scoped() -> Result<()> {
+        assert_eq!(Sampler::parse("aten")?, Sampler::Aten);
+        assert_eq!(Sampler::parse("fused")?, Sampler::Fused);
+        for s in [Sampler::Aten, Sampler::Fused] {
+            assert_eq!(Sampler::parse(s.name())?, s);
+        }
+        let err = Sampler::parse("gumbel").unwrap_err().to_string();
+        assert!(err.contains("aten, fused") && !err.contains('\n'), "{err}");
+        // The fused kernels need CUDA: refused on the CPU, in one line.
+        let err = Sampler::Fused
+            .check_device(Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CUDA") && !err.contains('\n'), "{err}");
+        assert!(Sampler::Aten.check_device(Device::Cpu).is_ok());
+        assert!(check_fused(Device::Cpu, 4, 16, 0).is_err());
+        // The override holds inside the closure only, also when it returns an error.
+        let inside = with_sampler(Sampler::Fused, || Sampler::for_device(Device::Cpu))?;
+        assert_eq!(inside, Sampler::Fused);
+        let failed: Result<()> = with_sampler(Sampler::Fused, || Err(Error::Spec("stop".into())));
+        assert!(failed.is_err());
+        assert_eq!(OVERRIDE.with(Cell::get), None);
+        // Under the fused override on the CPU, sampling fails cleanly (no kernel to run),
+        // and greedy selection does not need a sampler at all.
+        let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0]).view([1, 3]);
+        let t = Sampling::Temperature { temperature: 1.0 };
+        assert!(with_sampler(Sampler::Fused, || select(&logits, t, &[key(0)])).is_err());
+        assert_eq!(
+            with_sampler(Sampler::Fused, || select(
+                &logits,
+                Sampling::Greedy,
+                &[key(0)]
+            ))?,
+            [2]
+        );
+        assert_eq!(
+            with_sampler(Sampler::Aten, || select(&logits, t, &[key(0)]))?,
+            select(&logits, t, &[key(0)])?
+        );
         Ok(())
     }
 

@@ -35,6 +35,8 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
         "3,8",
         "--profile",
         "3",
+        "--samplers",
+        "aten",
         "--quiet",
         "--out",
         out.to_str().unwrap(),
@@ -56,7 +58,10 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
         assert_eq!(c["jobs"], 16);
         assert_eq!(c["tokens"], 96);
         assert_eq!(c["snapshot_checks"], 16);
+        assert_eq!(c["sampler"], "aten");
     }
+    // The fused sampler's bitwise check runs only where the fused sampler can run.
+    assert!(json["sampler_check"].is_null(), "{}", json["sampler_check"]);
     let digests = |policy: &str| -> Vec<String> {
         conts
             .iter()
@@ -118,6 +123,7 @@ fn bench_writes_json_and_parquet_and_checks_invariance() {
         "tokens_per_s",
         "step_ms",
         "tokens_sha256",
+        "sampler",
     ] {
         assert!(schema.field_with_name(col).is_ok(), "missing column {col}");
     }
@@ -151,5 +157,34 @@ fn bench_rejects_bad_settings_in_one_line() {
         assert!(!stderr.contains("panicked"), "{all:?}: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{all:?}: {stderr}");
         assert!(stderr.starts_with("error:"), "{all:?}: {stderr}");
+    }
+    // The fused sampler is CUDA-only: asked for on the CPU by flag or by KVCREDIT_SAMPLER, it
+    // is a one-line error before anything is measured or written; so is an unknown sampler.
+    let fused_out = out.join("fused");
+    let base = [
+        "bench",
+        "--quiet",
+        "--synthetic",
+        "tiny-qwen2",
+        "--out",
+        fused_out.to_str().unwrap(),
+    ];
+    let flag = [&base[..], &["--samplers", "fused"]].concat();
+    for (args, env) in [
+        (&flag[..], vec![]),
+        (&base[..], vec![("KVCREDIT_SAMPLER", "fused")]),
+        (&base[..], vec![("KVCREDIT_SAMPLER", "gumbel")]),
+    ] {
+        let mut env = env;
+        env.push(("OMP_NUM_THREADS", "1"));
+        let (code, _, stderr) = common::kvcredit_env(args, &env);
+        assert_ne!(code, 0, "{args:?} {env:?} succeeded");
+        assert_eq!(stderr.trim().lines().count(), 1, "{env:?}: {stderr}");
+        assert!(stderr.contains("sampler"), "{env:?}: {stderr}");
+        assert!(
+            !fused_out.exists(),
+            "{env:?}: wrote {}",
+            fused_out.display()
+        );
     }
 }

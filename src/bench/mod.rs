@@ -26,7 +26,7 @@ use crate::config::Dims;
 use crate::decode::engine::{self, EngineMode};
 use crate::exec::{BiTiles, PolicyKind};
 use crate::model::Decoder;
-use crate::sampling;
+use crate::sampling::{self, Sampler, SamplerCheck};
 use crate::{Error, Result};
 use runners::{ContinuationSetup, decode_steps, prefill};
 use serde::{Deserialize, Serialize};
@@ -65,6 +65,11 @@ pub struct BenchConfig {
     pub cont_batches: Vec<usize>,
     /// Continuation sampling temperature.
     pub temperature: f64,
+    /// Samplers each continuation measurement runs under (empty: the device's default,
+    /// [`Sampler::for_device`]). With the fused sampler available, the report also holds
+    /// [`BenchReport::sampler_check`].
+    #[serde(default)]
+    pub samplers: Vec<Sampler>,
     /// Memory bandwidth of the device in GB/s, for the decode roofline (none: no roofline).
     pub bandwidth_gbs: Option<f64>,
     /// Seed of prompts and sampling noise.
@@ -94,6 +99,7 @@ impl Default for BenchConfig {
             new_tokens: 128,
             cont_batches: vec![64],
             temperature: 1.0,
+            samplers: vec![],
             bandwidth_gbs: Some(4300.0),
             seed: 0,
             profile_batches: vec![],
@@ -148,6 +154,9 @@ pub struct ContinuationResult {
     pub policy: PolicyKind,
     /// Engine.
     pub engine: EngineMode,
+    /// Which sampler drew the tokens (absent in reports from before samplers were recorded).
+    #[serde(default)]
+    pub sampler: Option<Sampler>,
     /// Engine batch size.
     pub batch: usize,
     /// Continuations run (pivots × 2 branches × k).
@@ -256,6 +265,10 @@ pub struct BenchReport {
     /// Device profiles of decode steps.
     #[serde(default)]
     pub profiles: Vec<ProfileResult>,
+    /// The fused sampler against the ATen reference, bitwise ([`sampling::check_fused`]):
+    /// run whenever the fused sampler can run on the device.
+    #[serde(default)]
+    pub sampler_check: Option<SamplerCheck>,
     /// Baselines used for the ratios.
     pub hf: Vec<HfBaseline>,
     /// Targets and whether they were met.
@@ -326,7 +339,7 @@ pub fn measurement_count(cfg: &BenchConfig) -> u64 {
     let per_policy = 1
         + cfg.batches.len() * cfg.engines.len()
         + usize::from(!cfg.cont_batches.is_empty())
-        + cfg.cont_batches.len() * cfg.engines.len()
+        + cfg.cont_batches.len() * cfg.engines.len() * cfg.samplers.len().max(1)
         + cfg.profile_batches.len();
     (cfg.policies.len() * per_policy) as u64
 }
@@ -364,6 +377,14 @@ pub fn run(
     )?;
     let started = Instant::now();
     let device = model.device();
+    let samplers = if cfg.samplers.is_empty() {
+        vec![Sampler::for_device(device)?]
+    } else {
+        cfg.samplers.clone()
+    };
+    for s in &samplers {
+        s.check_device(device)?;
+    }
     let tiles = cfg.tiles.unwrap_or_else(|| BiTiles::for_device(device));
     let floor_ms = cfg
         .bandwidth_gbs
@@ -389,6 +410,7 @@ pub fn run(
         continuations: vec![],
         memory: None,
         profiles: vec![],
+        sampler_check: None,
         hf: vec![],
         targets: vec![],
         errors: vec![],
@@ -397,6 +419,11 @@ pub fn run(
     let vocab = model.config().vocab_size as i64;
     let prompt = random_ids(cfg.prompt, vocab, cfg.seed);
     let mut errors: Vec<String> = Vec::new();
+    if Sampler::Fused.check_device(device).is_ok() && !cfg.cont_batches.is_empty() {
+        report.sampler_check = attempt(&mut errors, "fused sampler check", || {
+            sampling::check_fused(device, 64, vocab, cfg.seed)
+        });
+    }
     for &kind in &cfg.policies {
         let policy = kind.with_tiles(tiles);
         progress.start(&format!("{policy}: prefill {}", cfg.prompt));
@@ -478,16 +505,26 @@ pub fn run(
         progress.done();
         for &b in &cfg.cont_batches {
             for &mode in &cfg.engines {
-                progress.start(&format!("{policy}: continuations batch {b} ({mode})"));
-                let what = format!("{policy} continuations batch {b} ({mode})");
-                if let Some(c) = setup.as_ref().and_then(|setup| {
-                    attempt(&mut errors, &what, || {
-                        setup.run(model, policy, mode, b, cfg)
-                    })
-                }) {
-                    report.continuations.push(c);
+                for &sampler in &samplers {
+                    let what = format!(
+                        "{policy} continuations batch {b} ({mode}, {} sampler)",
+                        sampler.name()
+                    );
+                    progress.start(&what);
+                    if let Some(c) = setup.as_ref().and_then(|setup| {
+                        attempt(&mut errors, &what, || {
+                            sampling::with_sampler(sampler, || {
+                                setup.run(model, policy, mode, b, cfg)
+                            })
+                        })
+                    }) {
+                        report.continuations.push(ContinuationResult {
+                            sampler: Some(sampler),
+                            ..c
+                        });
+                    }
+                    progress.done();
                 }
-                progress.done();
             }
         }
     }

@@ -4,8 +4,8 @@ use super::{BenchReport, ContinuationResult};
 impl BenchReport {
     /// One row per measurement (prefill, decode, continuations), for Parquet: columns
     /// `measurement, policy, engine, batch, tokens, seconds, tokens_per_s, step_ms, floor_ms,
-    /// launches_per_step, hf_generate_tokens_per_s, tokens_sha256` plus the run's `model, shape,
-    /// dtype, device`.
+    /// launches_per_step, hf_generate_tokens_per_s, tokens_sha256, sampler` plus the run's
+    /// `model, shape, dtype, device`.
     pub fn to_table(&self) -> crate::io::parquet::Table {
         use crate::io::parquet::{Column, Table};
         struct Row {
@@ -20,6 +20,7 @@ impl BenchReport {
             floor_ms: Option<f64>,
             launches: Option<i64>,
             digest: Option<String>,
+            sampler: Option<String>,
         }
         let mut rows = Vec::new();
         for p in &self.prefill {
@@ -35,6 +36,7 @@ impl BenchReport {
                 floor_ms: None,
                 launches: None,
                 digest: None,
+                sampler: None,
             });
         }
         for d in &self.decode {
@@ -50,6 +52,7 @@ impl BenchReport {
                 floor_ms: d.floor_ms,
                 launches: d.launches_per_step.map(|n| n as i64),
                 digest: None,
+                sampler: None,
             });
         }
         for c in &self.continuations {
@@ -69,6 +72,7 @@ impl BenchReport {
                     .and_then(|s| s.graph_nodes)
                     .map(|n| n as i64),
                 digest: Some(c.tokens_sha256.clone()),
+                sampler: c.sampler.map(|s| s.name().to_string()),
             });
         }
         let hf = |b: i64| {
@@ -138,6 +142,10 @@ impl BenchReport {
             .with(
                 "tokens_sha256",
                 Column::OptStr(rows.iter().map(|r| r.digest.clone()).collect()),
+            )
+            .with(
+                "sampler",
+                Column::OptStr(rows.iter().map(|r| r.sampler.clone()).collect()),
             )
     }
 
@@ -231,8 +239,16 @@ impl BenchReport {
             );
             let _ = writeln!(
                 s,
-                "  {:<16} {:<8} {:>6} {:>6} {:>9} {:>10} {:>12} {:>8}",
-                "policy", "engine", "batch", "jobs", "tokens", "seconds", "tok/s", "vs HF"
+                "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10} {:>12} {:>8}",
+                "policy",
+                "engine",
+                "sampler",
+                "batch",
+                "jobs",
+                "tokens",
+                "seconds",
+                "tok/s",
+                "vs HF"
             );
             let static_ratio = |c: &ContinuationResult| {
                 self.hf
@@ -253,9 +269,10 @@ impl BenchReport {
                     });
                 let _ = writeln!(
                     s,
-                    "  {:<16} {:<8} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>8}{}",
+                    "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>8}{}",
                     c.policy.to_string(),
                     c.engine.to_string(),
+                    c.sampler.map_or("-", |s| s.name()),
                     c.batch,
                     c.jobs,
                     c.tokens,
@@ -268,6 +285,17 @@ impl BenchReport {
                     let _ = writeln!(s, "  {:<16} {}", "", st.describe());
                 }
             }
+        }
+        if let Some(c) = &self.sampler_check {
+            let _ = writeln!(
+                s,
+                "\nfused sampler vs ATen reference: {} of {} noise values and {} of {} tokens differ bitwise; negative control (fp32 logs): {} values differ",
+                c.noise_mismatches,
+                c.noise_elements,
+                c.token_mismatches,
+                c.token_rows,
+                c.control_mismatches
+            );
         }
         if let Some(m) = &self.memory {
             let _ = writeln!(

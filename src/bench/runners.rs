@@ -318,6 +318,7 @@ impl ContinuationSetup {
         Ok(ContinuationResult {
             policy: policy.kind(),
             engine: mode.resolve(model.device()),
+            sampler: None,
             batch,
             jobs: jobs.len(),
             tokens,

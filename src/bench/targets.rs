@@ -3,6 +3,7 @@
 use super::{BenchReport, ContinuationResult};
 use crate::decode::engine::EngineMode;
 use crate::exec::PolicyKind;
+use crate::sampling::Sampler;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -352,11 +353,61 @@ impl BenchReport {
                     "{} runs ({}), {} distinct token digests",
                     runs.len(),
                     runs.iter()
-                        .map(|c| format!("{} b{}", c.engine, c.batch))
+                        .map(|c| match c.sampler {
+                            Some(s) => format!("{} b{} {}", c.engine, c.batch, s.name()),
+                            None => format!("{} b{}", c.engine, c.batch),
+                        })
                         .collect::<Vec<_>>()
                         .join(", "),
                     distinct.len()
                 ),
+            });
+        }
+        // The fused sampler must choose bitwise the reference's tokens, in the check and in
+        // every continuation measurement run under both samplers.
+        if let Some(c) = &self.sampler_check {
+            targets.push(Target {
+                name: "fused sampler bitwise the ATen reference (noise and tokens)".into(),
+                value: Some((c.noise_mismatches + c.token_mismatches) as f64),
+                target: "0 differences, control > 0".into(),
+                met: Some(c.passed()),
+                note: format!(
+                    "{} noise values, {} token rows; the fp32-log control differs in {} values",
+                    c.noise_elements, c.token_rows, c.control_mismatches
+                ),
+            });
+        }
+        let mut by_cell: std::collections::BTreeMap<
+            (String, String, usize),
+            Vec<&ContinuationResult>,
+        > = Default::default();
+        for c in self.continuations.iter().filter(|c| c.sampler.is_some()) {
+            by_cell
+                .entry((c.policy.to_string(), c.engine.to_string(), c.batch))
+                .or_default()
+                .push(c);
+        }
+        for ((policy, engine, batch), runs) in by_cell.into_iter().filter(|(_, r)| r.len() > 1) {
+            let distinct: std::collections::BTreeSet<&str> =
+                runs.iter().map(|c| c.tokens_sha256.as_str()).collect();
+            let rate = |s: Sampler| {
+                runs.iter()
+                    .find(|c| c.sampler == Some(s))
+                    .map(|c| c.tokens_per_s)
+            };
+            targets.push(Target {
+                name: format!(
+                    "continuation tokens identical across samplers, {policy} {engine} b{batch}"
+                ),
+                value: Some(distinct.len() as f64),
+                target: "1 distinct digest".into(),
+                met: Some(distinct.len() == 1),
+                note: match (rate(Sampler::Fused), rate(Sampler::Aten)) {
+                    (Some(f), Some(a)) => {
+                        format!("fused {f:.0} tok/s vs aten {a:.0} tok/s ({:.2}x)", f / a)
+                    }
+                    _ => format!("{} runs", runs.len()),
+                },
             });
         }
         // 4. Snapshot memory for the pivots ≤ R× the rollout's KV.

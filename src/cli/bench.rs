@@ -9,6 +9,7 @@ use kvcredit::PolicyKind;
 use kvcredit::bench::{self, BenchConfig, Progress};
 use kvcredit::decode::engine::EngineMode;
 use kvcredit::runtime::Dtype;
+use kvcredit::sampling::Sampler;
 use std::path::PathBuf;
 use tch::Device;
 
@@ -59,6 +60,10 @@ pub struct Args {
     /// Continuation sampling temperature.
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
+    /// Samplers to time the continuations under: aten, fused (CUDA only), or both, whose
+    /// tokens must then be identical (default: fused on CUDA, aten on the CPU).
+    #[arg(long, value_delimiter = ',', value_parser = parse_sampler)]
+    samplers: Vec<Sampler>,
     /// Device memory bandwidth in GB/s, for the decode roofline. Default: 4300 (H200) on
     /// CUDA, none on the CPU.
     #[arg(long)]
@@ -94,6 +99,10 @@ enum Sub {
     Campaign(Box<super::bench_campaign::Args>),
 }
 
+fn parse_sampler(s: &str) -> Result<Sampler, String> {
+    Sampler::parse(s).map_err(|e| e.to_string())
+}
+
 struct Bar(ProgressBar);
 
 impl Progress for Bar {
@@ -118,6 +127,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
     )?;
     let device = run.device;
+    for s in &a.samplers {
+        s.check_device(device)?;
+    }
     let targets_path = a
         .targets
         .clone()
@@ -147,6 +159,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.cont_batches.clone()
         },
         temperature: a.temperature,
+        samplers: a.samplers.clone(),
         bandwidth_gbs: a
             .bandwidth_gbs
             .or((device != Device::Cpu).then_some(4300.0)),
