@@ -12,7 +12,7 @@
 use crate::nvrtc::{Arg, Kernel};
 use crate::{Error, Result};
 use std::cell::Cell;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};
 
 /// How the next token is chosen.
@@ -223,25 +223,34 @@ impl Sampler {
         Ok(())
     }
 
-    /// The sampler used on `device`: the calling thread's [`with_sampler`] override, else
-    /// `KVCREDIT_SAMPLER` (`aten` or `fused`), else fused where it can run and ATen elsewhere.
+    /// The sampler used on `device`: the calling thread's [`with_sampler`] override, else the
+    /// process default ([`set_default`]: the CLI's resolved `KVCREDIT_SAMPLER`), else fused
+    /// where it can run and ATen elsewhere.
     pub fn for_device(device: Device) -> Result<Sampler> {
         if let Some(s) = OVERRIDE.with(Cell::get) {
             return Ok(s);
         }
-        static ENV: OnceLock<std::result::Result<Option<Sampler>, String>> = OnceLock::new();
-        let env = ENV.get_or_init(|| match std::env::var("KVCREDIT_SAMPLER") {
-            Ok(v) if !v.is_empty() => Sampler::parse(&v)
-                .map(Some)
-                .map_err(|_| format!("KVCREDIT_SAMPLER=`{v}`: not a sampler (aten, fused)")),
-            _ => Ok(None),
-        });
-        match env.clone().map_err(Error::Spec)? {
-            Some(s) => s.check_device(device).map(|()| s),
-            None if fused_available(device) => Ok(Sampler::Fused),
-            None => Ok(Sampler::Aten),
+        match DEFAULT.load(Ordering::Relaxed) {
+            1 => Ok(Sampler::Aten),
+            2 => Sampler::Fused.check_device(device).map(|()| Sampler::Fused),
+            _ if fused_available(device) => Ok(Sampler::Fused),
+            _ => Ok(Sampler::Aten),
         }
     }
+}
+
+/// The process default: 0 none (the device's), 1 ATen, 2 fused.
+static DEFAULT: AtomicU8 = AtomicU8::new(0);
+
+/// Set the sampler of every thread without a [`with_sampler`] override (`None`: the device's
+/// default). The CLI calls it once, with the sampler its run arguments resolved.
+pub fn set_default(sampler: Option<Sampler>) {
+    let code = match sampler {
+        None => 0,
+        Some(Sampler::Aten) => 1,
+        Some(Sampler::Fused) => 2,
+    };
+    DEFAULT.store(code, Ordering::Relaxed);
 }
 
 /// Run `f` with `sampler` drawing this thread's tokens (the previous choice is restored).

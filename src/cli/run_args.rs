@@ -81,6 +81,7 @@ impl RunArgs {
             .unwrap_or_else(|| default_device.to_string());
         let device = runtime::parse_device(&name)?;
         let exec = ExecSettings::resolve(device, self.tiles.as_deref(), engine)?;
+        kvcredit::sampling::set_default(exec.sampler);
         Ok((device, name, exec))
     }
 

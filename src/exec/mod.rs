@@ -232,6 +232,9 @@ pub struct ExecSettings {
     pub tiles: BiTiles,
     /// Continuation engine, resolved (never `auto`).
     pub engine: crate::decode::engine::EngineMode,
+    /// The sampler asked for (`None`: the device's default, [`crate::sampling::Sampler`]);
+    /// not recorded, since both samplers choose bitwise the same tokens.
+    pub sampler: Option<crate::sampling::Sampler>,
 }
 
 impl ExecSettings {
@@ -240,13 +243,15 @@ impl ExecSettings {
         ExecSettings {
             tiles: BiTiles::for_device(device),
             engine: crate::decode::engine::EngineMode::Auto.resolve(device),
+            sampler: None,
         }
     }
 
     /// Resolve arguments as typed, for `device`: tile overrides `tiles` (else the environment
     /// variable `KVCREDIT_BI_TILES`) over the device's defaults, and `engine` (else
-    /// `KVCREDIT_ENGINE`, else `auto`) resolved for the device. The two variables are a
-    /// documented fallback read here, once, and nowhere else.
+    /// `KVCREDIT_ENGINE`, else `auto`) resolved for the device, and the sampler
+    /// `KVCREDIT_SAMPLER` (`aten` or `fused`; checked against the device). The three variables
+    /// are a documented fallback read here, once, and nowhere else.
     pub fn resolve(
         device: tch::Device,
         tiles: Option<&str>,
@@ -291,9 +296,22 @@ impl ExecSettings {
                 tiles.key_chunk
             )));
         }
+        let sampler = match env("KVCREDIT_SAMPLER") {
+            Some(s) => {
+                let sampler = crate::sampling::Sampler::parse(s.trim()).map_err(|_| {
+                    crate::Error::Spec(format!(
+                        "KVCREDIT_SAMPLER=`{s}`: not a sampler (aten, fused)"
+                    ))
+                })?;
+                sampler.check_device(device)?;
+                Some(sampler)
+            }
+            None => None,
+        };
         Ok(ExecSettings {
             tiles,
             engine: engine.resolve(device),
+            sampler,
         })
     }
 
