@@ -55,6 +55,75 @@ impl HostKv {
     }
 }
 
+/// Hashes [`HostKv`] copies on background threads while the caller goes on (the decode-time
+/// fingerprints of a rollout, say): each copy sent with a tag comes back from
+/// [`HashPool::finish`] as `(tag, fingerprint)`, in no particular order. At most `bound` copies
+/// wait at a time — a send blocks beyond that — which bounds the host memory they hold.
+pub struct HashPool<'scope, T: Send> {
+    tx: std::sync::mpsc::SyncSender<(T, HostKv)>,
+    workers: Vec<std::thread::ScopedJoinHandle<'scope, Hashed<T>>>,
+}
+
+/// Tagged fingerprints.
+type Hashed<T> = Vec<(T, [u8; 32])>;
+
+impl<'scope, T: Send + 'scope> HashPool<'scope, T> {
+    /// Start `threads` hashing threads (at least one) in `scope`.
+    pub fn start<'env>(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        threads: usize,
+        bound: usize,
+    ) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(T, HostKv)>(bound);
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let workers = (0..threads.max(1))
+            .map(|_| {
+                let rx = std::sync::Arc::clone(&rx);
+                scope.spawn(move || {
+                    let mut done = Vec::new();
+                    loop {
+                        // The lock is held only while waiting for the next copy, not hashing.
+                        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        match next {
+                            Ok((tag, kv)) => done.push((tag, kv.fingerprint())),
+                            Err(_) => return done,
+                        }
+                    }
+                })
+            })
+            .collect();
+        HashPool { tx, workers }
+    }
+
+    /// The hashing threads for this machine: one core is left to the caller, at most eight.
+    pub fn default_threads() -> usize {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .saturating_sub(1)
+            .clamp(1, 8)
+    }
+
+    /// Queue `kv` for hashing under `tag`.
+    pub fn send(&self, tag: T, kv: HostKv) -> Result<()> {
+        self.tx
+            .send((tag, kv))
+            .map_err(|_| Error::Invariant("fingerprint hashing stopped".into()))
+    }
+
+    /// Wait for every queued copy: the `(tag, fingerprint)` pairs.
+    pub fn finish(self) -> Result<Hashed<T>> {
+        drop(self.tx);
+        let mut all = Vec::new();
+        for w in self.workers {
+            all.extend(
+                w.join()
+                    .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?,
+            );
+        }
+        Ok(all)
+    }
+}
+
 /// Append-only KV cache for a batch of sequences.
 pub struct KvCache {
     shape: KvShape,
@@ -858,6 +927,36 @@ mod tests {
         }
         c.lens = lens.to_vec();
         c
+    }
+
+    #[test]
+    fn hash_pool_returns_each_copys_fingerprint_under_its_tag() -> Result<()> {
+        let c = filled(3, &[10, 7, 12], 0.0);
+        let snaps: Vec<Snapshot> = (0..3)
+            .flat_map(|row| (0..=c.lens()[row]).map(move |len| Snapshot { row, len }))
+            .collect();
+        // More copies than the bound and than the threads: sends block, nothing is lost.
+        let mut got = std::thread::scope(|scope| -> Result<Vec<(usize, [u8; 32])>> {
+            let pool = HashPool::start(scope, 3, 2);
+            for (i, &snap) in snaps.iter().enumerate() {
+                pool.send(i, c.to_host(snap)?)?;
+            }
+            pool.finish()
+        })?;
+        got.sort_by_key(|&(i, _)| i);
+        assert_eq!(got.len(), snaps.len());
+        for (i, fp) in got {
+            assert_eq!(fp, c.fingerprint(snaps[i])?, "copy {i}");
+        }
+        // Negative control: a tag's fingerprint is its own copy's, not any other's.
+        assert_ne!(
+            c.fingerprint(Snapshot { row: 0, len: 5 })?,
+            c.fingerprint(Snapshot { row: 0, len: 6 })?
+        );
+        // Nothing sent: nothing back.
+        let none = std::thread::scope(|scope| HashPool::<u8>::start(scope, 2, 1).finish())?;
+        assert!(none.is_empty());
+        Ok(())
     }
 
     #[test]

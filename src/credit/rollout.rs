@@ -12,7 +12,7 @@ use crate::Result;
 use crate::decode::engine::{Stop, TextStop};
 use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
-use crate::kv_cache::{KvCache, Snapshot};
+use crate::kv_cache::{HashPool, KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
 use crate::sampling::{self, NoiseKey, Sampling};
 use tch::{Device, Kind, Tensor};
@@ -209,11 +209,32 @@ fn step_facts(
 /// taking a one-row copy of its cache. Each step's fingerprints are those of the row's own
 /// decode-time state. One prompt runs exactly as it always has (no gather, no copy); under a
 /// batch-invariant policy each rollout of a batch is bitwise the one generated alone.
+///
+/// A candidate step's K/V is copied to the host at decode time and hashed on background
+/// threads ([`HashPool`]) while decoding goes on; the fingerprints are filled in at the end.
 pub fn rollouts(
     model: &Decoder,
     prompts: &[&[i64]],
     keys: &[NoiseKey],
     p: &RolloutParams,
+) -> Result<Vec<Rollout>> {
+    std::thread::scope(|scope| {
+        let hashes = HashPool::start(scope, HashPool::<()>::default_threads(), 16);
+        let mut out = decode_rollouts(model, prompts, keys, p, &hashes)?;
+        for ((i, t), fingerprint) in hashes.finish()? {
+            out[i].steps[t].fingerprint = Some(fingerprint);
+        }
+        Ok(out)
+    })
+}
+
+/// [`rollouts`]' decoding; candidate steps' K/V go to `hashes`, tagged (rollout, step).
+fn decode_rollouts(
+    model: &Decoder,
+    prompts: &[&[i64]],
+    keys: &[NoiseKey],
+    p: &RolloutParams,
+    hashes: &HashPool<'_, (usize, usize)>,
 ) -> Result<Vec<Rollout>> {
     let n = prompts.len();
     if keys.len() != n {
@@ -279,18 +300,16 @@ pub fn rollouts(
         for (r, (&i, f)) in live.iter().zip(&facts).enumerate() {
             let is_stop = p.stop_tokens.contains(&f.token);
             let candidate = f.margin <= p.max_margin && !is_stop && !excluded.contains(&f.token);
-            let (fingerprint, margin_at_temperature) = if candidate {
-                (
-                    Some(cache.fingerprint(cache.snapshot(r))?),
-                    margin_at(
-                        &logits.f_narrow(0, r as i64, 1)?,
-                        p.sampling,
-                        f.token,
-                        f.margin,
-                    )?,
-                )
+            let margin_at_temperature = if candidate {
+                hashes.send((i, steps[i].len()), cache.to_host(cache.snapshot(r))?)?;
+                margin_at(
+                    &logits.f_narrow(0, r as i64, 1)?,
+                    p.sampling,
+                    f.token,
+                    f.margin,
+                )?
             } else {
-                (None, None)
+                None
             };
             let seq = &mut steps[i];
             seq.push(Step {
@@ -299,7 +318,8 @@ pub fn rollouts(
                 margin: f.margin,
                 margin_at_temperature,
                 alternatives: f.alternatives.clone(),
-                fingerprint,
+                // Filled in by `rollouts` from the background hashes.
+                fingerprint: None,
             });
             stops.push(if is_stop {
                 Some(Stop::Eos)
