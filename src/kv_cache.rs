@@ -64,6 +64,15 @@ pub struct HashPool<'scope, T: Send> {
     workers: Vec<std::thread::ScopedJoinHandle<'scope, Hashed<T>>>,
 }
 
+/// Hashing threads for a [`HashPool`] on this machine: one core is left to the caller, at
+/// most eight.
+pub fn hash_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(1)
+        .clamp(1, 8)
+}
+
 /// Tagged fingerprints.
 type Hashed<T> = Vec<(T, [u8; 32])>;
 
@@ -93,14 +102,6 @@ impl<'scope, T: Send + 'scope> HashPool<'scope, T> {
             })
             .collect();
         HashPool { tx, workers }
-    }
-
-    /// The hashing threads for this machine: one core is left to the caller, at most eight.
-    pub fn default_threads() -> usize {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .saturating_sub(1)
-            .clamp(1, 8)
     }
 
     /// Queue `kv` for hashing under `tag`.

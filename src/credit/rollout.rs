@@ -12,7 +12,7 @@ use crate::Result;
 use crate::decode::engine::{Stop, TextStop};
 use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
-use crate::kv_cache::{HashPool, KvCache, Snapshot};
+use crate::kv_cache::{self, HashPool, KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
 use crate::sampling::{self, NoiseKey, Sampling};
 use tch::{Device, Kind, Tensor};
@@ -219,7 +219,7 @@ pub fn rollouts(
     p: &RolloutParams,
 ) -> Result<Vec<Rollout>> {
     std::thread::scope(|scope| {
-        let hashes = HashPool::start(scope, HashPool::<()>::default_threads(), 16);
+        let hashes = HashPool::start(scope, kv_cache::hash_threads(), 16);
         let mut out = decode_rollouts(model, prompts, keys, p, &hashes)?;
         for ((i, t), fingerprint) in hashes.finish()? {
             out[i].steps[t].fingerprint = Some(fingerprint);
