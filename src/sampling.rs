@@ -359,9 +359,9 @@ pub fn gumbel_noise_fused(words: &Tensor, vocab: i64, control: bool) -> Result<T
     Ok(out)
 }
 
-/// Gumbel-max of `scaled` logits (`[B, V]`, fp32) under `sampler`.
-fn gumbel_argmax(scaled: &Tensor, words: &Tensor, sampler: Sampler) -> Result<Tensor> {
-    match sampler {
+/// Gumbel-max of `scaled` logits (`[B, V]`, fp32) under [`Sampler::for_device`].
+fn gumbel_argmax(scaled: &Tensor, words: &Tensor) -> Result<Tensor> {
+    match Sampler::for_device(scaled.device())? {
         Sampler::Aten => {
             let noise = gumbel_noise_from(words, vocab_of(scaled)?)?;
             Ok(scaled.f_add(&noise)?.f_argmax(-1, false)?)
@@ -477,17 +477,15 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
     Ok(match sampling {
         Sampling::Greedy => logits.f_argmax(-1, false)?,
         Sampling::Temperature { temperature } => {
-            let sampler = Sampler::for_device(logits.device())?;
             // x / 1 is x exactly: skip the pass over [B, V].
             let scaled = if temperature == 1.0 {
                 logits
             } else {
                 logits.f_div_scalar(temperature)?
             };
-            gumbel_argmax(&scaled, words, sampler)?
+            gumbel_argmax(&scaled, words)?
         }
         Sampling::TopP { top_p, temperature } => {
-            let sampler = Sampler::for_device(logits.device())?;
             let scaled = logits.f_div_scalar(temperature)?;
             // Keep a token if the probability of the tokens sorted before it is below top_p
             // (the most probable token is always kept); the rest get -inf before Gumbel-max.
@@ -496,11 +494,7 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
             let before = p.f_cumsum(-1, Kind::Double)?.f_sub(&p)?;
             let drop_sorted = before.f_ge(top_p)?;
             let drop = drop_sorted.f_scatter(-1, &order, &drop_sorted)?;
-            gumbel_argmax(
-                &scaled.f_masked_fill(&drop, f64::NEG_INFINITY)?,
-                words,
-                sampler,
-            )?
+            gumbel_argmax(&scaled.f_masked_fill(&drop, f64::NEG_INFINITY)?, words)?
         }
     })
 }
