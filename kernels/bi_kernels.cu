@@ -4,45 +4,9 @@
 // of query positions in the call, the cache capacity, or the grid — so a token's result is
 // bitwise the same however the work around it is batched.
 //
-// Defines set by the host: KVC_DTYPE (0 fp32, 1 fp16, 2 bf16) for every kernel; HD (head
-// dimension) and CH (keys per block, a multiple of 32) for attention, compiled only when HD
-// is set.
-
-typedef unsigned short u16;
-
-#if KVC_DTYPE == 0
-typedef float T;
-__device__ __forceinline__ float ld(const T* p, long long i) { return p[i]; }
-__device__ __forceinline__ void st(T* p, long long i, float x) { p[i] = x; }
-#elif KVC_DTYPE == 1
-typedef u16 T;
-__device__ __forceinline__ float h2f(u16 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-__device__ __forceinline__ float ld(const T* p, long long i) { return h2f(p[i]); }
-// The lower- and higher-addressed element of two packed in a 32-bit word.
-__device__ __forceinline__ float lo16(unsigned w) { return h2f((u16)(w & 0xffffu)); }
-__device__ __forceinline__ float hi16(unsigned w) { return h2f((u16)(w >> 16)); }
-__device__ __forceinline__ void st(T* p, long long i, float x) {
-  u16 h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  p[i] = h;
-}
-#else
-typedef u16 T;
-__device__ __forceinline__ float ld(const T* p, long long i) {
-  return __uint_as_float(((unsigned)p[i]) << 16);
-}
-__device__ __forceinline__ float lo16(unsigned w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float hi16(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ __forceinline__ void st(T* p, long long i, float x) {
-  u16 h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  p[i] = h;
-}
-#endif
+// The element type comes from kernels/dtype.cuh, which the host prepends (KVC_DTYPE).
+// Defines set by the host besides: HD (head dimension) and CH (keys per block, a multiple of
+// 32) for attention, compiled only when HD is set.
 
 #define KVC_THREADS 128
 #define KVC_NEG_INF __int_as_float(0xff800000)
@@ -213,9 +177,11 @@ kvc_bi_attention(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
 // `x / sqrt(mean(x²) + eps)` per row of `cols`, in fp32. One block per row: thread i sums
 // elements i, i + 128, … in order, then the 128 partial sums are added by a fixed tree.
-// `out_f32`: write fp32 (else the input's type, rounded once).
+// `out_f32`: write fp32 (else the input's type, rounded once, then — when `w` is given —
+// times the weight `w` and rounded again: bitwise ATen's `w * normed` after the kernel).
 extern "C" __global__ void __launch_bounds__(KVC_THREADS)
-kvc_bi_rms(const T* __restrict__ x, void* __restrict__ out, int cols, float eps, int out_f32) {
+kvc_bi_rms(const T* __restrict__ x, void* __restrict__ out, const T* __restrict__ w, int cols,
+           float eps, int out_f32) {
   __shared__ float part[KVC_THREADS];
   const int tid = threadIdx.x;
   const T* row = x + (long long)blockIdx.x * cols;
@@ -236,6 +202,8 @@ kvc_bi_rms(const T* __restrict__ x, void* __restrict__ out, int cols, float eps,
     const float y = ld(row, i) * r;
     if (out_f32) {
       ((float*)out)[base + i] = y;
+    } else if (w) {
+      st((T*)out, base + i, __fmul_rn(ld(w, i), rt(y)));
     } else {
       st((T*)out, base + i, y);
     }

@@ -344,6 +344,19 @@ impl KvCache {
                 let _ = buf.v.f_scatter_(2, &index, v)?;
             }
         }
+        self.attended_kv(layer, key_len)
+    }
+
+    /// `layer`'s key and value buffers (`[B, Hkv, capacity, D]`), for a kernel that writes
+    /// new rows into them itself (`exec::glue`).
+    pub(crate) fn buffers_mut(&mut self, layer: usize) -> (&mut Tensor, &mut Tensor) {
+        let buf = &mut self.layers[layer];
+        (&mut buf.k, &mut buf.v)
+    }
+
+    /// Views of `layer`'s keys and values `0..key_len` (`[B, Hkv, key_len, D]`).
+    pub(crate) fn attended_kv(&self, layer: usize, key_len: i64) -> Result<(Tensor, Tensor)> {
+        let buf = &self.layers[layer];
         Ok((
             buf.k.f_narrow(2, 0, key_len)?,
             buf.v.f_narrow(2, 0, key_len)?,

@@ -187,4 +187,17 @@ fn bench_rejects_bad_settings_in_one_line() {
             fused_out.display()
         );
     }
+    // So is the fused glue (KVCREDIT_GLUE), and an unknown glue; `aten` runs anywhere.
+    for value in ["fused", "triton"] {
+        let env = [("KVCREDIT_GLUE", value), ("OMP_NUM_THREADS", "1")];
+        let (code, _, stderr) = common::kvcredit_env(&base, &env);
+        assert_eq!(code, 2, "KVCREDIT_GLUE={value} exited {code}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{value}: {stderr}");
+        assert!(stderr.contains("glue"), "{value}: {stderr}");
+        assert!(
+            !fused_out.exists(),
+            "{value}: wrote {}",
+            fused_out.display()
+        );
+    }
 }

@@ -24,6 +24,7 @@
 //! evaluation), [`report`] (the table, JSON and Parquet forms of a [`BenchReport`]).
 use crate::config::Dims;
 use crate::decode::engine::{self, EngineMode};
+use crate::exec::glue::{self, Glue, GlueCheck};
 use crate::exec::{BiTiles, PolicyKind};
 use crate::model::Decoder;
 use crate::sampling::{self, Sampler, SamplerCheck};
@@ -269,6 +270,11 @@ pub struct BenchReport {
     /// run whenever the fused sampler can run on the device.
     #[serde(default)]
     pub sampler_check: Option<SamplerCheck>,
+    /// The fused glue against the ATen ops, bitwise ([`glue::check_fused`], and
+    /// [`glue::check_model`] on the bench's model and prompt under every policy benched); run
+    /// whenever the fused glue can run on the device.
+    #[serde(default)]
+    pub glue_check: Option<GlueCheck>,
     /// Baselines used for the ratios.
     pub hf: Vec<HfBaseline>,
     /// Targets and whether they were met.
@@ -411,6 +417,7 @@ pub fn run(
         memory: None,
         profiles: vec![],
         sampler_check: None,
+        glue_check: None,
         hf: vec![],
         targets: vec![],
         errors: vec![],
@@ -423,6 +430,19 @@ pub fn run(
         report.sampler_check = attempt(&mut errors, "fused sampler check", || {
             sampling::check_fused(device, 64, vocab, cfg.seed)
         });
+    }
+    if Glue::Fused.check_device(device).is_ok() {
+        progress.start("fused glue check");
+        report.glue_check = attempt(&mut errors, "fused glue check", || {
+            let mut check = glue::check_fused(device, cfg.seed)?;
+            for &kind in &cfg.policies {
+                let (n, bad) = glue::check_model(model, &kind.with_tiles(tiles), &prompt, 8)?;
+                check.logits_elements += n;
+                check.logits_mismatches += bad;
+            }
+            Ok(check)
+        });
+        progress.done();
     }
     for &kind in &cfg.policies {
         let policy = kind.with_tiles(tiles);

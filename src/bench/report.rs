@@ -297,6 +297,17 @@ impl BenchReport {
                 c.control_mismatches
             );
         }
+        if let Some(c) = &self.glue_check {
+            let _ = writeln!(
+                s,
+                "fused glue vs ATen ops: {} of {} kernel outputs and {} of {} model logits differ bitwise; negative control (SiLU unrounded): {} values differ",
+                c.mismatches,
+                c.elements,
+                c.logits_mismatches,
+                c.logits_elements,
+                c.control_mismatches
+            );
+        }
         if let Some(m) = &self.memory {
             let _ = writeln!(
                 s,

@@ -377,6 +377,18 @@ impl BenchReport {
                 ),
             });
         }
+        if let Some(c) = &self.glue_check {
+            targets.push(Target {
+                name: "fused glue bitwise the ATen ops (kernels and model logits)".into(),
+                value: Some((c.mismatches + c.logits_mismatches) as f64),
+                target: "0 differences, control > 0".into(),
+                met: Some(c.passed()),
+                note: format!(
+                    "{} kernel outputs, {} logits; the unrounded-SiLU control differs in {} values",
+                    c.elements, c.logits_elements, c.control_mismatches
+                ),
+            });
+        }
         let mut by_cell: std::collections::BTreeMap<
             (String, String, usize),
             Vec<&ContinuationResult>,

@@ -82,6 +82,7 @@ impl RunArgs {
         let device = runtime::parse_device(&name)?;
         let exec = ExecSettings::resolve(device, self.tiles.as_deref(), engine)?;
         kvcredit::sampling::set_default(exec.sampler);
+        kvcredit::exec::glue::set_default(exec.glue);
         Ok((device, name, exec))
     }
 

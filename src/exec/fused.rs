@@ -20,13 +20,16 @@ use crate::nvrtc::{Arg, Kernel, with_invariant_blas};
 use crate::{Error, Result};
 use tch::{Kind, Tensor};
 
-const SOURCE: &str = include_str!("../../kernels/bi_kernels.cu");
+const SOURCE: &str = concat!(
+    include_str!("../../kernels/dtype.cuh"),
+    include_str!("../../kernels/bi_kernels.cu")
+);
 const THREADS: u32 = 128;
 /// Threads of an attention block (`KVC_ATT_THREADS`: eight warps).
 const ATT_THREADS: u32 = 256;
 
 /// The kernels' element-type code, or `None` for types they do not handle.
-fn dtype_code(kind: Kind) -> Option<i32> {
+pub(super) fn dtype_code(kind: Kind) -> Option<i32> {
     match kind {
         Kind::Float => Some(0),
         Kind::Half => Some(1),
@@ -36,22 +39,33 @@ fn dtype_code(kind: Kind) -> Option<i32> {
 }
 
 fn kernel(x: &Tensor, name: &str, defines: &[(&str, i64)]) -> Result<Kernel> {
+    typed_kernel(SOURCE, x, name, defines)
+}
+
+/// Kernel `name` of `source` (which starts with `kernels/dtype.cuh`) for `x`'s element type
+/// and device, with `defines`.
+pub(super) fn typed_kernel(
+    source: &'static str,
+    x: &Tensor,
+    name: &str,
+    defines: &[(&str, i64)],
+) -> Result<Kernel> {
     let code = dtype_code(x.kind())
         .ok_or_else(|| Error::Torch(format!("fused kernels do not handle {:?}", x.kind())))?;
     let mut options = vec![format!("-DKVC_DTYPE={code}")];
     options.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
-    Kernel::get(x.device(), SOURCE, &options, name)
+    Kernel::get(x.device(), source, &options, name)
 }
 
-fn grid(n: i64) -> Result<u32> {
+pub(super) fn grid(n: i64) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::Torch(format!("kernel grid of {n} blocks is too large")))
 }
 
 /// `x @ w^T + b` as GEMMs of at most `gemm_rows` rows under the M-invariant cuBLAS settings.
 ///
-/// A one-row GEMM is run as two rows (the second zero): on the H200 cuBLASLt rounds M = 1
-/// differently from M ≥ 2 (`kvcredit invariance`'s decode_vs_prefill check on the Qwen2.5-0.5B
-/// shape). A long-K weight is cut into [`k_slices`] fixed slices ([`sliced_gemm`]). fp32 (and
+/// A one-row GEMM is run as two rows (the row twice, one copy; a row's result does not depend on
+/// the other rows' values): on the H200 cuBLASLt rounds M = 1 differently from M ≥ 2
+/// (`kvcredit invariance`'s decode_vs_prefill check on the Qwen2.5-0.5B shape). A long-K weight is cut into [`k_slices`] fixed slices ([`sliced_gemm`]). fp32 (and
 /// fp64) GEMMs have no split-K switch, so they keep the fixed-shape ATen tiles (`gemm_rows`
 /// rows, zero-padded).
 pub(super) fn linear(
@@ -77,7 +91,7 @@ pub(super) fn linear(
     // One GEMM of `n` rows of `piece` (≥ 2 rows; a one-row piece is widened first).
     let gemm = |piece: Tensor, n: i64| -> Result<Tensor> {
         let piece = if n == 1 {
-            piece.f_constant_pad_nd([0, 0, 0, 1])?
+            piece.f_repeat([2, 1])?
         } else {
             piece
         };
@@ -136,11 +150,30 @@ fn sliced_gemm(x: &Tensor, w: &Tensor, b: Option<&Tensor>, slices: i64) -> Resul
     Ok(acc.f_to_kind(x.kind())?)
 }
 
-/// `x / rms(x)` over the last dimension in fp32, returned as `out` (fp32 or `x`'s type).
-pub(super) fn rms_normalize(tiles: &BiTiles, x: &Tensor, eps: f64, out: Kind) -> Result<Tensor> {
+/// `x / rms(x)` over the last dimension in fp32, returned as `out` (fp32 or `x`'s type);
+/// with `weight` (of `x`'s type, and `out` that type too), times the weight after the rounding,
+/// in the same launch.
+pub(super) fn rms_normalize(
+    tiles: &BiTiles,
+    x: &Tensor,
+    eps: f64,
+    out: Kind,
+    weight: Option<&Tensor>,
+) -> Result<Tensor> {
+    let weighted = |y: Tensor| -> Result<Tensor> {
+        Ok(match weight {
+            Some(w) => w.f_mul(&y)?,
+            None => y,
+        })
+    };
     if dtype_code(x.kind()).is_none() {
-        return Ok(batch_invariant::rms_normalize(tiles, x, eps)?.f_to_kind(out)?);
+        return weighted(batch_invariant::rms_normalize(tiles, x, eps)?.f_to_kind(out)?);
     }
+    let weight = match weight {
+        Some(w) if w.kind() == x.kind() && out == x.kind() && w.is_contiguous() => Some(w),
+        Some(_) => return weighted(rms_normalize(tiles, x, eps, out, None)?),
+        None => None,
+    };
     let dims = x.size();
     let h = super::last_dim(x)?;
     let rows: i64 = dims[..dims.len() - 1].iter().product();
@@ -157,12 +190,19 @@ pub(super) fn rms_normalize(tiles: &BiTiles, x: &Tensor, eps: f64, out: Kind) ->
         &[
             Arg::Ptr(xc.data_ptr()),
             Arg::Ptr(y.data_ptr()),
+            Arg::Ptr(match weight {
+                Some(w) if !f32_out => w.data_ptr(),
+                _ => std::ptr::null_mut(),
+            }),
             Arg::I32(h as i32),
             Arg::F32(eps as f32),
             Arg::I32(i32::from(f32_out)),
         ],
     )?;
-    Ok(y.f_to_kind(out)?)
+    match weight {
+        Some(w) if f32_out => Ok(w.f_mul(&y.f_to_kind(out)?)?),
+        _ => Ok(y.f_to_kind(out)?),
+    }
 }
 
 /// The MLP activation, elementwise in fp32, returned in `x`'s type.

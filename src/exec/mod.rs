@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 
 pub mod batch_invariant;
 mod fused;
+pub mod glue;
 pub mod invariance;
 mod stock;
 
@@ -199,10 +200,41 @@ impl ExecPolicy {
                 Ok(x.f_to_kind(out)?.f_rms_norm([h], None::<Tensor>, eps)?)
             }
             ExecPolicy::BatchInvariant(t) if t.kernels == BiKernels::Fused => {
-                fused::rms_normalize(t, x, eps, out)
+                fused::rms_normalize(t, x, eps, out, None)
             }
             ExecPolicy::BatchInvariant(t) => {
                 Ok(batch_invariant::rms_normalize(t, x, eps)?.f_to_kind(out)?)
+            }
+        }
+    }
+
+    /// `weight · (x / rms(x))` over the last dimension, the normalized values rounded to `x`'s
+    /// type before the product (LLaMA's RMSNorm); one launch under the fused batch-invariant
+    /// kernels, bitwise the product after [`Self::rms_normalize`].
+    pub fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f64) -> crate::Result<Tensor> {
+        match self {
+            ExecPolicy::BatchInvariant(t) if t.kernels == BiKernels::Fused => {
+                fused::rms_normalize(t, x, eps, x.kind(), Some(weight))
+            }
+            _ => Ok(weight.f_mul(&self.rms_normalize(x, eps, x.kind())?)?),
+        }
+    }
+
+    /// The gated MLP's `act(gate) · up` from `gu` (`[..., 2 · inter]`: gate columns, then up
+    /// columns), in `gu`'s dtype.
+    pub fn gated(&self, gu: &Tensor, inter: i64, act: Activation) -> crate::Result<Tensor> {
+        match self {
+            ExecPolicy::Stock => glue::gated(gu, inter, act),
+            ExecPolicy::BatchInvariant(t) => {
+                if t.kernels == BiKernels::Fused
+                    && act == Activation::Silu
+                    && let Some(y) = glue::fused_silu_mul(gu, inter)?
+                {
+                    return Ok(y);
+                }
+                let gate = gu.f_narrow(-1, 0, inter)?;
+                let up = gu.f_narrow(-1, inter, inter)?;
+                Ok(self.activation(&gate, act)?.f_mul(&up)?)
             }
         }
     }
@@ -235,6 +267,9 @@ pub struct ExecSettings {
     /// The sampler asked for (`None`: the device's default, [`crate::sampling::Sampler`]);
     /// not recorded, since both samplers choose bitwise the same tokens.
     pub sampler: Option<crate::sampling::Sampler>,
+    /// The glue asked for (`None`: the device's default, [`glue::Glue`]); not recorded, since
+    /// both compute bitwise the same values.
+    pub glue: Option<glue::Glue>,
 }
 
 impl ExecSettings {
@@ -244,14 +279,15 @@ impl ExecSettings {
             tiles: BiTiles::for_device(device),
             engine: crate::decode::engine::EngineMode::Auto.resolve(device),
             sampler: None,
+            glue: None,
         }
     }
 
     /// Resolve arguments as typed, for `device`: tile overrides `tiles` (else the environment
     /// variable `KVCREDIT_BI_TILES`) over the device's defaults, and `engine` (else
     /// `KVCREDIT_ENGINE`, else `auto`) resolved for the device, and the sampler
-    /// `KVCREDIT_SAMPLER` (`aten` or `fused`; checked against the device). The three variables
-    /// are a documented fallback read here, once, and nowhere else.
+    /// `KVCREDIT_SAMPLER` and the glue `KVCREDIT_GLUE` (`aten` or `fused`; checked against the
+    /// device). The four variables are a documented fallback read here, once, and nowhere else.
     pub fn resolve(
         device: tch::Device,
         tiles: Option<&str>,
@@ -308,10 +344,21 @@ impl ExecSettings {
             }
             None => None,
         };
+        let glue = match env("KVCREDIT_GLUE") {
+            Some(s) => {
+                let glue = glue::Glue::parse(s.trim()).map_err(|_| {
+                    crate::Error::Spec(format!("KVCREDIT_GLUE=`{s}`: not a glue (aten, fused)"))
+                })?;
+                glue.check_device(device)?;
+                Some(glue)
+            }
+            None => None,
+        };
         Ok(ExecSettings {
             tiles,
             engine: engine.resolve(device),
             sampler,
+            glue,
         })
     }
 

@@ -1,8 +1,9 @@
 //! Self-attention of one layer: fused q/k/v projection (optional biases), optional q/k RMSNorm,
-//! RoPE, cache write, grouped-query attention through the execution policy, output projection.
+//! RoPE and the cache write (fused where [`glue`] runs), grouped-query attention through the execution policy, output projection.
 use super::norm::RmsNorm;
 use super::rope;
 use crate::Result;
+use crate::exec::glue::{self, CacheWrite};
 use crate::exec::{AttnParams, AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvWrite};
 use tch::Tensor;
@@ -87,40 +88,33 @@ impl Attention {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
         let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref())?;
-        let v = qkv
-            .f_narrow(-1, (hq + hkv) * d, hkv * d)?
-            .f_view([b, t, hkv, d])?
-            .f_transpose(1, 2)?;
-        let (q, k) = match (&self.q_norm, &self.k_norm) {
+        let to = CacheWrite {
+            cache,
+            layer,
+            write: inputs.write,
+            positions: inputs.positions,
+            key_len: inputs.key_len,
+        };
+        let (q, k_all, v_all) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => {
+                let v = qkv
+                    .f_narrow(-1, (hq + hkv) * d, hkv * d)?
+                    .f_view([b, t, hkv, d])?
+                    .f_transpose(1, 2)?;
                 let q = qn.forward(&qkv.f_narrow(-1, 0, hq * d)?.f_view([b, t, hq, d])?, policy)?;
                 let k = kn.forward(
                     &qkv.f_narrow(-1, hq * d, hkv * d)?.f_view([b, t, hkv, d])?,
                     policy,
                 )?;
-                (
-                    rope::apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?,
-                    rope::apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?,
-                )
+                let q = rope::apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
+                let k = rope::apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
+                let (k_all, v_all) =
+                    to.cache
+                        .write(to.layer, &k, &v, to.write, to.positions, to.key_len)?;
+                (q, k_all, v_all)
             }
-            _ => {
-                // Rotate the query and key heads together: one set of elementwise ops.
-                let qk = qkv
-                    .f_narrow(-1, 0, (hq + hkv) * d)?
-                    .f_view([b, t, hq + hkv, d])?
-                    .f_transpose(1, 2)?;
-                let qk = rope::apply(&qk, inputs.cos, inputs.sin)?;
-                (qk.f_narrow(1, 0, hq)?, qk.f_narrow(1, hq, hkv)?)
-            }
+            _ => glue::rope_write(&qkv, (hq, hkv, d), inputs.cos, inputs.sin, to)?,
         };
-        let (k_all, v_all) = cache.write(
-            layer,
-            &k,
-            &v,
-            inputs.write,
-            inputs.positions,
-            inputs.key_len,
-        )?;
         let params = AttnParams {
             scale: self.scale,
             softcap: self.softcap,

@@ -27,9 +27,7 @@ impl Mlp {
     /// Apply to `x` (`[B, T, hidden]`).
     pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Result<Tensor> {
         let gu = policy.linear(x, &self.gate_up, None)?;
-        let gate = gu.f_narrow(-1, 0, self.intermediate)?;
-        let up = gu.f_narrow(-1, self.intermediate, self.intermediate)?;
-        let act = policy.activation(&gate, self.activation)?;
-        policy.linear(&act.f_mul(&up)?, &self.down, None)
+        let act = policy.gated(&gu, self.intermediate, self.activation)?;
+        policy.linear(&act, &self.down, None)
     }
 }

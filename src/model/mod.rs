@@ -12,7 +12,7 @@ mod attention;
 pub mod hooks;
 mod mlp;
 mod norm;
-mod rope;
+pub(crate) mod rope;
 pub mod synthetic;
 pub mod weights;
 

@@ -33,9 +33,7 @@ impl RmsNorm {
             let normed = policy.rms_normalize(x, self.eps, accum_kind(x.kind()))?;
             Ok(normed.f_mul(&self.weight)?.f_to_kind(x.kind())?)
         } else {
-            Ok(self
-                .weight
-                .f_mul(&policy.rms_normalize(x, self.eps, x.kind())?)?)
+            policy.rms_norm(x, &self.weight, self.eps)
         }
     }
 }
