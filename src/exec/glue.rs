@@ -7,8 +7,8 @@
 //! rounded fp32 operations, so the choice changes no result and is not recorded; its check,
 //! [`check_fused`], compares them bit for bit on every element type, with a negative control
 //! that leaves one rounding out. [`Glue::for_device`] says which one runs.
-use super::ExecPolicy;
 use super::fused::{self, dtype_code, grid, typed_kernel};
+use super::{AttnParams, ExecPolicy};
 use crate::config::Activation;
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
 use crate::model::rope;
@@ -243,26 +243,14 @@ fn rope_write_with(
 }
 
 /// Softmax's input from raw attention scores `s` (`[B, Hkv, G · T, L]`): `s · scale`,
-/// soft-capped if asked, plus `mask` (`[B, 1, 1, T, L]`), as `[B, Hkv, G, T, L]` (fp32 from
+/// soft-capped if asked, plus the mask (`[B, 1, 1, T, L]`), as `[B, Hkv, G, T, L]` (fp32 from
 /// the fused kernel, `s`'s type from the ATen ops: softmax takes both to the same fp32 values).
-pub(crate) fn softmax_input(
-    s: &Tensor,
-    scale: f64,
-    softcap: Option<f64>,
-    mask: &Tensor,
-    group: i64,
-) -> Result<Tensor> {
-    softmax_input_with(glue_for(s), s, scale, softcap, mask, group)
+pub(crate) fn softmax_input(s: &Tensor, p: &AttnParams, group: i64) -> Result<Tensor> {
+    softmax_input_with(glue_for(s), s, p, group)
 }
 
-fn softmax_input_with(
-    glue: Glue,
-    s: &Tensor,
-    scale: f64,
-    softcap: Option<f64>,
-    mask: &Tensor,
-    group: i64,
-) -> Result<Tensor> {
+fn softmax_input_with(glue: Glue, s: &Tensor, p: &AttnParams, group: i64) -> Result<Tensor> {
+    let (scale, softcap, mask) = (p.scale, p.softcap, p.mask);
     let (b, hkv, gt, l) = s.size4()?;
     let t = gt / group;
     let fused = glue == Glue::Fused
@@ -449,7 +437,13 @@ pub fn check_fused(device: Device, seed: u64) -> Result<GlueCheck> {
         let mask =
             Tensor::f_zeros([b, 1, 1, t, l], opts)?.f_masked_fill(&keep.f_logical_not()?, min)?;
         let probs = |glue| -> Result<Tensor> {
-            Ok(softmax_input_with(glue, &s, 0.125, None, &mask, g)?.f_softmax(-1, Kind::Float)?)
+            let p = AttnParams {
+                scale: 0.125,
+                softcap: None,
+                mask: &mask,
+                scratch: None,
+            };
+            Ok(softmax_input_with(glue, &s, &p, g)?.f_softmax(-1, Kind::Float)?)
         };
         compare(&probs(Glue::Aten)?, &probs(Glue::Fused)?)?;
 

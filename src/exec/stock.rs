@@ -14,13 +14,7 @@ pub(super) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttnParams) -> R
     let l = k.size()[2];
     // Fold the query heads of a group into rows so K/V are never copied per query head.
     let qg = q.f_reshape([b, hkv, group * t, d])?;
-    let scores = super::glue::softmax_input(
-        &qg.f_matmul(&k.f_transpose(-1, -2)?)?,
-        p.scale,
-        p.softcap,
-        p.mask,
-        group,
-    )?;
+    let scores = super::glue::softmax_input(&qg.f_matmul(&k.f_transpose(-1, -2)?)?, p, group)?;
     let probs = scores
         .f_softmax(-1, super::accum_kind(q.kind()))?
         .f_to_kind(q.kind())?;
