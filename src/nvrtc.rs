@@ -234,6 +234,11 @@ impl Kernel {
     }
 }
 
+/// Whether NVRTC kernels can run on `device`: a CUDA device, and a binary built with the shim.
+pub fn available(device: Device) -> bool {
+    matches!(device, Device::Cuda(_)) && crate::cuda_graph::compiled()
+}
+
 /// Run `f` with cuBLAS set for GEMMs whose rows do not depend on M: cuBLASLt preferred,
 /// reduced-precision reductions and split-K off. The previous settings are restored after.
 pub fn with_invariant_blas<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {

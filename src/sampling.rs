@@ -215,7 +215,7 @@ impl Sampler {
 
     /// Whether this sampler can run on `device`.
     pub fn check_device(self, device: Device) -> Result<()> {
-        if self == Sampler::Fused && !fused_available(device) {
+        if self == Sampler::Fused && !crate::nvrtc::available(device) {
             return Err(Error::Spec(format!(
                 "the fused sampler needs a CUDA device and a binary built with the C++ shim (device {device:?})"
             )));
@@ -233,7 +233,7 @@ impl Sampler {
         match DEFAULT.load(Ordering::Relaxed) {
             1 => Ok(Sampler::Aten),
             2 => Sampler::Fused.check_device(device).map(|()| Sampler::Fused),
-            _ if fused_available(device) => Ok(Sampler::Fused),
+            _ if crate::nvrtc::available(device) => Ok(Sampler::Fused),
             _ => Ok(Sampler::Aten),
         }
     }
@@ -255,18 +255,7 @@ pub fn set_default(sampler: Option<Sampler>) {
 
 /// Run `f` with `sampler` drawing this thread's tokens (the previous choice is restored).
 pub fn with_sampler<T>(sampler: Sampler, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<Sampler>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            OVERRIDE.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(OVERRIDE.with(|c| c.replace(Some(sampler))));
-    f()
-}
-
-fn fused_available(device: Device) -> bool {
-    matches!(device, Device::Cuda(_)) && crate::cuda_graph::compiled()
+    crate::runtime::scoped(&OVERRIDE, sampler, f)
 }
 
 const SAMPLING_SOURCE: &str = include_str!("../kernels/sampling.cu");

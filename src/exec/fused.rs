@@ -65,9 +65,9 @@ pub(super) fn grid(n: i64) -> Result<u32> {
 ///
 /// A one-row GEMM is run as two rows (the row twice, one copy; a row's result does not depend on
 /// the other rows' values): on the H200 cuBLASLt rounds M = 1 differently from M ≥ 2
-/// (`kvcredit invariance`'s decode_vs_prefill check on the Qwen2.5-0.5B shape). A long-K weight is cut into [`k_slices`] fixed slices ([`sliced_gemm`]). fp32 (and
-/// fp64) GEMMs have no split-K switch, so they keep the fixed-shape ATen tiles (`gemm_rows`
-/// rows, zero-padded).
+/// (`kvcredit invariance`'s decode_vs_prefill check on the Qwen2.5-0.5B shape). A long-K
+/// weight is cut into [`k_slices`] fixed slices ([`sliced_gemm`]). fp32 (and fp64) GEMMs have
+/// no split-K switch, so they keep the fixed-shape ATen tiles (`gemm_rows` rows, zero-padded).
 pub(super) fn linear(
     tiles: &BiTiles,
     x: &Tensor,

@@ -27,8 +27,7 @@ const SOURCE: &str = concat!(
 const THREADS: i64 = 256;
 
 /// Which implementation runs the glue. Both compute bitwise the same values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Glue {
     /// ATen ops (any device; the reference).
     Aten,
@@ -63,7 +62,7 @@ impl Glue {
 
     /// Whether this implementation can run on `device`.
     pub fn check_device(self, device: Device) -> Result<()> {
-        if self == Glue::Fused && !fused_available(device) {
+        if self == Glue::Fused && !crate::nvrtc::available(device) {
             return Err(Error::Spec(format!(
                 "the fused glue needs a CUDA device and a binary built with the C++ shim (device {device:?})"
             )));
@@ -76,7 +75,7 @@ impl Glue {
     /// where it can run, else ATen.
     pub fn for_device(device: Device) -> Glue {
         if let Some(g) = OVERRIDE.with(Cell::get) {
-            return if fused_available(device) {
+            return if crate::nvrtc::available(device) {
                 g
             } else {
                 Glue::Aten
@@ -84,7 +83,7 @@ impl Glue {
         }
         match DEFAULT.load(Ordering::Relaxed) {
             1 => Glue::Aten,
-            _ if fused_available(device) => Glue::Fused,
+            _ if crate::nvrtc::available(device) => Glue::Fused,
             _ => Glue::Aten,
         }
     }
@@ -104,18 +103,7 @@ pub fn set_default(glue: Option<Glue>) {
 /// Run `f` with `glue` on this thread (the previous choice is restored; ATen where the fused
 /// glue cannot run).
 pub fn with_glue<T>(glue: Glue, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<Glue>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            OVERRIDE.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(OVERRIDE.with(|c| c.replace(Some(glue))));
-    f()
-}
-
-fn fused_available(device: Device) -> bool {
-    matches!(device, Device::Cuda(_)) && crate::cuda_graph::compiled()
+    crate::runtime::scoped(&OVERRIDE, glue, f)
 }
 
 /// The implementation for `x`: fused where it runs and handles `x`'s element type.
@@ -286,45 +274,21 @@ fn softmax_input_with(glue: Glue, s: &Tensor, p: &AttnParams, group: i64) -> Res
     Ok(out)
 }
 
-/// The gated MLP's `act(gate) · up` from `gu` (`[..., 2 · I]`: gate columns, then up).
-pub(crate) fn gated(gu: &Tensor, inter: i64, act: Activation) -> Result<Tensor> {
-    gated_with(glue_for(gu), gu, inter, act, false)
-}
-
-/// `silu(gate) · up` from `gu` by the fused kernel, or `None` where the fused glue does not
-/// run. (The batch-invariant policy's own activation kernel has the same formula, rounded at
-/// the same place, so its callers may take either.)
+/// `silu(gate) · up` from `gu` (`[..., 2 · I]`: gate columns, then up) by the fused kernel, or
+/// `None` where the fused glue does not run (the caller runs the ATen ops,
+/// [`ExecPolicy::gated`]). The batch-invariant policy's own activation kernel has the same
+/// formula, rounded at the same place, so its callers may take either.
 pub(crate) fn fused_silu_mul(gu: &Tensor, inter: i64) -> Result<Option<Tensor>> {
     if glue_for(gu) == Glue::Fused && gu.is_contiguous() {
-        Ok(Some(gated_with(
-            Glue::Fused,
-            gu,
-            inter,
-            Activation::Silu,
-            false,
-        )?))
+        Ok(Some(silu_mul(gu, inter, false)?))
     } else {
         Ok(None)
     }
 }
 
-fn gated_with(
-    glue: Glue,
-    gu: &Tensor,
-    inter: i64,
-    act: Activation,
-    control: bool,
-) -> Result<Tensor> {
-    if glue == Glue::Aten || act != Activation::Silu || !gu.is_contiguous() {
-        let gate = gu.f_narrow(-1, 0, inter)?;
-        let up = gu.f_narrow(-1, inter, inter)?;
-        let a = match act {
-            Activation::Silu => gate.f_silu()?,
-            Activation::GeluTanh => gate.f_gelu("tanh")?,
-            Activation::Gelu => gate.f_gelu("none")?,
-        };
-        return Ok(a.f_mul(&up)?);
-    }
+/// The fused SiLU product of contiguous `gu`; `control` leaves out the activation's rounding
+/// (the check's negative control).
+fn silu_mul(gu: &Tensor, inter: i64, control: bool) -> Result<Tensor> {
     let mut dims = gu.size();
     let rows = gu.numel() as i64 / (2 * inter);
     if let Some(last) = dims.last_mut() {
@@ -449,18 +413,18 @@ pub fn check_fused(device: Device, seed: u64) -> Result<GlueCheck> {
 
         let inter = 4864;
         let gu = Tensor::f_randn([b, t, 2 * inter], opts)?.f_mul_scalar(3.0)?;
-        let reference = gated_with(Glue::Aten, &gu, inter, Activation::Silu, false)?;
-        compare(
-            &reference,
-            &gated_with(Glue::Fused, &gu, inter, Activation::Silu, false)?,
-        )?;
-        // The batch-invariant policy's launches that these kernels shortened: the same bits.
-        let tiles = super::BiTiles::for_device(device);
         let gate = gu.f_narrow(-1, 0, inter)?;
         let up = gu.f_narrow(-1, inter, inter)?;
+        let reference = ExecPolicy::Stock
+            .activation(&gate, Activation::Silu)?
+            .f_mul(&up)?;
+        let product = silu_mul(&gu, inter, false)?;
+        compare(&reference, &product)?;
+        // The batch-invariant policy's launches that these kernels shortened: the same bits.
+        let tiles = super::BiTiles::for_device(device);
         compare(
             &fused::activation(&gate, Activation::Silu)?.f_mul(&up)?,
-            &gated_with(Glue::Fused, &gu, inter, Activation::Silu, false)?,
+            &product,
         )?;
         let x = Tensor::f_randn([b, t, 896], opts)?;
         let w = Tensor::f_rand([896], opts)?.f_add_scalar(0.5)?;
@@ -476,7 +440,7 @@ pub fn check_fused(device: Device, seed: u64) -> Result<GlueCheck> {
             &fused::linear(&tiles, &one, &weight, None)?,
         )?;
         if kind != Kind::Float {
-            let control = gated_with(Glue::Fused, &gu, inter, Activation::Silu, true)?;
+            let control = silu_mul(&gu, inter, true)?;
             control_mismatches += bits(&control)?
                 .f_ne_tensor(&bits(&reference)?)?
                 .f_sum(Kind::Int64)?

@@ -223,20 +223,19 @@ impl ExecPolicy {
     /// The gated MLP's `act(gate) · up` from `gu` (`[..., 2 · inter]`: gate columns, then up
     /// columns), in `gu`'s dtype.
     pub fn gated(&self, gu: &Tensor, inter: i64, act: Activation) -> crate::Result<Tensor> {
-        match self {
-            ExecPolicy::Stock => glue::gated(gu, inter, act),
-            ExecPolicy::BatchInvariant(t) => {
-                if t.kernels == BiKernels::Fused
-                    && act == Activation::Silu
-                    && let Some(y) = glue::fused_silu_mul(gu, inter)?
-                {
-                    return Ok(y);
-                }
-                let gate = gu.f_narrow(-1, 0, inter)?;
-                let up = gu.f_narrow(-1, inter, inter)?;
-                Ok(self.activation(&gate, act)?.f_mul(&up)?)
-            }
+        // The fused glue's SiLU product is bitwise both the stock ops and the fused
+        // batch-invariant activation kernel followed by the product.
+        let fusable = act == Activation::Silu
+            && match self {
+                ExecPolicy::Stock => true,
+                ExecPolicy::BatchInvariant(t) => t.kernels == BiKernels::Fused,
+            };
+        if fusable && let Some(y) = glue::fused_silu_mul(gu, inter)? {
+            return Ok(y);
         }
+        let gate = gu.f_narrow(-1, 0, inter)?;
+        let up = gu.f_narrow(-1, inter, inter)?;
+        Ok(self.activation(&gate, act)?.f_mul(&up)?)
     }
 
     /// The gated MLP's activation, elementwise, returning `x`'s dtype.
@@ -253,6 +252,24 @@ impl ExecPolicy {
             ExecPolicy::BatchInvariant(_) => batch_invariant::activation(x, act),
         }
     }
+}
+
+/// An `aten|fused` choice from the environment variable `var` (read through `env`), parsed
+/// and checked against the device; an unknown name is a spec error naming the variable.
+fn env_choice<T: Copy>(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    what: &str,
+    parse: fn(&str) -> crate::Result<T>,
+    check: impl Fn(T) -> crate::Result<()>,
+) -> crate::Result<Option<T>> {
+    let Some(s) = env(var) else {
+        return Ok(None);
+    };
+    let choice = parse(s.trim())
+        .map_err(|_| crate::Error::Spec(format!("{var}=`{s}`: not a {what} (aten, fused)")))?;
+    check(choice)?;
+    Ok(Some(choice))
 }
 
 /// What a run resolves once from its arguments besides device and dtype: the batch-invariant
@@ -332,28 +349,16 @@ impl ExecSettings {
                 tiles.key_chunk
             )));
         }
-        let sampler = match env("KVCREDIT_SAMPLER") {
-            Some(s) => {
-                let sampler = crate::sampling::Sampler::parse(s.trim()).map_err(|_| {
-                    crate::Error::Spec(format!(
-                        "KVCREDIT_SAMPLER=`{s}`: not a sampler (aten, fused)"
-                    ))
-                })?;
-                sampler.check_device(device)?;
-                Some(sampler)
-            }
-            None => None,
-        };
-        let glue = match env("KVCREDIT_GLUE") {
-            Some(s) => {
-                let glue = glue::Glue::parse(s.trim()).map_err(|_| {
-                    crate::Error::Spec(format!("KVCREDIT_GLUE=`{s}`: not a glue (aten, fused)"))
-                })?;
-                glue.check_device(device)?;
-                Some(glue)
-            }
-            None => None,
-        };
+        let sampler = env_choice(
+            &env,
+            "KVCREDIT_SAMPLER",
+            "sampler",
+            crate::sampling::Sampler::parse,
+            |s| s.check_device(device),
+        )?;
+        let glue = env_choice(&env, "KVCREDIT_GLUE", "glue", glue::Glue::parse, |g| {
+            g.check_device(device)
+        })?;
         Ok(ExecSettings {
             tiles,
             engine: engine.resolve(device),

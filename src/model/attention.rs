@@ -1,5 +1,6 @@
 //! Self-attention of one layer: fused q/k/v projection (optional biases), optional q/k RMSNorm,
-//! RoPE and the cache write (fused where [`glue`] runs), grouped-query attention through the execution policy, output projection.
+//! RoPE and the cache write (fused where [`glue`] runs), grouped-query attention through the
+//! execution policy, output projection.
 use super::norm::RmsNorm;
 use super::rope;
 use crate::Result;
