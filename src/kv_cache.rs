@@ -55,6 +55,46 @@ impl HostKv {
     }
 }
 
+/// A snapshot's K/V gathered on the cache's device ([`KvCache::copy_out`]), not yet on the host.
+pub struct SnapshotKv {
+    len: i64,
+    /// Contiguous `[2·layers, Hkv, len, D]`, `None` for an empty snapshot.
+    kv: Option<Tensor>,
+}
+
+impl SnapshotKv {
+    /// Positions in the snapshot.
+    pub fn positions(&self) -> i64 {
+        self.len
+    }
+
+    /// The bytes in host memory. From a CUDA device they go to page-locked memory (libtorch's
+    /// caching host allocator reuses it across copies): a direct DMA, faster than staging
+    /// through pageable memory.
+    pub fn to_host(self) -> Result<HostKv> {
+        let Some(all) = self.kv else {
+            return Ok(HostKv {
+                len: self.len,
+                bytes: None,
+            });
+        };
+        let bytes = match all.device() {
+            dev @ Device::Cuda(_) => {
+                let mut host = Tensor::f_empty(all.size(), (all.kind(), Device::Cpu))?
+                    .f_internal_pin_memory(dev)?;
+                host.f_copy_(&all)?;
+                host
+            }
+            _ => all.f_to_device(Device::Cpu)?.f_contiguous()?,
+        }
+        .f_view_dtype(Kind::Uint8)?;
+        Ok(HostKv {
+            len: self.len,
+            bytes: Some(bytes),
+        })
+    }
+}
+
 /// Hashes [`HostKv`] copies on background threads while the caller goes on (the decode-time
 /// fingerprints of a rollout, say): each copy sent with a tag comes back from
 /// [`HashPool::finish`] as `(tag, fingerprint)`, in no particular order. At most `bound` copies
@@ -775,6 +815,13 @@ impl KvCache {
     /// A snapshot's K/V copied to host memory (one device→host copy), to hash later — on
     /// another thread, say, while the device works on.
     pub fn to_host(&self, snap: Snapshot) -> Result<HostKv> {
+        self.copy_out(snap)?.to_host()
+    }
+
+    /// A snapshot's K/V gathered into one buffer on the cache's device (a device-side copy,
+    /// queued like any other op): [`SnapshotKv::to_host`] then brings it to the host — on
+    /// another thread, say, so the host side of that copy overlaps the device's work.
+    pub fn copy_out(&self, snap: Snapshot) -> Result<SnapshotKv> {
         if snap.row >= self.batch() || snap.len > self.capacity || snap.len < 0 {
             return Err(Error::KvCache(format!(
                 "snapshot (row {}, len {}) is not within this cache",
@@ -782,9 +829,9 @@ impl KvCache {
             )));
         }
         if snap.len == 0 || self.layers.is_empty() {
-            return Ok(HostKv {
+            return Ok(SnapshotKv {
                 len: snap.len,
-                bytes: None,
+                kv: None,
             });
         }
         // [2·layers, Hkv, len, D] in (layer, K/V) order.
@@ -798,13 +845,9 @@ impl KvCache {
                     .f_narrow(2, 0, snap.len)?)
             })
             .collect::<Result<_>>()?;
-        let bytes = Tensor::f_cat(&parts, 0)?
-            .f_to_device(Device::Cpu)?
-            .f_contiguous()?
-            .f_view_dtype(Kind::Uint8)?;
-        Ok(HostKv {
+        Ok(SnapshotKv {
             len: snap.len,
-            bytes: Some(bytes),
+            kv: Some(Tensor::f_cat(&parts, 0)?),
         })
     }
 

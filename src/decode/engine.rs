@@ -7,7 +7,7 @@
 //! is a stop token ends with no tokens; it keeps its row (and its snapshot check) all the same.
 pub use super::stepper::Stepper;
 use crate::exec::ExecPolicy;
-use crate::kv_cache::{HostKv, KvCache, Snapshot};
+use crate::kv_cache::{KvCache, Snapshot, SnapshotKv};
 use crate::model::Decoder;
 use crate::sampling::{NoiseKey, Sampling};
 use crate::{Error, Result};
@@ -205,8 +205,14 @@ pub struct EngineStats {
     pub tokens: u64,
     /// Seconds spent copying snapshots into batches.
     pub gather_seconds: f64,
-    /// Seconds spent verifying fingerprints.
+    /// Seconds spent verifying fingerprints before decoding (device comparisons, host copies).
     pub verify_seconds: f64,
+    /// Seconds inside decode steps, waiting for the device included.
+    #[serde(default)]
+    pub step_seconds: f64,
+    /// Seconds spent after decoding waiting for the host copies' hashes.
+    #[serde(default)]
+    pub hash_wait_seconds: f64,
     /// Snapshot copies hashed (other rows were compared with them on the device); distinct
     /// per batch, while a queue hashes a snapshot again when no resident row shares it.
     pub hashed_snapshots: u64,
@@ -224,13 +230,15 @@ impl EngineStats {
     /// One line for tables.
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "[{}: {} steps, {:.0}% rows live, gather {:.3} s, verify {:.3} s ({} hashed)",
+            "[{}: {} steps in {:.3} s, {:.0}% rows live, gather {:.3} s, verify {:.3} s ({} hashed, {:.3} s waited for)",
             self.mode,
             self.steps,
+            self.step_seconds,
             100.0 * self.tokens as f64 / self.row_steps.max(1) as f64,
             self.gather_seconds,
             self.verify_seconds,
-            self.hashed_snapshots
+            self.hashed_snapshots,
+            self.hash_wait_seconds
         );
         if self.graph_captures > 0 {
             s += &format!(
@@ -351,9 +359,11 @@ pub fn run_batches(
         let (decoded, rows) = std::thread::scope(|scope| {
             let hashing = scope.spawn(move || pending.hash());
             let decoded = decode_chunk(dec, jobs, chunk, stepper, &mut stats, on_tokens);
+            let t = Instant::now();
             let rows = hashing
                 .join()
                 .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))??;
+            stats.hash_wait_seconds += t.elapsed().as_secs_f64();
             Ok::<_, Error>((decoded?, rows))
         })?;
         for (j, o) in decoded {
@@ -473,7 +483,7 @@ impl Queue<'_, '_> {
 
     /// The check of job `j` just loaded into row `r`: compared on the device with another
     /// row that started from the same snapshot (its positions below the snapshot's length are
-    /// never written), else its K/V copied to the host for hashing.
+    /// never written), else its K/V gathered for hashing.
     fn verify_row(
         &self,
         r: usize,
@@ -500,7 +510,7 @@ impl Queue<'_, '_> {
             });
         }
         stats.hashed_snapshots += 1;
-        let kv = cache.to_host(Snapshot {
+        let kv = cache.copy_out(Snapshot {
             row: r,
             len: start.snap.len,
         })?;
@@ -531,9 +541,11 @@ impl Queue<'_, '_> {
                 .iter()
                 .map(|s| key_at(self.jobs[s.job].key, s.step))
                 .collect();
+            let t = Instant::now();
             let next = stepper
                 .step(&self.feed, &keys)
                 .map_err(|e| e.context(&format!("continuation step {step}")))?;
+            stats.step_seconds += t.elapsed().as_secs_f64();
             let live = self.slots.iter().filter(|s| s.live).count();
             count_step(stats, self.slots.len(), live, on_tokens);
             for (s, &tok) in self.slots.iter_mut().zip(&next) {
@@ -691,17 +703,20 @@ pub fn run_queue(
         let hashing = scope.spawn(move || -> Result<Vec<usize>> {
             let (mut ok, mut followers) = (Vec::new(), Vec::new());
             for p in rx {
-                ok.extend(p.hash_copies()?);
-                followers.extend(p.followers);
+                let (hashed, f) = p.hash_copies()?;
+                ok.extend(hashed);
+                followers.extend(f);
             }
             Ok(resolve_followers(ok, &followers))
         });
         let decoded = q.decode(&mut stepper, &mut stats, on_tokens);
         // Closing the channel ends the hashing.
         q.hashes = None;
+        let t = Instant::now();
         let hashed = hashing
             .join()
             .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?;
+        stats.hash_wait_seconds += t.elapsed().as_secs_f64();
         decoded?;
         hashed
     })?;
@@ -777,36 +792,47 @@ pub fn count_checks(jobs: &[Job], verified: &[bool]) -> SnapshotChecks {
     c
 }
 
-/// Snapshot K/V copied to the host, with the fingerprints they must hash to.
+/// Snapshot K/V gathered on the device, to copy to the host and hash on another thread, with
+/// the fingerprints they must hash to.
 #[derive(Default)]
 struct PendingHashes {
     /// (job, its K/V as loaded into the batch, the fingerprint it must hash to).
-    copies: Vec<(usize, HostKv, [u8; 32])>,
+    copies: Vec<(usize, SnapshotKv, [u8; 32])>,
     /// Jobs whose batch row held their representative job's K/V bitwise (compared on the
     /// device) and are verified once it is: (job, representative job). A representative is
     /// always registered (hashed or itself a follower) before its followers.
-    followers: Vec<(usize, usize)>,
+    followers: Followers,
 }
+
+/// (job, representative job) pairs: see [`PendingHashes::followers`].
+type Followers = Vec<(usize, usize)>;
 
 impl PendingHashes {
     /// Hash every copy; a mismatch is an invariant violation. Returns the verified jobs.
     fn hash(self) -> Result<Vec<usize>> {
-        Ok(resolve_followers(self.hash_copies()?, &self.followers))
+        let (hashed, followers) = self.hash_copies()?;
+        Ok(resolve_followers(hashed, &followers))
     }
 
-    /// Hash the copies; returns their jobs (followers are left to [`resolve_followers`]).
-    fn hash_copies(&self) -> Result<Vec<usize>> {
-        let mut jobs = Vec::with_capacity(self.copies.len());
-        for (j, kv, expect) in &self.copies {
-            if kv.fingerprint() != *expect {
-                return Err(Error::Invariant(format!(
-                    "KV fingerprint mismatch resuming snapshot of length {}: the decode-time state was not reproduced",
-                    kv.positions()
-                )));
-            }
-            jobs.push(*j);
-        }
-        Ok(jobs)
+    /// Copy each snapshot to the host and hash it, in parallel (rayon); returns their jobs in
+    /// the copies' order, and the followers (left to [`resolve_followers`]).
+    fn hash_copies(self) -> Result<(Vec<usize>, Followers)> {
+        use rayon::prelude::*;
+        let hashed = self
+            .copies
+            .into_par_iter()
+            .map(|(j, kv, expect)| {
+                let len = kv.positions();
+                if kv.to_host()?.fingerprint() == expect {
+                    Ok(j)
+                } else {
+                    Err(Error::Invariant(format!(
+                        "KV fingerprint mismatch resuming snapshot of length {len}: the decode-time state was not reproduced"
+                    )))
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok((hashed, self.followers))
     }
 }
 
@@ -829,7 +855,8 @@ fn same_start(a: &Start, b: &Start) -> bool {
 
 /// Check the rows of a freshly loaded chunk against their decode-time fingerprints. Rows that
 /// start from the same snapshot are compared bitwise on the device with the first of them,
-/// whose K/V alone is copied to the host; the copies are returned for hashing.
+/// whose K/V alone is gathered on the device; the copies are returned for hashing (copied to
+/// the host on the hashing thread).
 fn verify(
     jobs: &[Job],
     chunk: &[usize],
@@ -868,7 +895,7 @@ fn verify(
     let mut copies = Vec::with_capacity(hashed.len());
     for (row, expect) in hashed {
         stats.hashed_snapshots += 1;
-        let kv = cache.to_host(Snapshot {
+        let kv = cache.copy_out(Snapshot {
             row,
             len: jobs[chunk[row]].start.snap.len,
         })?;
@@ -955,9 +982,11 @@ fn decode_chunk(
             .iter()
             .map(|r| key_at(jobs[r.unwrap_or(chunk[0])].key, step))
             .collect();
+        let t = Instant::now();
         let next = stepper
             .step(&feed, &keys)
             .map_err(|e| e.context(&format!("continuation step {step}")))?;
+        stats.step_seconds += t.elapsed().as_secs_f64();
         let live = rows.iter().filter(|r| r.is_some()).count();
         count_step(stats, rows.len(), live, on_tokens);
         for (slot, &tok) in rows.iter_mut().zip(&next) {
