@@ -95,13 +95,14 @@ impl SnapshotKv {
     }
 }
 
-/// Hashes [`HostKv`] copies on background threads while the caller goes on (the decode-time
-/// fingerprints of a rollout, say): each copy sent with a tag comes back from
-/// [`HashPool::finish`] as `(tag, fingerprint)`, in no particular order. At most `bound` copies
-/// wait at a time — a send blocks beyond that — which bounds the host memory they hold.
+/// Hashes snapshots on background threads while the caller goes on (the decode-time
+/// fingerprints of a rollout, say): each [`SnapshotKv`] sent with a tag is copied to the host
+/// and hashed by a worker, and comes back from [`HashPool::finish`] as `(tag, fingerprint)`, in
+/// no particular order. At most `bound` snapshots wait at a time — a send blocks beyond that —
+/// which bounds the device memory they hold.
 pub struct HashPool<'scope, T: Send> {
-    tx: std::sync::mpsc::SyncSender<(T, HostKv)>,
-    workers: Vec<std::thread::ScopedJoinHandle<'scope, Hashed<T>>>,
+    tx: std::sync::mpsc::SyncSender<(T, SnapshotKv)>,
+    workers: Vec<std::thread::ScopedJoinHandle<'scope, Result<Hashed<T>>>>,
 }
 
 /// Hashing threads for a [`HashPool`] on this machine: one core is left to the caller, at
@@ -123,7 +124,7 @@ impl<'scope, T: Send + 'scope> HashPool<'scope, T> {
         threads: usize,
         bound: usize,
     ) -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(T, HostKv)>(bound);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(T, SnapshotKv)>(bound);
         let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
         let workers = (0..threads.max(1))
             .map(|_| {
@@ -131,11 +132,11 @@ impl<'scope, T: Send + 'scope> HashPool<'scope, T> {
                 scope.spawn(move || {
                     let mut done = Vec::new();
                     loop {
-                        // The lock is held only while waiting for the next copy, not hashing.
+                        // The lock is held only while waiting for the next snapshot.
                         let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                         match next {
-                            Ok((tag, kv)) => done.push((tag, kv.fingerprint())),
-                            Err(_) => return done,
+                            Ok((tag, kv)) => done.push((tag, kv.to_host()?.fingerprint())),
+                            Err(_) => return Ok(done),
                         }
                     }
                 })
@@ -145,23 +146,33 @@ impl<'scope, T: Send + 'scope> HashPool<'scope, T> {
     }
 
     /// Queue `kv` for hashing under `tag`.
-    pub fn send(&self, tag: T, kv: HostKv) -> Result<()> {
+    pub fn send(&self, tag: T, kv: SnapshotKv) -> Result<()> {
         self.tx
             .send((tag, kv))
             .map_err(|_| Error::Invariant("fingerprint hashing stopped".into()))
     }
 
-    /// Wait for every queued copy: the `(tag, fingerprint)` pairs.
+    /// Wait for every queued snapshot: the `(tag, fingerprint)` pairs.
     pub fn finish(self) -> Result<Hashed<T>> {
         drop(self.tx);
         let mut all = Vec::new();
         for w in self.workers {
             all.extend(
                 w.join()
-                    .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?,
+                    .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))??,
             );
         }
         Ok(all)
+    }
+}
+
+/// The integer type of `kind`'s width: its values compared as bits (NaN equal to itself, −0
+/// not equal to +0).
+fn bit_kind(kind: Kind) -> Kind {
+    match kind.elt_size_in_bytes() {
+        2 => Kind::Int16,
+        4 => Kind::Int,
+        _ => Kind::Int64,
     }
 }
 
@@ -749,6 +760,24 @@ impl KvCache {
             .map_or(self.lens.len(), |l| l.k.size()[0] as usize)
     }
 
+    /// Whether row `a` differs bitwise from row `b` over positions `0..upto` (all layers, K
+    /// and V), as a one-element boolean tensor on the device: nothing is read back, so a
+    /// caller can fold many such checks and read the result once.
+    pub fn rows_differ(&self, a: usize, b: usize, upto: i64) -> Result<Tensor> {
+        let x = self.copy_out(Snapshot { row: a, len: upto })?;
+        let y = self.copy_out(Snapshot { row: b, len: upto })?;
+        Ok(match (x.kv, y.kv) {
+            (Some(x), Some(y)) => {
+                let bits = bit_kind(self.kind);
+                x.f_view_dtype(bits)?
+                    .f_ne_tensor(&y.f_view_dtype(bits)?)?
+                    .f_any()?
+                    .f_view([1])?
+            }
+            _ => Tensor::f_zeros([1], (Kind::Bool, self.device))?,
+        })
+    }
+
     /// Whether each row `rows[i]` is bitwise equal to row `reference[i]` over positions
     /// `0..upto` (all layers, K and V), compared on the device with one readback.
     pub fn rows_equal(&self, rows: &[usize], reference: &[usize], upto: i64) -> Result<bool> {
@@ -759,11 +788,7 @@ impl KvCache {
                 self.batch()
             )));
         }
-        let bits = match self.kind.elt_size_in_bytes() {
-            2 => Kind::Int16,
-            4 => Kind::Int,
-            _ => Kind::Int64,
-        };
+        let bits = bit_kind(self.kind);
         let to_i64 = |v: &[usize]| -> Result<Tensor> {
             Ok(
                 Tensor::f_from_slice(&v.iter().map(|&r| r as i64).collect::<Vec<_>>())?
@@ -996,7 +1021,7 @@ mod tests {
         let mut got = std::thread::scope(|scope| -> Result<Vec<(usize, [u8; 32])>> {
             let pool = HashPool::start(scope, 3, 2);
             for (i, &snap) in snaps.iter().enumerate() {
-                pool.send(i, c.to_host(snap)?)?;
+                pool.send(i, c.copy_out(snap)?)?;
             }
             pool.finish()
         })?;
@@ -1046,6 +1071,34 @@ mod tests {
         }
         assert!(g.rows_equal(&[3, 1], &[0, 1], 12)?);
         assert!(!g.rows_equal(&[2], &[0], 12)?);
+        Ok(())
+    }
+
+    #[test]
+    fn rows_differ_sees_one_changed_bit_below_the_length_only() -> Result<()> {
+        let mut c = filled(3, &[10, 10, 10], 0.0);
+        let read = |t: Tensor| bool::try_from(t).unwrap();
+        // Row 1 becomes a copy of row 0: equal over every length, in both orders.
+        for layer in c.layers.iter_mut() {
+            for buf in [&mut layer.k, &mut layer.v] {
+                let row0 = buf.narrow(0, 0, 1).copy();
+                buf.narrow(0, 1, 1).copy_(&row0);
+            }
+        }
+        assert!(!read(c.rows_differ(0, 1, 10)?));
+        assert!(!read(c.rows_differ(1, 0, 12)?));
+        assert!(!read(c.rows_differ(0, 1, 0)?));
+        // Negative control: a row that differs everywhere differs.
+        assert!(read(c.rows_differ(0, 2, 1)?));
+        // −0.0 for +0.0 in row 1's last layer's V, at position 9: the values compare equal, the
+        // bits do not.
+        let v = &mut c.layers[1].v;
+        let _ = v.narrow(0, 0, 1).narrow(2, 9, 1).fill_(0.0);
+        let _ = v.narrow(0, 1, 1).narrow(2, 9, 1).fill_(-0.0);
+        assert!(read(c.rows_differ(0, 1, 10)?));
+        assert!(read(c.rows_differ(1, 0, 12)?));
+        // Positions from `upto` on are not compared.
+        assert!(!read(c.rows_differ(0, 1, 9)?));
         Ok(())
     }
 

@@ -210,8 +210,9 @@ fn step_facts(
 /// decode-time state. One prompt runs exactly as it always has (no gather, no copy); under a
 /// batch-invariant policy each rollout of a batch is bitwise the one generated alone.
 ///
-/// A candidate step's K/V is copied to the host at decode time and hashed on background
-/// threads ([`HashPool`]) while decoding goes on; the fingerprints are filled in at the end.
+/// A candidate step's K/V is gathered on the device at decode time, then copied to the host
+/// and hashed on background threads ([`HashPool`]) while decoding goes on; the fingerprints
+/// are filled in at the end.
 pub fn rollouts(
     model: &Decoder,
     prompts: &[&[i64]],
@@ -301,7 +302,7 @@ fn decode_rollouts(
             let is_stop = p.stop_tokens.contains(&f.token);
             let candidate = f.margin <= p.max_margin && !is_stop && !excluded.contains(&f.token);
             let margin_at_temperature = if candidate {
-                hashes.send((i, steps[i].len()), cache.to_host(cache.snapshot(r))?)?;
+                hashes.send((i, steps[i].len()), cache.copy_out(cache.snapshot(r))?)?;
                 margin_at(
                     &logits.f_narrow(0, r as i64, 1)?,
                     p.sampling,

@@ -12,6 +12,7 @@ use crate::model::Decoder;
 use crate::sampling::{NoiseKey, Sampling};
 use crate::{Error, Result};
 use std::time::Instant;
+use tch::Tensor;
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -422,6 +423,10 @@ struct Queue<'r, 'a> {
     width: u32,
     /// Where the checks of loaded rows go to be hashed (`None` once decoding is over).
     hashes: Option<std::sync::mpsc::Sender<PendingHashes>>,
+    /// Whether any reloaded row differed from the resident row it was compared with: a
+    /// one-element boolean on the device, folded over every comparison and read once decoding
+    /// is over (no readback per reload).
+    mismatch: Option<Tensor>,
 }
 
 impl Queue<'_, '_> {
@@ -485,7 +490,7 @@ impl Queue<'_, '_> {
     /// row that started from the same snapshot (its positions below the snapshot's length are
     /// never written), else its K/V gathered for hashing.
     fn verify_row(
-        &self,
+        &mut self,
         r: usize,
         j: usize,
         cache: &KvCache,
@@ -501,12 +506,15 @@ impl Queue<'_, '_> {
             .enumerate()
             .find(|&(q, o)| q != r && same_start(&self.jobs[o.job].start, start));
         if let Some((q, o)) = rep {
-            if !cache.rows_equal(&[r], &[q], start.snap.len)? {
-                return Err(same_snapshot_differs());
-            }
+            let rep_job = o.job;
+            let differs = cache.rows_differ(r, q, start.snap.len)?;
+            self.mismatch = Some(match self.mismatch.take() {
+                Some(m) => m.f_logical_or(&differs)?,
+                None => differs,
+            });
             return Ok(PendingHashes {
                 copies: vec![],
-                followers: vec![(j, o.job)],
+                followers: vec![(j, rep_job)],
             });
         }
         stats.hashed_snapshots += 1;
@@ -688,6 +696,7 @@ pub fn run_queue(
         placements: vec![Placement::default(); jobs.len()],
         width: width as u32,
         hashes: Some(tx),
+        mismatch: None,
     };
     for (r, &j) in first.iter().enumerate() {
         q.placements[j] = Placement {
@@ -718,6 +727,11 @@ pub fn run_queue(
             .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?;
         stats.hash_wait_seconds += t.elapsed().as_secs_f64();
         decoded?;
+        if let Some(m) = &q.mismatch
+            && bool::try_from(m.f_to_device(tch::Device::Cpu)?)?
+        {
+            return Err(same_snapshot_differs());
+        }
         hashed
     })?;
     stepper.report(&mut stats);
