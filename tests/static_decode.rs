@@ -208,3 +208,44 @@ fn graph_mode_needs_cuda() -> Result<()> {
     assert_eq!(EngineMode::Auto.resolve(Device::Cpu), EngineMode::Eager);
     Ok(())
 }
+
+/// A static batch rounds its capacity up to a multiple of `CAPACITY_ALIGN` (on a GPU, stock
+/// attention matmuls over an unaligned key axis are several times slower), and still decodes
+/// the eager tokens under the batch-invariant policy; an eager batch keeps exactly the room
+/// it was asked for.
+#[test]
+fn static_capacity_is_aligned_and_eager_capacity_is_exact() -> Result<()> {
+    use kvcredit::decode::stepper::{CAPACITY_ALIGN, Stepper};
+    let model = load(&fixture("qwen2"), Kind::Float)?;
+    let mut seed = 5;
+    let src = sources(&model, &[13], &mut seed)?.remove(0);
+    let parts = [
+        (&src, Snapshot { row: 0, len: 13 }),
+        (&src, Snapshot { row: 0, len: 9 }),
+    ];
+    let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
+    let key = NoiseKey {
+        seed: 1,
+        problem: 0,
+        pivot: 0,
+        branch: 0,
+        sample: 0,
+        step: 0,
+    };
+    let aligned = (13 + 6 + CAPACITY_ALIGN - 1) / CAPACITY_ALIGN * CAPACITY_ALIGN;
+    assert_ne!(aligned, 13 + 6, "the shape must exercise the rounding");
+    let mut tokens = Vec::new();
+    for (mode, capacity) in [(EngineMode::Eager, 13 + 6), (EngineMode::Static, aligned)] {
+        let mut s = Stepper::new(&model, policy, Sampling::Greedy, mode, &parts, 6, 0)?;
+        assert_eq!(s.cache().capacity(), capacity, "{mode}");
+        let mut feed = vec![3, 4];
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            feed = s.step(&feed, &[key, key])?;
+            seen.push(feed.clone());
+        }
+        tokens.push(seen);
+    }
+    assert_eq!(tokens[0], tokens[1]);
+    Ok(())
+}
