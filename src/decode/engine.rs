@@ -360,11 +360,7 @@ pub fn run_batches(
         let (decoded, rows) = std::thread::scope(|scope| {
             let hashing = scope.spawn(move || pending.hash());
             let decoded = decode_chunk(dec, jobs, chunk, stepper, &mut stats, on_tokens);
-            let t = Instant::now();
-            let rows = hashing
-                .join()
-                .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))??;
-            stats.hash_wait_seconds += t.elapsed().as_secs_f64();
+            let rows = join_hashing(hashing, &mut stats)??;
             Ok::<_, Error>((decoded?, rows))
         })?;
         for (j, o) in decoded {
@@ -549,11 +545,7 @@ impl Queue<'_, '_> {
                 .iter()
                 .map(|s| key_at(self.jobs[s.job].key, s.step))
                 .collect();
-            let t = Instant::now();
-            let next = stepper
-                .step(&self.feed, &keys)
-                .map_err(|e| e.context(&format!("continuation step {step}")))?;
-            stats.step_seconds += t.elapsed().as_secs_f64();
+            let next = timed_step(stepper, &self.feed, &keys, step, stats)?;
             let live = self.slots.iter().filter(|s| s.live).count();
             count_step(stats, self.slots.len(), live, on_tokens);
             for (s, &tok) in self.slots.iter_mut().zip(&next) {
@@ -721,11 +713,7 @@ pub fn run_queue(
         let decoded = q.decode(&mut stepper, &mut stats, on_tokens);
         // Closing the channel ends the hashing.
         q.hashes = None;
-        let t = Instant::now();
-        let hashed = hashing
-            .join()
-            .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()))?;
-        stats.hash_wait_seconds += t.elapsed().as_secs_f64();
+        let hashed = join_hashing(hashing, &mut stats)?;
         decoded?;
         if let Some(m) = &q.mismatch
             && bool::try_from(m.f_to_device(tch::Device::Cpu)?)?
@@ -957,6 +945,36 @@ fn key_at(key: NoiseKey, step: usize) -> NoiseKey {
     }
 }
 
+/// The hashing thread's result, the wait for it added to `stats.hash_wait_seconds`.
+fn join_hashing<T>(
+    hashing: std::thread::ScopedJoinHandle<'_, T>,
+    stats: &mut EngineStats,
+) -> Result<T> {
+    let t = Instant::now();
+    let out = hashing
+        .join()
+        .map_err(|_| Error::Invariant("fingerprint hashing panicked".into()));
+    stats.hash_wait_seconds += t.elapsed().as_secs_f64();
+    out
+}
+
+/// [`Stepper::step`] `step` of a run, its time (waiting for the device included) added to
+/// `stats.step_seconds`; an error names the step.
+fn timed_step(
+    stepper: &mut Stepper,
+    feed: &[i64],
+    keys: &[NoiseKey],
+    step: usize,
+    stats: &mut EngineStats,
+) -> Result<Vec<i64>> {
+    let t = Instant::now();
+    let next = stepper
+        .step(feed, keys)
+        .map_err(|e| e.context(&format!("continuation step {step}")))?;
+    stats.step_seconds += t.elapsed().as_secs_f64();
+    Ok(next)
+}
+
 /// Count one step of `rows` rows of which `live` produced a kept token.
 fn count_step(stats: &mut EngineStats, rows: usize, live: usize, on_tokens: &mut dyn FnMut(u64)) {
     stats.steps += 1;
@@ -996,11 +1014,7 @@ fn decode_chunk(
             .iter()
             .map(|r| key_at(jobs[r.unwrap_or(chunk[0])].key, step))
             .collect();
-        let t = Instant::now();
-        let next = stepper
-            .step(&feed, &keys)
-            .map_err(|e| e.context(&format!("continuation step {step}")))?;
-        stats.step_seconds += t.elapsed().as_secs_f64();
+        let next = timed_step(stepper, &feed, &keys, step, stats)?;
         let live = rows.iter().filter(|r| r.is_some()).count();
         count_step(stats, rows.len(), live, on_tokens);
         for (slot, &tok) in rows.iter_mut().zip(&next) {

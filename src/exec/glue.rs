@@ -335,6 +335,33 @@ impl GlueCheck {
     }
 }
 
+/// [`rope_write_with`] into a fresh one-layer cache of `cap` positions per row, scattered at
+/// `positions` (`[B, T]`): the queries and the layer's whole K and V buffers.
+fn rope_write_fresh(
+    glue: Glue,
+    qkv: &Tensor,
+    heads: (i64, i64, i64),
+    (cos, sin): (&Tensor, &Tensor),
+    positions: &Tensor,
+    cap: i64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let shape = KvShape {
+        layers: 1,
+        kv_heads: heads.1,
+        head_dim: heads.2,
+    };
+    let b = qkv.size()[0] as usize;
+    let mut cache = KvCache::new(shape, b, cap, qkv.kind(), qkv.device())?;
+    let to = CacheWrite {
+        cache: &mut cache,
+        layer: 0,
+        write: KvWrite::Scatter,
+        positions,
+        key_len: cap,
+    };
+    rope_write_with(glue, qkv, heads, cos, sin, to)
+}
+
 /// Compare the fused glue with the ATen ops on `device` (CUDA), bitwise, on random inputs of
 /// the Qwen2.5-0.5B head shape (14 query heads, 2 key/value heads of 64): RoPE and the cache
 /// write of three rows of five positions at different offsets, the softmax of masked scores
@@ -367,23 +394,16 @@ pub fn check_fused(device: Device, seed: u64) -> Result<GlueCheck> {
         let positions = starts
             .f_view([b, 1])?
             .f_add(&Tensor::f_arange(t, (Kind::Int64, device))?.f_view([1, t])?)?;
-        let shape = KvShape {
-            layers: 1,
-            kv_heads: hkv,
-            head_dim: d,
-        };
         let mut outs = Vec::new();
         for glue in [Glue::Aten, Glue::Fused] {
-            let mut cache = KvCache::new(shape, b as usize, cap, kind, device)?;
-            let to = CacheWrite {
-                cache: &mut cache,
-                layer: 0,
-                write: KvWrite::Scatter,
-                positions: &positions,
-                key_len: cap,
-            };
-            let (q, k, v) = rope_write_with(glue, &qkv, (hq, hkv, d), &cos, &sin, to)?;
-            outs.push((q, k, v));
+            outs.push(rope_write_fresh(
+                glue,
+                &qkv,
+                (hq, hkv, d),
+                (&cos, &sin),
+                &positions,
+                cap,
+            )?);
         }
         let ((qa, ka, va), (qf, kf, vf)) = (&outs[0], &outs[1]);
         compare(qa, qf)?;
@@ -549,20 +569,10 @@ mod tests {
         let cos = Tensor::ones([b, 1, t, d], (Kind::Float, Device::Cpu));
         let sin = Tensor::zeros([b, 1, t, d], (Kind::Float, Device::Cpu));
         let positions = Tensor::from_slice(&[0i64, 1, 2, 5, 6, 7]).view([b, t]);
-        let shape = KvShape {
-            layers: 1,
-            kv_heads: hkv,
-            head_dim: d,
-        };
-        let mut cache = KvCache::new(shape, b as usize, cap, Kind::Float, Device::Cpu).unwrap();
-        let to = CacheWrite {
-            cache: &mut cache,
-            layer: 0,
-            write: KvWrite::Scatter,
-            positions: &positions,
-            key_len: cap,
-        };
-        let (q, k, v) = rope_write(&qkv, (hq, hkv, d), &cos, &sin, to).unwrap();
+        let glue = glue_for(&qkv);
+        assert_eq!(glue, Glue::Aten);
+        let (q, k, v) =
+            rope_write_fresh(glue, &qkv, (hq, hkv, d), (&cos, &sin), &positions, cap).unwrap();
         // cos = 1, sin = 0: the rotation is the identity.
         let heads = qkv.view([b, t, hq + 2 * hkv, d]).transpose(1, 2);
         assert!(q.equal(&heads.narrow(1, 0, hq)));
