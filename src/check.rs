@@ -30,6 +30,13 @@
 //!   memberships, whatever the order), which would make the floor 0 by construction; in a
 //!   refill run a pass's grouping is its set of row sequences (each row's continuations in
 //!   `fill` order, whatever the row), and the replica's must differ from exact's;
+//! - `replica-floor` (stock policy, `replica_schedule == "shuffled"`): not every replica
+//!   continuation is token-identical to exact's. When all are, the replica exercised no
+//!   numerical difference: its floor is a structural zero and every excess above it measures
+//!   nothing (use `replica_schedule = "same"` for a bitwise control instead);
+//! - `replica-path` (`replica_schedule == "shuffled"`, runs that record paths): not every
+//!   replica continuation attended over exact's key axis at each of its steps (the engine did
+//!   not equalize the two passes' numerical paths);
 //! - `batch-invariant` (only when `policy == "batch_invariant"`): every replica and refeed (not
 //!   spectrum: its resume is lossy by design)
 //!   estimate and continuation equals the exact one (invariant 4).
@@ -68,6 +75,10 @@ pub enum Rule {
     ReplicaGrouping,
     /// Batch-invariant policy: every pass is identical to exact.
     BatchInvariant,
+    /// Stock policy, shuffled replica: not every replica continuation equals exact's.
+    ReplicaFloor,
+    /// Shuffled replica: its recorded numerical path is not exact's throughout.
+    ReplicaPath,
 }
 
 impl Rule {
@@ -83,6 +94,8 @@ impl Rule {
             Rule::ReplicaSame => "replica-same",
             Rule::ReplicaGrouping => "replica-grouping",
             Rule::BatchInvariant => "batch-invariant",
+            Rule::ReplicaFloor => "replica-floor",
+            Rule::ReplicaPath => "replica-path",
         }
     }
 }
@@ -705,6 +718,50 @@ impl Checker<'_> {
         }
     }
 
+    /// Replica continuations paired with exact's: `(token-identical, total)`, and of those
+    /// with a recorded path and at least one step, `(on exact's key axis at every step, total)`.
+    fn replica_identity(&self) -> ((usize, usize), (usize, usize)) {
+        let (mut same, mut n, mut on_axis, mut pathed) = (0, 0, 0, 0);
+        for by_pass in self.cont.values() {
+            let (Some(e), Some(r)) = (
+                by_pass[Pass::Exact as usize].first(),
+                by_pass[Pass::Replica as usize].first(),
+            ) else {
+                continue;
+            };
+            n += 1;
+            same += usize::from(e.tokens == r.tokens);
+            if let Some(p) = r.path.filter(|p| p.steps > 0) {
+                pathed += 1;
+                on_axis += usize::from(p.keys_as_exact == Some(i64::from(p.steps)));
+            }
+        }
+        ((same, n), (on_axis, pathed))
+    }
+
+    /// `replica-floor` and `replica-path` (see the module docs).
+    fn replica_floor(&mut self, stock: bool) {
+        let ((same, n), (on_axis, pathed)) = self.replica_identity();
+        if stock && n > 0 && same == n {
+            self.push(
+                Rule::ReplicaFloor,
+                "manifest".into(),
+                format!(
+                    "structural zero: all {n} replica continuations are token-identical to exact's, so the replica exercised no numerical difference and the floor and every excess above it measure nothing; raise passes.replica_key_pad, run another --engine, or set replica_schedule = \"same\" for a bitwise control"
+                ),
+            );
+        }
+        if pathed > 0 && on_axis == pathed {
+            self.push(
+                Rule::ReplicaPath,
+                "manifest".into(),
+                format!(
+                    "all {pathed} replica continuations attended over exact's key axis at every step: the engine equalized the two passes' numerical paths; set passes.replica_key_pad to a positive multiple of 8"
+                ),
+            );
+        }
+    }
+
     /// Rows of `pass` that differ from exact, under `rule`.
     fn identical(&mut self, rule: Rule, pass: Pass) {
         let mut found = Vec::new();
@@ -834,11 +891,18 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
         if let Some(g) = &groupings {
             ck.replica_grouping(g);
         }
+        let stock = manifest.exec.policy == PolicyKind::Stock;
+        if stock {
+            rules.push(Rule::ReplicaFloor);
+        }
+        rules.push(Rule::ReplicaPath);
+        ck.replica_floor(stock);
     }
     if manifest.exec.policy == PolicyKind::BatchInvariant {
         rules.push(Rule::BatchInvariant);
-        ck.identical(Rule::BatchInvariant, Pass::Replica);
-        ck.identical(Rule::BatchInvariant, Pass::Refeed);
+        for pass in [Pass::Replica, Pass::Refeed, Pass::RefeedReplica] {
+            ck.identical(Rule::BatchInvariant, pass);
+        }
     }
     let mut violations = ck.out;
     violations.sort_by_key(|v| v.rule);

@@ -114,7 +114,7 @@ pub fn evaluate(
             })
             .collect();
         let order: Vec<usize> = (0..jobs.len()).collect();
-        let opts_engine = EngineOptions { mode: opts.engine };
+        let opts_engine = EngineOptions::mode(opts.engine);
         let (outs, _, _) = engine::run_with(
             &decoding,
             &jobs,

@@ -395,7 +395,7 @@ fn refill_queue_is_bitwise_each_job_alone_under_batch_invariant() {
     };
     let order: Vec<usize> = (0..spots.len()).collect();
     for mode in [EngineMode::Eager, EngineMode::Static] {
-        let opts = EngineOptions { mode };
+        let opts = EngineOptions::mode(mode);
         let all = jobs(None);
         let q = engine::run_queue(&decoding, &all, &order, 2, &opts, &mut |_| {}).unwrap();
         let alone: Vec<Vec<usize>> = order.iter().map(|&j| vec![j]).collect();

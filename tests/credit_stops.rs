@@ -147,7 +147,7 @@ fn a_stop_token_branch_ends_with_an_empty_continuation() {
             &jobs,
             &[0, 1, 2],
             3,
-            &EngineOptions { mode },
+            &EngineOptions::mode(mode),
             &mut |_| {},
         )
         .expect("decodes")
@@ -178,7 +178,7 @@ fn a_stop_token_branch_ends_with_an_empty_continuation() {
             &stops_only,
             &[0, 1],
             2,
-            &EngineOptions { mode },
+            &EngineOptions::mode(mode),
             &mut |_| {},
         )
         .expect("decodes");

@@ -148,7 +148,7 @@ fn forwards_and_continuations_past_the_context_are_refused() {
             &jobs,
             &[0],
             1,
-            &EngineOptions { mode },
+            &EngineOptions::mode(mode),
             &mut |_| {},
         )
         .unwrap_err();
@@ -423,7 +423,7 @@ fn non_finite_logits_are_caught(device: Device, modes: &[EngineMode], tag: &str)
                 &jobs,
                 &[0, 1],
                 2,
-                &EngineOptions { mode },
+                &EngineOptions::mode(mode),
                 &mut |_| {},
             );
             if std::ptr::eq(dec, &good) {

@@ -165,7 +165,7 @@ fn run_engine(
     };
     let order: Vec<usize> = (0..jobs.len()).rev().collect();
     let (outs, _, stats) =
-        engine::run_with(&dec, &jobs, &order, 5, &EngineOptions { mode }, &mut |_| {})?;
+        engine::run_with(&dec, &jobs, &order, 5, &EngineOptions::mode(mode), &mut |_| {})?;
     println!("{mode}: {}", stats.describe());
     Ok(outs)
 }
@@ -236,7 +236,7 @@ fn static_capacity_is_aligned_and_eager_capacity_is_exact() -> Result<()> {
     assert_ne!(aligned, 13 + 6, "the shape must exercise the rounding");
     let mut tokens = Vec::new();
     for (mode, capacity) in [(EngineMode::Eager, 13 + 6), (EngineMode::Static, aligned)] {
-        let mut s = Stepper::new(&model, policy, Sampling::Greedy, mode, &parts, 6, 0)?;
+        let mut s = Stepper::new(&model, policy, Sampling::Greedy, mode, &parts, 6, 0, 0)?;
         assert_eq!(s.cache().capacity(), capacity, "{mode}");
         let mut feed = vec![3, 4];
         let mut seen = Vec::new();

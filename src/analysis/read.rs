@@ -149,6 +149,18 @@ pub struct ContinuationRow {
     pub placement: Option<Placement>,
     /// Its starting KV matched the decode-time fingerprint (absent in older runs).
     pub snapshot_verified: Option<bool>,
+    /// Its numerical path, where the run recorded one.
+    pub path: Option<PathRow>,
+}
+
+/// A continuation's recorded numerical path (the `path_*` columns and `keys_as_exact`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathRow {
+    /// Steps it was decoded in.
+    pub steps: u32,
+    /// Of those, the steps whose key axis equals exact's at the same step of the same
+    /// continuation (null when the run has no exact pass).
+    pub keys_as_exact: Option<i64>,
 }
 
 /// Where a continuation ran in its pass: `chunk` (batch index within the pass for its
@@ -339,6 +351,19 @@ impl Frame {
             match a.data_type() {
                 DataType::Float64 => out.extend(a.as_primitive::<Float64Type>().iter()),
                 t => return Err(self.err(col, format_args!("type {t}, expected Float64"))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// An Int64 column that may hold nulls.
+    pub(crate) fn opt_i64s(&self, col: &str) -> Result<Vec<Option<i64>>> {
+        let mut out = Vec::with_capacity(self.rows);
+        for a in self.arrays(col) {
+            let a = a?;
+            match a.data_type() {
+                DataType::Int64 => out.extend(a.as_primitive::<Int64Type>().iter()),
+                t => return Err(self.err(col, format_args!("type {t}, expected Int64"))),
             }
         }
         Ok(out)
@@ -562,6 +587,10 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
     if verified {
         cols.push(col::SNAPSHOT_VERIFIED);
     }
+    let pathed = has(col::PATH_STEPS) && has(col::KEYS_AS_EXACT);
+    if pathed {
+        cols.extend([col::PATH_STEPS, col::KEYS_AS_EXACT]);
+    }
     let f = Frame::read(&path, &cols)?;
     let (problem, pivot_pos, alt_rank, sample, n_tokens) = (
         f.u32s(col::PROBLEM)?,
@@ -601,6 +630,22 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
     } else {
         None
     };
+    let paths: Option<Vec<PathRow>> = if pathed {
+        let steps = f.u32s(col::PATH_STEPS)?;
+        let same = f.opt_i64s(col::KEYS_AS_EXACT)?;
+        Some(
+            steps
+                .into_iter()
+                .zip(same)
+                .map(|(steps, keys_as_exact)| PathRow {
+                    steps,
+                    keys_as_exact,
+                })
+                .collect(),
+        )
+    } else {
+        None
+    };
     let mut branch = f.strings(col::BRANCH)?.into_iter();
     let mut tokens = f.int_lists(col::TOKENS)?.into_iter();
     let mut stop = f.strings(col::STOP)?.into_iter();
@@ -621,6 +666,7 @@ pub fn read_continuations(run_dir: &Path) -> Result<Vec<ContinuationRow>> {
             correct: correct[j],
             placement: placements.as_ref().map(|p| p[j]),
             snapshot_verified: verified.as_ref().map(|v| v[j]),
+            path: paths.as_ref().map(|p| p[j]),
         });
     }
     Ok(rows)

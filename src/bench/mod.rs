@@ -223,6 +223,7 @@ pub struct MemoryResult {
 }
 
 pub mod campaign;
+pub mod noise;
 pub mod report;
 pub mod runners;
 pub mod targets;

@@ -128,6 +128,7 @@ fn resumed<'m>(
         &parts,
         steps + 1,
         cap,
+        0,
     )?;
     let key = NoiseKey {
         seed: cfg.seed,
@@ -300,7 +301,7 @@ impl ContinuationSetup {
         };
         let order: Vec<usize> = (0..jobs.len()).collect();
         let mut tokens = 0u64;
-        let opts = EngineOptions { mode };
+        let opts = EngineOptions::mode(mode);
         sync(model.device());
         let t = Instant::now();
         let (outs, checks, stats) =

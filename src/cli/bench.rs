@@ -97,6 +97,9 @@ pub struct Args {
 enum Sub {
     /// Time a real campaign end to end: tokens/s per pass and for the whole run.
     Campaign(Box<super::bench_campaign::Args>),
+    /// Which schedule dimensions (batch rows, key padding, engine, prefill chunking) change a
+    /// row's numerics bitwise.
+    Noise(Box<super::bench_noise::Args>),
 }
 
 fn parse_sampler(s: &str) -> Result<Sampler, String> {
@@ -115,8 +118,10 @@ impl Progress for Bar {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if let Some(Sub::Campaign(c)) = a.cmd {
-        return super::bench_campaign::run(*c);
+    match a.cmd {
+        Some(Sub::Campaign(c)) => return super::bench_campaign::run(*c),
+        Some(Sub::Noise(n)) => return super::bench_noise::run(*n),
+        None => {}
     }
     let (run, policies, engines) = a.run.resolve_bench(
         Dtype::Bf16,

@@ -2,6 +2,7 @@
 mod analyze;
 mod bench;
 mod bench_campaign;
+mod bench_noise;
 mod campaign;
 mod check;
 mod crosscheck;

@@ -28,7 +28,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::Tensor;
 
-pub use crate::io::schema::{Manifest, PassCost, ShardSpec, SpectrumStats, TABLES};
+pub use crate::io::schema::{
+    Manifest, PassCost, PassNumerics, PassSchedule, PassState, ShardSpec, SpectrumStats, TABLES,
+};
 
 /// Per-shard bookkeeping, stored next to the shard's tables.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -50,6 +52,9 @@ pub struct ShardInfo {
     /// The spectrum pass's frames, when it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spectrum: Option<SpectrumStats>,
+    /// The numerical path of each pass over this problem's continuations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub numerics: BTreeMap<String, PassNumerics>,
 }
 
 /// Where a campaign writes and how it reports.
@@ -203,6 +208,7 @@ pub fn run_campaign(
             snapshot_checks_pivots: Some(0),
             snapshot_hits_pivots: Some(0),
             cost: BTreeMap::new(),
+            numerics: BTreeMap::new(),
             spectrum: None,
             shard: opts.shard,
             merged_from: vec![],
@@ -557,6 +563,7 @@ fn check_spectrum_budget(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k)
 fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<()> {
     let (mut done, mut checks, mut hits, mut pivot_checks, mut pivot_hits) = (0, 0, 0, 0, 0);
     let mut cost: BTreeMap<String, PassCost> = BTreeMap::new();
+    let mut numerics: BTreeMap<String, PassNumerics> = BTreeMap::new();
     let mut spectrum: Option<SpectrumStats> = None;
     for p in problems {
         let path = shard_dir(out, p.index).join("shard.json");
@@ -571,6 +578,9 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
         pivot_hits += info.snapshot_hits_pivots;
         for (pass, c) in info.cost {
             cost.entry(pass).or_default().add(&c);
+        }
+        for (pass, n) in info.numerics {
+            numerics.entry(pass).or_default().add(&n);
         }
         if let Some(sp) = &info.spectrum {
             spectrum.get_or_insert_with(SpectrumStats::default).add(sp);
@@ -588,6 +598,7 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
         hits as f64 / checks as f64
     };
     m.cost = cost;
+    m.numerics = numerics;
     Ok(())
 }
 
@@ -604,6 +615,8 @@ pub(crate) struct PassAudit {
     pub placements: Vec<Placement>,
     /// The job's starting K/V matched its decode-time fingerprint.
     pub verified: Vec<bool>,
+    /// The numerical path each job took.
+    pub paths: Vec<crate::decode::engine::NumericalPath>,
 }
 
 /// One continuation job's coordinates.
@@ -781,13 +794,13 @@ fn run_group(
         // Spectrum: per pivot the decode-time snapshot compressed into a restored cache.
         let mut refeed_caches: Vec<Vec<KvCache>> = Vec::with_capacity(n);
         for (q, pr) in preps.iter().enumerate() {
-            let caches: Vec<KvCache> = match (pass, spec.spectrum_pass()) {
-                (Pass::Refeed, _) => pr
+            let caches: Vec<KvCache> = match (pass.state(), spec.spectrum_pass()) {
+                (PassState::Refeed, _) => pr
                     .pivots
                     .iter()
                     .map(|p| refeed_prefix(model, &pr.roll, p, &mut prefix_tokens[q], &policy))
                     .collect::<Result<_>>()?,
-                (Pass::Spectrum, Some(sp)) => {
+                (PassState::Spectrum, Some(sp)) => {
                     let mut stats = SpectrumStats::default();
                     let caches = pr
                         .pivots
@@ -817,13 +830,13 @@ fn run_group(
                 let pr = &preps[q];
                 let id = &pr.ids[j];
                 let pivot = &pr.pivots[id.pivot];
-                let start = match pass {
-                    Pass::Exact | Pass::Replica => Start {
+                let start = match pass.state() {
+                    PassState::Decode => Start {
                         cache: &pr.roll.cache,
                         snap: pr.roll.snapshot(pivot.pos),
                         expect: Some(pivot.fingerprint),
                     },
-                    Pass::Refeed | Pass::Spectrum => Start {
+                    PassState::Refeed | PassState::Spectrum => Start {
                         cache: &refeed_caches[q][id.pivot],
                         snap: Snapshot {
                             row: 0,
@@ -839,8 +852,9 @@ fn run_group(
                 }
             })
             .collect();
+        let replica_schedule = pass.schedule() == PassSchedule::Replica;
         let shuffled =
-            pass == Pass::Replica && spec.passes.replica_schedule == ReplicaSchedule::Shuffled;
+            replica_schedule && spec.passes.replica_schedule == ReplicaSchedule::Shuffled;
         let batches = if spec.passes.refill {
             vec![]
         } else if shuffled {
@@ -868,6 +882,11 @@ fn run_group(
         };
         let opts = EngineOptions {
             mode: settings.engine,
+            key_pad: if replica_schedule {
+                spec.passes.effective_replica_key_pad()
+            } else {
+                0
+            },
         };
         let run = match &queue {
             Some((order, width)) => {
@@ -884,8 +903,7 @@ fn run_group(
             match e {
                 Error::OutOfMemory(m) => Error::OutOfMemory(format!(
                     "{what}: {m}; try a smaller {}",
-                    if pass == Pass::Replica
-                        && spec.passes.replica_schedule == ReplicaSchedule::Shuffled
+                    if shuffled
                         && spec.passes.replica_batch_size.is_some()
                     {
                         "passes.replica_batch_size"
@@ -899,6 +917,22 @@ fn run_group(
         pb.set_position(pooled.len() as u64);
         sync(device);
         let seconds = started.elapsed().as_secs_f64();
+        let schedule_summary = PassNumerics {
+            engine: run.stats.mode.clone(),
+            schedule: if replica_schedule {
+                spec.passes.replica_schedule.to_string()
+            } else {
+                "exact".into()
+            },
+            batch_rows: match &queue {
+                Some((_, width)) => *width,
+                None => batches.iter().map(Vec::len).max().unwrap_or(0),
+            },
+            key_pad: opts.key_pad,
+            sampler: settings.sampler_name(device),
+            glue: settings.glue_name(device),
+            ..PassNumerics::default()
+        };
         // Every sampled token of a continuation was one live row of one step.
         let tokens: Vec<u64> = (0..n)
             .map(|q| {
@@ -924,12 +958,17 @@ fn run_group(
                     continuations: r.len() as u64,
                 },
             );
+            info.numerics.insert(
+                pass.as_str().into(),
+                pass_numerics(&run.paths[r.clone()], &schedule_summary),
+            );
             outcomes[q].insert(pass, run.outcomes[r.clone()].to_vec());
             audits[q].insert(
                 pass,
                 PassAudit {
                     placements: run.placements[r.clone()].to_vec(),
                     verified: run.verified[r.clone()].to_vec(),
+                    paths: run.paths[r.clone()].to_vec(),
                 },
             );
         }
@@ -942,6 +981,26 @@ fn run_group(
             finish_problem(spec, model, task, problem, pr, info, outcomes, audits)
         })
         .collect()
+}
+
+/// A pass's numerical path over some of its continuations: `base` (engine, schedule, kernels)
+/// with the rows, key axes and steps of `paths`.
+fn pass_numerics(paths: &[crate::decode::engine::NumericalPath], base: &PassNumerics) -> PassNumerics {
+    let mut n = base.clone();
+    let stepped: Vec<_> = paths.iter().filter(|p| !p.steps.is_empty()).collect();
+    n.steps = stepped.iter().map(|p| p.steps.len() as u64).sum();
+    let lo_hi = |f: &dyn Fn(&crate::decode::engine::NumericalPath) -> (u32, u32)| {
+        stepped.iter().map(|p| f(p)).fold(None, |acc: Option<(u32, u32)>, (a, b)| {
+            Some(acc.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
+        })
+    };
+    if let Some((a, b)) = lo_hi(&|p| p.rows_range()) {
+        (n.rows_min, n.rows_max) = (a, b);
+    }
+    if let Some((a, b)) = lo_hi(&|p| p.keys_range()) {
+        (n.keys_min, n.keys_max) = (a, b);
+    }
+    n
 }
 
 /// Grade a problem's rollout and continuations (outputs that hit the token cap are graded

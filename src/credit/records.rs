@@ -144,6 +144,10 @@ pub(crate) fn continuations(
     let (mut chunk, mut row, mut batch_rows, mut verified) = (vec![], vec![], vec![], vec![]);
     let mut fill = vec![];
     let mut rule = vec![];
+    let (mut steps, mut rows_min, mut rows_max, mut keys_min, mut keys_max) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut rows_digest, mut keys_digest, mut as_exact) = (vec![], vec![], vec![]);
+    let exact_paths = audits.get(&Pass::Exact).map(|a| &a.paths);
     for (pass, outs) in outcomes {
         let audit = &audits[pass];
         for (j, ((id, o), g)) in ids.iter().zip(outs).zip(&graded[pass]).enumerate() {
@@ -164,6 +168,17 @@ pub(crate) fn continuations(
             batch_rows.push(at.batch_rows);
             fill.push(at.fill);
             verified.push(audit.verified[j]);
+            let path = &audit.paths[j];
+            steps.push(path.steps.len() as u32);
+            let (rlo, rhi) = path.rows_range();
+            let (klo, khi) = path.keys_range();
+            rows_min.push(rlo);
+            rows_max.push(rhi);
+            keys_min.push(klo);
+            keys_max.push(khi);
+            rows_digest.push(path.rows_digest());
+            keys_digest.push(path.keys_digest());
+            as_exact.push(exact_paths.map(|e| path.same_key_steps(&e[j]) as i64));
         }
     }
     let table = common(ctx, pos.len())
@@ -186,7 +201,16 @@ pub(crate) fn continuations(
     } else {
         table
     };
-    table.with(col::SNAPSHOT_VERIFIED, Column::Bool(verified))
+    table
+        .with(col::SNAPSHOT_VERIFIED, Column::Bool(verified))
+        .with(col::PATH_STEPS, Column::U32(steps))
+        .with(col::PATH_ROWS_MIN, Column::U32(rows_min))
+        .with(col::PATH_ROWS_MAX, Column::U32(rows_max))
+        .with(col::PATH_KEYS_MIN, Column::U32(keys_min))
+        .with(col::PATH_KEYS_MAX, Column::U32(keys_max))
+        .with(col::PATH_ROWS_DIGEST, Column::Str(rows_digest))
+        .with(col::PATH_KEYS_DIGEST, Column::Str(keys_digest))
+        .with(col::KEYS_AS_EXACT, Column::OptI64(as_exact))
 }
 
 /// `estimates`: one row per pivot × alternative × pass.

@@ -13,7 +13,7 @@ use crate::tasks::{Grade, Gsm8k, Problem, Task};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-pub use crate::io::schema::{Pass, ReplicaSchedule};
+pub use crate::io::schema::{Pass, PassSchedule, PassState, ReplicaSchedule};
 use std::path::Path;
 
 /// A whole campaign.
@@ -191,6 +191,12 @@ pub struct PassSpec {
     /// `ceil(batch_size / 2)`).
     #[serde(default)]
     pub replica_batch_size: Option<usize>,
+    /// Masked key positions the replica's steps attend over beyond exact's (default
+    /// [`DEFAULT_REPLICA_KEY_PAD`] under `shuffled`, 0 under `same`): the replica decodes as if
+    /// longer requests were co-resident in its batch, so its stock attention runs on another
+    /// key axis than exact's at every step. A multiple of 8, and positive under `shuffled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_key_pad: Option<i64>,
     /// Settings of the spectrum pass (`[passes.spectrum]`); required with it, refused without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spectrum: Option<SpectrumPass>,
@@ -299,11 +305,30 @@ impl SpectrumPass {
     }
 }
 
+/// The replica's default key padding under the `shuffled` schedule (positions).
+pub const DEFAULT_REPLICA_KEY_PAD: i64 = 64;
+
 impl PassSpec {
     /// `replica_batch_size`, or its default `ceil(batch_size / 2)`.
     pub fn effective_replica_batch_size(&self) -> usize {
         self.replica_batch_size
             .unwrap_or(self.batch_size.div_ceil(2))
+    }
+
+    /// `replica_key_pad`, or its default for the replica schedule.
+    pub fn effective_replica_key_pad(&self) -> i64 {
+        self.replica_key_pad
+            .unwrap_or(match self.replica_schedule {
+                ReplicaSchedule::Same => 0,
+                ReplicaSchedule::Shuffled => DEFAULT_REPLICA_KEY_PAD,
+            })
+    }
+
+    /// Whether any pass runs under the replica's schedule.
+    pub fn has_replica_schedule(&self) -> bool {
+        self.run
+            .iter()
+            .any(|p| p.schedule() == crate::io::schema::PassSchedule::Replica)
     }
 }
 
@@ -328,11 +353,11 @@ impl CampaignSpec {
         let raw: toml::Table = toml::from_str(text).map_err(|e| Error::Spec(e.to_string()))?;
         let passes = raw.get("passes").and_then(|v| v.as_table());
         let written = |key: &str| passes.is_some_and(|t| t.contains_key(key));
-        if !self.passes.run.contains(&Pass::Replica) {
-            for key in ["replica_schedule", "replica_batch_size"] {
+        if !self.passes.has_replica_schedule() {
+            for key in ["replica_schedule", "replica_batch_size", "replica_key_pad"] {
                 if written(key) {
                     return Err(Error::Spec(format!(
-                        "campaign `{}`: passes.{key} is set but passes.run has no \"replica\" pass",
+                        "campaign `{}`: passes.{key} is set but passes.run has no pass under the replica's schedule (\"replica\", \"refeed_replica\", \"spectrum_replica\")",
                         self.name
                     )));
                 }
@@ -346,7 +371,15 @@ impl CampaignSpec {
         self.passes
             .spectrum
             .as_ref()
-            .filter(|_| self.passes.run.contains(&Pass::Spectrum))
+            .filter(|_| self.runs_spectrum())
+    }
+
+    /// Whether a pass resumes from a SpectrumKV-compressed state.
+    fn runs_spectrum(&self) -> bool {
+        self.passes
+            .run
+            .iter()
+            .any(|p| p.state() == crate::io::schema::PassState::Spectrum)
     }
 
     /// Reject specs that cannot run.
@@ -387,17 +420,14 @@ impl CampaignSpec {
                 ));
             }
         }
-        match (
-            self.passes.run.contains(&Pass::Spectrum),
-            &self.passes.spectrum,
-        ) {
+        match (self.runs_spectrum(), &self.passes.spectrum) {
             (true, None) => {
                 return bad(
-                    "passes.run has \"spectrum\" but there is no [passes.spectrum] section",
+                    "passes.run has a spectrum pass but there is no [passes.spectrum] section",
                 );
             }
             (false, Some(_)) => {
-                return bad("[passes.spectrum] is set but passes.run has no \"spectrum\" pass");
+                return bad("[passes.spectrum] is set but passes.run has no spectrum pass");
             }
             (true, Some(sp)) => {
                 if let Some(m) = sp.problem() {
@@ -428,8 +458,39 @@ impl CampaignSpec {
                 gsm8k::TEST_LEN
             ));
         }
+        let pad = self.passes.effective_replica_key_pad();
+        let align = crate::decode::stepper::CAPACITY_ALIGN;
+        match self.passes.replica_schedule {
+            _ if !(0..=1 << 16).contains(&pad) || pad % align != 0 => {
+                return bad(&format!(
+                    "passes.replica_key_pad = {pad} must be a multiple of {align} in 0..=65536"
+                ));
+            }
+            ReplicaSchedule::Same if pad != 0 => {
+                return bad(
+                    "passes.replica_key_pad must be 0 with replica_schedule = \"same\" (the replica then repeats exact's numerical path)",
+                );
+            }
+            ReplicaSchedule::Shuffled if pad == 0 && self.passes.has_replica_schedule() => {
+                return bad(&format!(
+                    "passes.replica_key_pad = 0 lets the replica attend over exact's key axis, where stock kernels can be row-invariant and the floor structurally zero; use a positive multiple of {align} (default {DEFAULT_REPLICA_KEY_PAD}), or replica_schedule = \"same\" for a bitwise control"
+                ));
+            }
+            ReplicaSchedule::Same
+                if self
+                    .passes
+                    .run
+                    .iter()
+                    .any(|p| p.schedule() == PassSchedule::Replica && *p != Pass::Replica) =>
+            {
+                return bad(
+                    "refeed_replica and spectrum_replica need replica_schedule = \"shuffled\" (under \"same\" they repeat refeed and spectrum)",
+                );
+            }
+            _ => {}
+        }
         if self.passes.replica_schedule == ReplicaSchedule::Shuffled
-            && self.passes.run.contains(&Pass::Replica)
+            && self.passes.has_replica_schedule()
             && self.passes.batch_size == 1
             && self.passes.effective_replica_batch_size() == 1
         {

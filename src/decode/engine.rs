@@ -128,6 +128,8 @@ pub struct PassRun {
     pub checks: SnapshotChecks,
     /// What the engine did besides decoding.
     pub stats: EngineStats,
+    /// The numerical path of each job.
+    pub paths: Vec<NumericalPath>,
 }
 
 const TEXT_STOP_EVERY: usize = 8;
@@ -191,6 +193,76 @@ impl EngineMode {
 pub struct EngineOptions {
     /// How steps are executed.
     pub mode: EngineMode,
+    /// Masked key positions every step attends over beyond what its rows need (see
+    /// [`Stepper::new`]): 0 for the natural key axis.
+    pub key_pad: i64,
+}
+
+impl EngineOptions {
+    /// Options for `mode` with the natural key axis.
+    pub fn mode(mode: EngineMode) -> EngineOptions {
+        EngineOptions { mode, key_pad: 0 }
+    }
+}
+
+/// The numerical path one continuation took: the batch rows and the key axis of every step
+/// it was decoded in (the two schedule dimensions that decide a stock step's rounding besides
+/// the engine mode and the kernels, which are the same for a whole pass).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NumericalPath {
+    /// `(rows, key axis)` of each step, in order.
+    pub steps: Vec<(u32, u32)>,
+}
+
+impl NumericalPath {
+    /// Fewest and most batch rows over the steps (`(0, 0)` without steps).
+    pub fn rows_range(&self) -> (u32, u32) {
+        range(self.steps.iter().map(|s| s.0))
+    }
+
+    /// Shortest and longest key axis over the steps (`(0, 0)` without steps).
+    pub fn keys_range(&self) -> (u32, u32) {
+        range(self.steps.iter().map(|s| s.1))
+    }
+
+    /// SHA-256 (hex, first 16 digits) of the rows of every step, in order.
+    pub fn rows_digest(&self) -> String {
+        digest(self.steps.iter().map(|s| s.0))
+    }
+
+    /// SHA-256 (hex, first 16 digits) of the key axis of every step, in order.
+    pub fn keys_digest(&self) -> String {
+        digest(self.steps.iter().map(|s| s.1))
+    }
+
+    /// Steps at which `self` and `other` attend over the same key axis (compared step by
+    /// step over the shorter of the two).
+    pub fn same_key_steps(&self, other: &NumericalPath) -> usize {
+        self.steps
+            .iter()
+            .zip(&other.steps)
+            .filter(|(a, b)| a.1 == b.1)
+            .count()
+    }
+}
+
+fn range(xs: impl Iterator<Item = u32>) -> (u32, u32) {
+    xs.fold(None, |acc: Option<(u32, u32)>, x| {
+        Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
+    })
+    .unwrap_or((0, 0))
+}
+
+fn digest(xs: impl Iterator<Item = u32>) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for x in xs {
+        h.update(x.to_le_bytes());
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// What an engine run did besides decoding.
@@ -307,6 +379,7 @@ pub fn run_batches(
     let mut out: Vec<Option<Outcome>> = vec![None; jobs.len()];
     let mut placed: Vec<Option<Placement>> = vec![None; jobs.len()];
     let mut verified = vec![false; jobs.len()];
+    let mut paths = vec![NumericalPath::default(); jobs.len()];
     let extra = dec.max_new_tokens + 1;
     for (c, chunk) in batches.iter().enumerate() {
         if chunk.is_empty() {
@@ -347,6 +420,7 @@ pub fn run_batches(
                     &parts,
                     extra,
                     longest + extra as i64,
+                    opts.key_pad,
                 )?)
             }
         }
@@ -359,7 +433,15 @@ pub fn run_batches(
         // chunk's outcomes count, and its rows are verified, only once every hash matched.
         let (decoded, rows) = std::thread::scope(|scope| {
             let hashing = scope.spawn(move || pending.hash());
-            let decoded = decode_chunk(dec, jobs, chunk, stepper, &mut stats, on_tokens);
+            let decoded = decode_chunk(
+                dec,
+                jobs,
+                chunk,
+                stepper,
+                &mut stats,
+                &mut paths,
+                on_tokens,
+            );
             let rows = join_hashing(hashing, &mut stats)??;
             Ok::<_, Error>((decoded?, rows))
         })?;
@@ -385,6 +467,7 @@ pub fn run_batches(
         verified,
         checks,
         stats,
+        paths,
     })
 }
 
@@ -423,6 +506,8 @@ struct Queue<'r, 'a> {
     /// one-element boolean on the device, folded over every comparison and read once decoding
     /// is over (no readback per reload).
     mismatch: Option<Tensor>,
+    /// The numerical path of each job.
+    paths: Vec<NumericalPath>,
 }
 
 impl Queue<'_, '_> {
@@ -545,6 +630,10 @@ impl Queue<'_, '_> {
                 .iter()
                 .map(|s| key_at(self.jobs[s.job].key, s.step))
                 .collect();
+            let shape = (self.slots.len() as u32, stepper.key_len() as u32);
+            for s in self.slots.iter().filter(|s| s.live) {
+                self.paths[s.job].steps.push(shape);
+            }
             let next = timed_step(stepper, &self.feed, &keys, step, stats)?;
             let live = self.slots.iter().filter(|s| s.live).count();
             count_step(stats, self.slots.len(), live, on_tokens);
@@ -659,6 +748,7 @@ pub fn run_queue(
         &parts,
         extra,
         longest + extra as i64,
+        opts.key_pad,
     )?;
     stats.gather_seconds += t.elapsed().as_secs_f64();
     let t = Instant::now();
@@ -689,6 +779,7 @@ pub fn run_queue(
         width: width as u32,
         hashes: Some(tx),
         mismatch: None,
+        paths: vec![NumericalPath::default(); jobs.len()],
     };
     for (r, &j) in first.iter().enumerate() {
         q.placements[j] = Placement {
@@ -739,6 +830,7 @@ pub fn run_queue(
         verified,
         checks,
         stats,
+        paths: q.paths,
     })
 }
 
@@ -983,12 +1075,14 @@ fn count_step(stats: &mut EngineStats, rows: usize, live: usize, on_tokens: &mut
     on_tokens(live as u64);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn decode_chunk(
     dec: &Decoding,
     jobs: &[Job],
     chunk: &[usize],
     stepper: &mut Stepper,
     stats: &mut EngineStats,
+    paths: &mut [NumericalPath],
     on_tokens: &mut dyn FnMut(u64),
 ) -> Result<Vec<(usize, Outcome)>> {
     // Batch row r runs job `rows[r]`; `None` marks a finished row awaiting compaction.
@@ -1014,6 +1108,10 @@ fn decode_chunk(
             .iter()
             .map(|r| key_at(jobs[r.unwrap_or(chunk[0])].key, step))
             .collect();
+        let shape = (rows.len() as u32, stepper.key_len() as u32);
+        for &j in rows.iter().flatten() {
+            paths[j].steps.push(shape);
+        }
         let next = timed_step(stepper, &feed, &keys, step, stats)?;
         let live = rows.iter().filter(|r| r.is_some()).count();
         count_step(stats, rows.len(), live, on_tokens);

@@ -48,16 +48,17 @@ struct StaticState {
 pub const CAPACITY_ALIGN: i64 = 8;
 
 /// The static modes' cache (at least `min_capacity` positions per row, rounded up to
-/// [`CAPACITY_ALIGN`]) and device inputs.
+/// [`CAPACITY_ALIGN`], then `key_pad` more) and device inputs.
 fn static_buffers(
     model: &Decoder,
     parts: &[(&KvCache, Snapshot)],
     extra: usize,
     min_capacity: i64,
+    key_pad: i64,
 ) -> Result<(KvCache, StaticState)> {
     let longest = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
     let cap = min_capacity.max(longest + extra as i64);
-    let cap = (cap + CAPACITY_ALIGN - 1) / CAPACITY_ALIGN * CAPACITY_ALIGN;
+    let cap = (cap + CAPACITY_ALIGN - 1) / CAPACITY_ALIGN * CAPACITY_ALIGN + key_pad;
     let cache = KvCache::gather(parts, cap - longest)?;
     let io = Tensor::f_zeros([parts.len() as i64, 4], (Kind::Int64, model.device()))?;
     Ok((
@@ -94,11 +95,16 @@ pub struct Stepper<'m> {
     cache: KvCache,
     steps: Steps,
     counters: GraphCounters,
+    /// Masked key positions attended beyond what the rows need ([`Stepper::key_len`]).
+    key_pad: i64,
 }
 
 impl<'m> Stepper<'m> {
     /// A batch whose row `i` resumes `parts[i]`, with room for `extra` more positions; the
     /// static modes allocate at least `min_capacity` positions per row (so later chunks fit).
+    /// Every step attends over `key_pad` masked key positions more than the rows need: the
+    /// static modes' capacity grows by it, eager steps pad their key axis by it.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         model: &'m Decoder,
         policy: ExecPolicy,
@@ -107,6 +113,7 @@ impl<'m> Stepper<'m> {
         parts: &[(&KvCache, Snapshot)],
         extra: usize,
         min_capacity: i64,
+        key_pad: i64,
     ) -> Result<Stepper<'m>> {
         Stepper::build(
             model,
@@ -115,14 +122,16 @@ impl<'m> Stepper<'m> {
             mode,
             parts,
             extra,
-            min_capacity,
+            (min_capacity, key_pad),
             false,
         )
     }
 
     /// A batch whose row `i` resumes `parts[i]`, with `capacity` positions per row in every
     /// mode (eager included), so that any snapshot up to `capacity − extra` positions can later
-    /// be loaded into any row ([`Self::load_row`]) and still decode `extra` positions.
+    /// be loaded into any row ([`Self::load_row`]) and still decode `extra` positions;
+    /// `key_pad` as in [`Self::new`].
+    #[allow(clippy::too_many_arguments)]
     pub fn with_capacity(
         model: &'m Decoder,
         policy: ExecPolicy,
@@ -131,8 +140,18 @@ impl<'m> Stepper<'m> {
         parts: &[(&KvCache, Snapshot)],
         extra: usize,
         capacity: i64,
+        key_pad: i64,
     ) -> Result<Stepper<'m>> {
-        Stepper::build(model, policy, sampling, mode, parts, extra, capacity, true)
+        Stepper::build(
+            model,
+            policy,
+            sampling,
+            mode,
+            parts,
+            extra,
+            (capacity, key_pad),
+            true,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -143,9 +162,12 @@ impl<'m> Stepper<'m> {
         mode: EngineMode,
         parts: &[(&KvCache, Snapshot)],
         extra: usize,
-        min_capacity: i64,
+        (min_capacity, key_pad): (i64, i64),
         eager_capacity: bool,
     ) -> Result<Stepper<'m>> {
+        if key_pad < 0 {
+            return Err(Error::Spec(format!("key padding {key_pad} is negative")));
+        }
         let mode = mode.resolve(model.device());
         if mode == EngineMode::Graph && !model.device().is_cuda() {
             return Err(Error::Spec(format!(
@@ -160,9 +182,9 @@ impl<'m> Stepper<'m> {
             } else {
                 extra as i64
             };
-            (KvCache::gather(parts, room)?, Steps::Eager)
+            (KvCache::gather(parts, room + key_pad)?, Steps::Eager)
         } else {
-            let (cache, st) = static_buffers(model, parts, extra, min_capacity)?;
+            let (cache, st) = static_buffers(model, parts, extra, min_capacity, key_pad)?;
             (cache, Steps::Static(st))
         };
         Ok(Stepper {
@@ -173,6 +195,7 @@ impl<'m> Stepper<'m> {
             cache,
             steps,
             counters: GraphCounters::default(),
+            key_pad,
         })
     }
 
@@ -185,7 +208,7 @@ impl<'m> Stepper<'m> {
     pub fn load(&mut self, parts: &[(&KvCache, Snapshot)], extra: usize) -> Result<()> {
         let rows = match &self.steps {
             Steps::Eager => {
-                self.cache = KvCache::gather(parts, extra as i64)?;
+                self.cache = KvCache::gather(parts, extra as i64 + self.key_pad)?;
                 return Ok(());
             }
             Steps::Static(st) => st.io.size()[0] as usize,
@@ -196,8 +219,8 @@ impl<'m> Stepper<'m> {
         } else {
             // Bigger than the first batch (not the engine's schedules): new buffers, no graphs.
             self.steps = Steps::Eager;
-            let cap = self.cache.capacity();
-            let (cache, st) = static_buffers(self.model, parts, extra, cap)?;
+            let cap = self.cache.capacity() - self.key_pad;
+            let (cache, st) = static_buffers(self.model, parts, extra, cap, self.key_pad)?;
             self.cache = cache;
             self.steps = Steps::Static(st);
             Ok(())
@@ -232,6 +255,15 @@ impl<'m> Stepper<'m> {
     /// Rows in the batch.
     pub fn batch(&self) -> usize {
         self.cache.batch()
+    }
+
+    /// The key axis the next step attends over: the static modes' whole capacity, or in the
+    /// eager mode the longest row after the step plus the key padding.
+    pub fn key_len(&self) -> i64 {
+        match self.steps {
+            Steps::Static(_) => self.cache.capacity(),
+            Steps::Eager => self.cache.lens().iter().copied().max().unwrap_or(0) + 1 + self.key_pad,
+        }
     }
 
     /// Add this batch's graph counters to `stats`.
@@ -274,7 +306,13 @@ impl<'m> Stepper<'m> {
             let ids = Tensor::f_from_slice(feed)?.f_view([b as i64, 1])?;
             let logits = self
                 .model
-                .forward(&ids, &mut self.cache, &self.policy, &LogitsAt::Last)?
+                .forward_padded(
+                    &ids,
+                    &mut self.cache,
+                    &self.policy,
+                    &LogitsAt::Last,
+                    self.key_pad,
+                )?
                 .f_view([b as i64, -1])?;
             let words = Tensor::f_from_slice(&sampling::noise_words(keys))?
                 .f_to_device(self.model.device())?

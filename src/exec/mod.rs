@@ -290,6 +290,22 @@ pub struct ExecSettings {
 }
 
 impl ExecSettings {
+    /// The sampler kernel these settings run on `device` (`aten` or `fused`).
+    pub fn sampler_name(&self, device: tch::Device) -> String {
+        self.sampler
+            .or_else(|| crate::sampling::Sampler::for_device(device).ok())
+            .map_or("aten", crate::sampling::Sampler::name)
+            .to_string()
+    }
+
+    /// The glue kernels these settings run on `device` (`aten` or `fused`).
+    pub fn glue_name(&self, device: tch::Device) -> String {
+        self.glue
+            .unwrap_or_else(|| glue::Glue::for_device(device))
+            .name()
+            .to_string()
+    }
+
     /// `device`'s default tiles and the engine `auto` stands for there.
     pub fn defaults(device: tch::Device) -> ExecSettings {
         ExecSettings {

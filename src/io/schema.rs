@@ -97,6 +97,22 @@ pub mod col {
     pub const FILL: &str = "fill";
     /// `snapshot_verified`.
     pub const SNAPSHOT_VERIFIED: &str = "snapshot_verified";
+    /// `path_steps`.
+    pub const PATH_STEPS: &str = "path_steps";
+    /// `path_rows_min`.
+    pub const PATH_ROWS_MIN: &str = "path_rows_min";
+    /// `path_rows_max`.
+    pub const PATH_ROWS_MAX: &str = "path_rows_max";
+    /// `path_keys_min`.
+    pub const PATH_KEYS_MIN: &str = "path_keys_min";
+    /// `path_keys_max`.
+    pub const PATH_KEYS_MAX: &str = "path_keys_max";
+    /// `path_rows_digest`.
+    pub const PATH_ROWS_DIGEST: &str = "path_rows_digest";
+    /// `path_keys_digest`.
+    pub const PATH_KEYS_DIGEST: &str = "path_keys_digest";
+    /// `keys_as_exact`.
+    pub const KEYS_AS_EXACT: &str = "keys_as_exact";
     /// `estimate`.
     pub const ESTIMATE: &str = "estimate";
     /// `orig_successes`.
@@ -154,7 +170,7 @@ pub const PIVOT_COLUMNS: [&str; 11] = [
 ];
 
 /// Columns of `continuations` (one row per continuation) after [`COMMON_COLUMNS`], in file order.
-pub const CONTINUATION_COLUMNS: [&str; 15] = [
+pub const CONTINUATION_COLUMNS: [&str; 23] = [
     col::PIVOT_POS,
     col::ALT_RANK,
     col::BRANCH,
@@ -170,6 +186,14 @@ pub const CONTINUATION_COLUMNS: [&str; 15] = [
     col::ROW,
     col::BATCH_ROWS,
     col::SNAPSHOT_VERIFIED,
+    col::PATH_STEPS,
+    col::PATH_ROWS_MIN,
+    col::PATH_ROWS_MAX,
+    col::PATH_KEYS_MIN,
+    col::PATH_KEYS_MAX,
+    col::PATH_ROWS_DIGEST,
+    col::PATH_KEYS_DIGEST,
+    col::KEYS_AS_EXACT,
 ];
 
 /// Columns of `estimates` (one row per pivot × alternative × pass) after [`COMMON_COLUMNS`], in file order.
@@ -214,27 +238,66 @@ pub fn run_columns(table: &str, refill: bool) -> Option<Vec<&'static str>> {
     Some(cols)
 }
 
-/// One of the four ways the pivot state is obtained.
+/// A pass: how the pivot state is obtained ([`PassState`]) and under which batch schedule its
+/// continuations run ([`PassSchedule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pass {
-    /// Resume from the rollout's own (verified) decode-time KV.
+    /// Resume from the rollout's own (verified) decode-time KV, under exact's schedule.
     Exact,
-    /// The exact pass again under another batch schedule: the noise floor.
+    /// The exact pass's state under the replica's schedule: the noise floor.
     Replica,
-    /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt.
+    /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt, under exact's
+    /// schedule: the re-fed state's own effect.
     Refeed,
     /// Resume from the decode-time KV after SpectrumKV compression at a byte budget
-    /// (`[passes.spectrum]`): tiered, quantized, packed, then dequantized into a cache.
+    /// (`[passes.spectrum]`): tiered, quantized, packed, then dequantized into a cache; under
+    /// exact's schedule.
     Spectrum,
+    /// The re-fed state under the replica's schedule (what a replica-vs-refeed design measures).
+    RefeedReplica,
+    /// The spectrum state under the replica's schedule.
+    SpectrumReplica,
+}
+
+/// Where a pass's pivot state comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassState {
+    /// The rollout's decode-time snapshot, verified.
+    Decode,
+    /// A fresh prefill of the prefix's token ids.
+    Refeed,
+    /// The decode-time snapshot compressed with SpectrumKV.
+    Spectrum,
+}
+
+/// Which batch schedule a pass's continuations run under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassSchedule {
+    /// Exact's batches, natural key axis.
+    Exact,
+    /// The replica's batches and noise sources (`[passes]` `replica_*`).
+    Replica,
 }
 
 impl Pass {
     /// All passes, in column order.
-    pub const ALL: [Pass; 4] = [Pass::Exact, Pass::Replica, Pass::Refeed, Pass::Spectrum];
+    pub const ALL: [Pass; 6] = [
+        Pass::Exact,
+        Pass::Replica,
+        Pass::Refeed,
+        Pass::Spectrum,
+        Pass::RefeedReplica,
+        Pass::SpectrumReplica,
+    ];
 
     /// The passes compared with exact against the replica floor (the analysis's treatments).
-    pub const TREATMENTS: [Pass; 2] = [Pass::Refeed, Pass::Spectrum];
+    pub const TREATMENTS: [Pass; 4] = [
+        Pass::Refeed,
+        Pass::Spectrum,
+        Pass::RefeedReplica,
+        Pass::SpectrumReplica,
+    ];
 
     /// The pass's name in records.
     pub fn as_str(self) -> &'static str {
@@ -243,16 +306,36 @@ impl Pass {
             Pass::Replica => "replica",
             Pass::Refeed => "refeed",
             Pass::Spectrum => "spectrum",
+            Pass::RefeedReplica => "refeed_replica",
+            Pass::SpectrumReplica => "spectrum_replica",
+        }
+    }
+
+    /// Where the pass's pivot state comes from.
+    pub fn state(self) -> PassState {
+        match self {
+            Pass::Exact | Pass::Replica => PassState::Decode,
+            Pass::Refeed | Pass::RefeedReplica => PassState::Refeed,
+            Pass::Spectrum | Pass::SpectrumReplica => PassState::Spectrum,
+        }
+    }
+
+    /// The schedule its continuations run under.
+    pub fn schedule(self) -> PassSchedule {
+        match self {
+            Pass::Exact | Pass::Refeed | Pass::Spectrum => PassSchedule::Exact,
+            Pass::Replica | Pass::RefeedReplica | Pass::SpectrumReplica => PassSchedule::Replica,
         }
     }
 
     /// Whether the pass resumes the rollout's own decode-time KV, verified against its
     /// fingerprint (exact and replica); refeed and spectrum start from a state built anew.
     pub fn resumes_snapshot(self) -> bool {
-        matches!(self, Pass::Exact | Pass::Replica)
+        self.state() == PassState::Decode
     }
 
-    /// The pass a name denotes (`exact`, `replica`, `refeed`, `spectrum`).
+    /// The pass a name denotes (`exact`, `replica`, `refeed`, `spectrum`, `refeed_replica`,
+    /// `spectrum_replica`).
     pub fn parse(s: &str) -> Option<Pass> {
         Pass::ALL.into_iter().find(|p| p.as_str() == s)
     }
@@ -461,6 +544,9 @@ pub struct Manifest {
     pub snapshot_hits_pivots: Option<u64>,
     /// Cost per pass name (plus `rollout`).
     pub cost: BTreeMap<String, PassCost>,
+    /// The numerical path of each pass (absent in runs written before it was recorded).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub numerics: BTreeMap<String, PassNumerics>,
     /// What the spectrum pass sent, summed over finished problems; absent without that pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spectrum: Option<SpectrumStats>,
@@ -472,6 +558,53 @@ pub struct Manifest {
     /// (an unsharded input appears as `0/1`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged_from: Vec<ShardSpec>,
+}
+
+/// The numerical path of one pass, summed over problems: what decides a stock step's rounding
+/// (engine, kernels, batch rows, key axis), so two runs or two passes can be compared
+/// afterwards. Per continuation, `continuations.parquet` holds the same (`path_*` columns).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PassNumerics {
+    /// Continuation engine as run.
+    pub engine: String,
+    /// `exact` (natural order, `passes.batch_size`) or the replica schedule (`shuffled`, `same`).
+    pub schedule: String,
+    /// Rows the pass's batches (or refill queue) were asked to hold.
+    pub batch_rows: usize,
+    /// Masked key positions added to every step's key axis.
+    pub key_pad: i64,
+    /// Fewest and most rows of a step that decoded a kept token.
+    pub rows_min: u32,
+    /// Most rows of such a step.
+    pub rows_max: u32,
+    /// Shortest key axis attended.
+    pub keys_min: u32,
+    /// Longest key axis attended.
+    pub keys_max: u32,
+    /// Continuation-steps decoded (one per continuation per step).
+    pub steps: u64,
+    /// Sampler kernel (`aten` or `fused`).
+    pub sampler: String,
+    /// Glue kernels (`aten` or `fused`).
+    pub glue: String,
+}
+
+impl PassNumerics {
+    /// Widen `self` by another problem's summary of the same pass.
+    pub fn add(&mut self, o: &PassNumerics) {
+        if o.steps == 0 {
+            return;
+        }
+        if self.steps == 0 {
+            *self = o.clone();
+            return;
+        }
+        self.rows_min = self.rows_min.min(o.rows_min);
+        self.rows_max = self.rows_max.max(o.rows_max);
+        self.keys_min = self.keys_min.min(o.keys_min);
+        self.keys_max = self.keys_max.max(o.keys_max);
+        self.steps += o.steps;
+    }
 }
 
 /// The SpectrumKV frames of the spectrum pass (one per pivot: the decode-time snapshot

@@ -297,6 +297,33 @@ impl Decoder {
         at: &LogitsAt,
         hook: &mut dyn ForwardHook,
     ) -> Result<Tensor> {
+        self.forward_keyed(tokens, cache, policy, at, hook, 0)
+    }
+
+    /// [`Self::forward`] attending over `key_pad` more key positions than the rows need
+    /// (masked, as a batch padded to a longer co-resident row would): the same logits up to the
+    /// rounding a longer key axis brings under the stock policy, bitwise the same under the
+    /// batch-invariant one. The continuation engine's eager replica uses it.
+    pub fn forward_padded(
+        &self,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+        policy: &ExecPolicy,
+        at: &LogitsAt,
+        key_pad: i64,
+    ) -> Result<Tensor> {
+        self.forward_keyed(tokens, cache, policy, at, &mut NoHook, key_pad.max(0))
+    }
+
+    fn forward_keyed(
+        &self,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+        policy: &ExecPolicy,
+        at: &LogitsAt,
+        hook: &mut dyn ForwardHook,
+        key_pad: i64,
+    ) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
         let dims = tokens.size();
         if dims.len() != 2 || dims[0] as usize != cache.batch() {
@@ -319,7 +346,7 @@ impl Decoder {
         let longest = cache.lens().iter().copied().max().unwrap_or(0);
         self.check_context((longest + t) as usize, "this forward pass")?;
         let tokens = tokens.f_to_device(self.device)?;
-        cache.reserve(t)?;
+        cache.reserve(t + key_pad)?;
         let lens = cache.lens();
         let start = lens.first().copied().unwrap_or(0);
         let uniform = lens.iter().all(|&l| l == start);
@@ -334,7 +361,7 @@ impl Decoder {
             let lens = Tensor::f_from_slice(lens)?.f_to_device(self.device)?;
             (lens.f_view([b, 1])?.f_add(&steps)?, KvWrite::Scatter)
         };
-        let key_len = lens.iter().copied().max().unwrap_or(0) + t;
+        let key_len = lens.iter().copied().max().unwrap_or(0) + t + key_pad;
         let inputs = StepInputs {
             tokens: &tokens,
             positions: &positions,
