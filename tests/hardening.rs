@@ -447,8 +447,8 @@ fn non_finite_logits_are_caught_on_the_eager_and_static_engines() {
     );
 }
 
-/// The CUDA engines, graph replay included. Runs where CUDA is present (the H200 run of
-/// `docs/runs/h200-2026-12-01b/`); elsewhere it says so and passes.
+/// The CUDA engines, graph replay included. Runs where CUDA is present; elsewhere it says so
+/// and passes.
 #[test]
 fn non_finite_logits_are_caught_on_every_cuda_engine() {
     if !tch::Cuda::is_available() {

@@ -117,7 +117,7 @@ pub(super) fn linear(
 /// 2 for a long-K weight (`k ≥ 2048` and `k ≥ 2n`, e.g. an MLP's down projection), else 1.
 /// With split-K off, cuBLASLt runs such a GEMM on a handful of thread blocks: the Qwen2.5-1.5B
 /// down projection took 199 µs against 9 µs stock on the H200, and 11 µs as two slices
-/// (`benches/gemm_shapes.py`, `docs/runs/h200-2026-12-02e/`).
+/// (`benches/gemm_shapes.py`).
 pub(super) fn k_slices(n: i64, k: i64) -> i64 {
     if k >= 2048 && k >= 2 * n && k % 16 == 0 {
         2

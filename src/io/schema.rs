@@ -747,11 +747,11 @@ mod tests {
     #[test]
     fn every_recorded_manifest_loads_and_round_trips() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let trust_path = root.join("docs/runs/gpu-trust/manifest.json");
+        let trust_path = root.join("tests/fixtures/manifests/gpu-trust.json");
         let mut paths: Vec<PathBuf> = [
-            "docs/runs/bf16-cpu/manifest.json",
-            "docs/runs/gpu-engines-bi/manifest-eager.json",
-            "docs/runs/gpu-engines-bi/manifest-graph.json",
+            "tests/fixtures/manifests/bf16-cpu.json",
+            "tests/fixtures/manifests/gpu-engines-bi-eager.json",
+            "tests/fixtures/manifests/gpu-engines-bi-graph.json",
         ]
         .iter()
         .map(|p| root.join(p))
