@@ -371,8 +371,12 @@ int kvc_graph_enter(void* g, char* err, size_t errlen) {
   })
 }
 
+// Thread-local capture mode: the snapshot-hashing threads copy device memory to the host while
+// a step is captured, which the default global mode would refuse (and so abort the capture).
 int kvc_graph_begin(void* g, char* err, size_t errlen) {
-  KVC_TRY({ static_cast<KvcGraph*>(g)->graph.capture_begin(); })
+  KVC_TRY({
+    static_cast<KvcGraph*>(g)->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+  })
 }
 
 // End the capture, count the graph's nodes, instantiate it.

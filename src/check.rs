@@ -747,7 +747,7 @@ impl Checker<'_> {
                 Rule::ReplicaFloor,
                 "manifest".into(),
                 format!(
-                    "structural zero: all {n} replica continuations are token-identical to exact's, so the replica exercised no numerical difference and the floor and every excess above it measure nothing; raise passes.replica_key_pad, run another --engine, or set replica_schedule = \"same\" for a bitwise control"
+                    "structural zero: all {n} replica continuations are token-identical to exact's, so the replica exercised no numerical difference and the floor and every excess above it measure nothing; change passes.replica_key_pad or passes.replica_batch_size, run another --engine, or set replica_schedule = \"same\" for a bitwise control"
                 ),
             );
         }
@@ -756,7 +756,7 @@ impl Checker<'_> {
                 Rule::ReplicaPath,
                 "manifest".into(),
                 format!(
-                    "all {pathed} replica continuations attended over exact's key axis at every step: the engine equalized the two passes' numerical paths; set passes.replica_key_pad to a positive multiple of 8"
+                    "all {pathed} replica continuations attended over exact's key axis at every step: the engine equalized the two passes' numerical paths; set passes.replica_key_pad to a value that is not a multiple of 8"
                 ),
             );
         }

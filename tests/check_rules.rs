@@ -6,7 +6,10 @@
 //! rule that guards it.
 mod common;
 
-use arrow_array::{Array, BooleanArray, RecordBatch, StringArray, UInt32Array};
+use arrow_array::builder::{Int64Builder, ListBuilder};
+use arrow_array::{
+    Array, BooleanArray, Int64Array, ListArray, RecordBatch, StringArray, UInt32Array,
+};
 use kvcredit::check::{CheckReport, Rule, check_run};
 use kvcredit::io::parquet::{read_batches, write_batches};
 use kvcredit::runtime::{self, Dtype, ModelSource};
@@ -503,4 +506,158 @@ fn a_batch_with_a_repeated_row_fails_the_placement_rule() {
     let found = of(&report, Rule::Placement);
     assert_eq!(found.len(), 1, "{:?}", report.violations);
     assert!(found[0].contains("pass=exact chunk="), "{found:?}");
+}
+
+/// Continuation keys `(problem, pivot_pos, alt_rank, sample, branch)` of `pass` and their tokens.
+fn tokens_of(run: &Path, pass: &str) -> BTreeMap<(u32, u32, u32, u32, String), Vec<i64>> {
+    let mut out = BTreeMap::new();
+    for b in read_batches(&run.join("continuations.parquet")).unwrap() {
+        let p = strs(&b, "pass");
+        let branch = strs(&b, "branch");
+        let key: Vec<Vec<u32>> = ["problem", "pivot_pos", "alt_rank", "sample"]
+            .iter()
+            .map(|c| u32s(&b, c))
+            .collect();
+        let toks: ListArray = common::column(&b, "tokens");
+        for i in 0..b.num_rows() {
+            if p[i] == pass {
+                let t = toks.value(i);
+                let t = t.as_any().downcast_ref::<Int64Array>().unwrap();
+                out.insert(
+                    (
+                        key[0][i],
+                        key[1][i],
+                        key[2][i],
+                        key[3][i],
+                        branch[i].clone(),
+                    ),
+                    t.values().to_vec(),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Rewrite the replica rows' tokens with `f(key, exact's tokens, own tokens)`.
+fn set_replica_tokens(
+    run: &Path,
+    f: impl Fn(&(u32, u32, u32, u32, String), &[i64], &[i64]) -> Vec<i64>,
+) {
+    let exact = tokens_of(run, "exact");
+    rewrite(run, "continuations.parquet", |b| {
+        let p = strs(b, "pass");
+        let branch = strs(b, "branch");
+        let key: Vec<Vec<u32>> = ["problem", "pivot_pos", "alt_rank", "sample"]
+            .iter()
+            .map(|c| u32s(b, c))
+            .collect();
+        let toks: ListArray = common::column(b, "tokens");
+        let mut list = ListBuilder::new(Int64Builder::new());
+        for i in 0..b.num_rows() {
+            let own = toks.value(i);
+            let own = own.as_any().downcast_ref::<Int64Array>().unwrap().values();
+            let k = (
+                key[0][i],
+                key[1][i],
+                key[2][i],
+                key[3][i],
+                branch[i].clone(),
+            );
+            let new = if p[i] == "replica" {
+                f(&k, &exact[&k], own)
+            } else {
+                own.to_vec()
+            };
+            list.values().append_slice(&new);
+            list.append(true);
+        }
+        let list = list.finish();
+        // keep the file's list field (its nullability and item name)
+        let field = b.schema().field_with_name("tokens").unwrap().clone();
+        let list = ListArray::new(
+            match field.data_type() {
+                arrow_schema::DataType::List(item) => item.clone(),
+                t => panic!("tokens is {t}"),
+            },
+            list.offsets().clone(),
+            list.values().clone(),
+            None,
+        );
+        vec![with_column(b, "tokens", Arc::new(list))]
+    });
+}
+
+/// The clean run's replica-floor verdict follows its tokens: the rule fires exactly when every
+/// replica continuation is token-identical to exact's (on CPUs whose stock decode step is
+/// schedule-invariant it does; elsewhere it does not).
+#[test]
+fn the_replica_floor_rule_fires_exactly_on_a_structural_zero() {
+    let run = clean_run();
+    let (exact, replica) = (tokens_of(run, "exact"), tokens_of(run, "replica"));
+    assert_eq!(exact.len(), replica.len());
+    let report = check_run(run).unwrap();
+    assert!(report.rules.contains(&Rule::ReplicaFloor));
+    assert_eq!(
+        !of(&report, Rule::ReplicaFloor).is_empty(),
+        exact == replica
+    );
+}
+
+/// A planted structural zero (every replica continuation given exact's tokens) fails
+/// `replica-floor`, naming the settings to change; one replica token changed back (the
+/// negative control) passes it, and so does the same run recorded as batch-invariant (where
+/// identity is the invariant).
+#[test]
+fn a_structurally_zero_replica_fails_check() {
+    let run = copy_of_run("structural-zero");
+    set_replica_tokens(&run, |_, exact, _| exact.to_vec());
+    let report = check_run(&run).unwrap();
+    let found = of(&report, Rule::ReplicaFloor);
+    assert_eq!(found.len(), 1, "{:?}", report.violations);
+    assert!(found[0].contains("structural zero"), "{found:?}");
+    assert!(found[0].contains("passes.replica_key_pad"), "{found:?}");
+
+    let control = copy_of_run("structural-zero-control");
+    let first = tokens_of(&control, "exact").into_keys().next().unwrap();
+    set_replica_tokens(&control, |k, exact, _| {
+        let mut t = exact.to_vec();
+        if *k == first {
+            t.push(0);
+        }
+        t
+    });
+    assert!(of(&check_run(&control).unwrap(), Rule::ReplicaFloor).is_empty());
+
+    edit_manifest(&run, |m| m["policy"] = "batch_invariant".into());
+    let bi = check_run(&run).unwrap();
+    assert!(!bi.rules.contains(&Rule::ReplicaFloor));
+    assert!(of(&bi, Rule::ReplicaFloor).is_empty());
+}
+
+/// The clean run's replica attended over another key axis than exact at every step (its key
+/// padding); planting exact's key axis into every replica row (`keys_as_exact` = its steps)
+/// fails `replica-path`.
+#[test]
+fn a_replica_on_exacts_key_axis_fails_check() {
+    let clean = check_run(clean_run()).unwrap();
+    assert!(clean.rules.contains(&Rule::ReplicaPath));
+    assert!(of(&clean, Rule::ReplicaPath).is_empty(), "{clean:?}");
+    let run = copy_of_run("equalized-path");
+    rewrite(&run, "continuations.parquet", |b| {
+        let p = strs(b, "pass");
+        let steps = u32s(b, "path_steps");
+        let same: Vec<Option<i64>> = (0..b.num_rows())
+            .map(|i| Some(i64::from(steps[i])))
+            .collect();
+        assert!(p.iter().any(|x| x == "replica"));
+        vec![with_column(
+            b,
+            "keys_as_exact",
+            Arc::new(Int64Array::from(same)),
+        )]
+    });
+    let found = of(&check_run(&run).unwrap(), Rule::ReplicaPath);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("equalized"), "{found:?}");
 }

@@ -12,6 +12,7 @@ mod common;
 
 use common::*;
 use kvcredit::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
+use kvcredit::decode::schedule;
 use kvcredit::sampling::{NoiseKey, Sampling};
 use kvcredit::{Decoder, ExecPolicy, KvCache, LogitsAt, Result, Snapshot};
 use std::path::PathBuf;
@@ -123,14 +124,8 @@ fn static_forward_is_close_to_the_eager_forward_stock() -> Result<()> {
     Ok(())
 }
 
-fn run_engine(
-    model: &Decoder,
-    src: &KvCache,
-    mode: EngineMode,
-    policy: ExecPolicy,
-) -> Result<Vec<engine::Outcome>> {
-    // Pivots at three lengths, two branch tokens each, two samples; rows stop on a text rule
-    // that fires for some of them, so batches get compacted.
+/// Pivots at three lengths of `src` row 0, two branch tokens each, two samples.
+fn pivot_jobs(src: &KvCache) -> Vec<Job<'_>> {
     let mut jobs = Vec::new();
     for (p, len) in [5i64, 11, 16].into_iter().enumerate() {
         for branch in 0..2u64 {
@@ -154,6 +149,17 @@ fn run_engine(
             }
         }
     }
+    jobs
+}
+
+fn run_engine(
+    model: &Decoder,
+    src: &KvCache,
+    mode: EngineMode,
+    policy: ExecPolicy,
+) -> Result<Vec<engine::Outcome>> {
+    // Rows stop on a text rule that fires for some of them, so batches get compacted.
+    let jobs = pivot_jobs(src);
     let stop = |seq: &[i64]| seq.iter().sum::<i64>() % 3 == 0;
     let dec = Decoding {
         model,
@@ -164,8 +170,14 @@ fn run_engine(
         text_stop: Some(&stop),
     };
     let order: Vec<usize> = (0..jobs.len()).rev().collect();
-    let (outs, _, stats) =
-        engine::run_with(&dec, &jobs, &order, 5, &EngineOptions::mode(mode), &mut |_| {})?;
+    let (outs, _, stats) = engine::run_with(
+        &dec,
+        &jobs,
+        &order,
+        5,
+        &EngineOptions::mode(mode),
+        &mut |_| {},
+    )?;
     println!("{mode}: {}", stats.describe());
     Ok(outs)
 }
@@ -247,5 +259,84 @@ fn static_capacity_is_aligned_and_eager_capacity_is_exact() -> Result<()> {
         tokens.push(seen);
     }
     assert_eq!(tokens[0], tokens[1]);
+    Ok(())
+}
+
+/// The pivot jobs under `batches` with `key_pad`, as a pass of the campaign runs them.
+fn run_pass(
+    model: &Decoder,
+    src: &KvCache,
+    mode: EngineMode,
+    policy: ExecPolicy,
+    batches: &[Vec<usize>],
+    key_pad: i64,
+) -> Result<engine::PassRun> {
+    let jobs = pivot_jobs(src);
+    let stop = |seq: &[i64]| seq.iter().sum::<i64>() % 3 == 0;
+    let dec = Decoding {
+        model,
+        policy,
+        sampling: Sampling::Temperature { temperature: 1.0 },
+        max_new_tokens: 12,
+        stop_tokens: &[],
+        text_stop: Some(&stop),
+    };
+    let opts = EngineOptions { mode, key_pad };
+    engine::run_batches(&dec, &jobs, batches, &opts, &mut |_| {})
+}
+
+/// Steps, over all jobs, at which `replica` attended over exact's key axis, and all steps.
+fn steps_on_exacts_axis(exact: &engine::PassRun, replica: &engine::PassRun) -> (usize, usize) {
+    let same = exact
+        .paths
+        .iter()
+        .zip(&replica.paths)
+        .map(|(e, r)| r.same_key_steps(e))
+        .sum();
+    (same, replica.paths.iter().map(|p| p.steps.len()).sum())
+}
+
+/// The replica's key padding takes every one of its steps off exact's key axis, in both modes;
+/// without it the static replica runs on exact's key axis at every step (the equalization a
+/// spec refuses), so a change that dropped the padding fails here. The recorded paths are
+/// complete (one entry per sampled token), and under batch_invariant the padding changes no
+/// token.
+#[test]
+fn key_padding_moves_every_replica_step_off_exacts_key_axis() -> Result<()> {
+    let model = load(&fixture("qwen2"), Kind::Float)?;
+    let mut seed = 5;
+    let src = sources(&model, &[16], &mut seed)?.remove(0);
+    let n = pivot_jobs(&src).len();
+    let exact_batches = schedule::exact(n, 5);
+    let replica_batches = schedule::shuffled(n, 5, 3);
+    let bi = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
+    for mode in [EngineMode::Eager, EngineMode::Static] {
+        let exact = run_pass(&model, &src, mode, ExecPolicy::Stock, &exact_batches, 0)?;
+        for (o, p) in exact.outcomes.iter().zip(&exact.paths) {
+            assert_eq!(
+                o.tokens.len(),
+                p.steps.len(),
+                "{mode}: one path step per token"
+            );
+        }
+        let padded = run_pass(&model, &src, mode, ExecPolicy::Stock, &replica_batches, 3)?;
+        let (same, steps) = steps_on_exacts_axis(&exact, &padded);
+        assert!(steps > 0);
+        assert_eq!(
+            same, 0,
+            "{mode}: {same} of {steps} padded steps on exact's key axis"
+        );
+        let bare = run_pass(&model, &src, mode, ExecPolicy::Stock, &replica_batches, 0)?;
+        let (same, steps) = steps_on_exacts_axis(&exact, &bare);
+        if mode == EngineMode::Static {
+            assert_eq!(
+                same, steps,
+                "static: an unpadded replica runs exact's capacity"
+            );
+        }
+        let bi_exact = run_pass(&model, &src, mode, bi, &exact_batches, 0)?;
+        let bi_padded = run_pass(&model, &src, mode, bi, &replica_batches, 3)?;
+        assert_eq!(bi_exact.outcomes, bi_padded.outcomes, "{mode}");
+    }
     Ok(())
 }

@@ -69,7 +69,9 @@ pub fn run(model: &Decoder, policy: &ExecPolicy, cfg: &NoiseConfig) -> Result<Ve
         return Err(Error::Spec(format!("noise: key padding {p} is negative")));
     }
     if cfg.chunks.contains(&0) {
-        return Err(Error::Spec("noise: a prefill chunk must be positive".into()));
+        return Err(Error::Spec(
+            "noise: a prefill chunk must be positive".into(),
+        ));
     }
     model.check_context(
         cfg.prompt + 2 + cfg.pads.iter().copied().max().unwrap_or(0) as usize + 8,
@@ -90,7 +92,13 @@ pub fn table(rows: &[NoiseRow]) -> String {
     let mut s = String::from(
         "| dimension | probe | differs bitwise at | bitwise the same at | max abs diff |\n| --- | --- | --- | --- | ---: |\n",
     );
-    let cell = |x: &str| if x.is_empty() { "—".to_string() } else { x.to_string() };
+    let cell = |x: &str| {
+        if x.is_empty() {
+            "—".to_string()
+        } else {
+            x.to_string()
+        }
+    };
     for r in rows {
         s += &format!(
             "| {} | {} | {} | {} | {:.3e} |\n",
@@ -260,7 +268,10 @@ fn step(
     ids: &[usize],
     static_pad: Option<i64>,
 ) -> Result<Tensor> {
-    let parts: Vec<(&KvCache, Snapshot)> = ids.iter().map(|&i| (&base[i], base[i].snapshot(0))).collect();
+    let parts: Vec<(&KvCache, Snapshot)> = ids
+        .iter()
+        .map(|&i| (&base[i], base[i].snapshot(0)))
+        .collect();
     let b = ids.len() as i64;
     let len = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
     let feed: Vec<i64> = ids.iter().map(|&i| 1 + i as i64).collect();
@@ -362,11 +373,7 @@ fn engine(
     ))
 }
 
-fn prefill_chunk(
-    model: &Decoder,
-    policy: &ExecPolicy,
-    cfg: &NoiseConfig,
-) -> Result<Vec<NoiseRow>> {
+fn prefill_chunk(model: &Decoder, policy: &ExecPolicy, cfg: &NoiseConfig) -> Result<Vec<NoiseRow>> {
     seeded(cfg.seed ^ 0xc4a2);
     let n = cfg.prompt as i64;
     let ids = random_ids(model, 1, cfg.prompt)?;

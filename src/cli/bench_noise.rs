@@ -56,7 +56,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rows = noise::run(&chosen.decoder, &run.policy, &cfg)?;
     let head = format!(
         "noise probes: {}, {}, {}, {} policy, prompt {}\n\n",
-        chosen.what, run.dtype, run.device_name, run.policy.kind(), a.prompt
+        chosen.what,
+        run.dtype,
+        run.device_name,
+        run.policy.kind(),
+        a.prompt
     );
     let table = noise::table(&rows);
     print!("{head}{table}");
@@ -67,9 +71,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .map_or("model".into(), |s| s.to_string_lossy().into_owned())
     });
     let dev = run.device_name.replace(':', "");
-    let stem = a
-        .out
-        .join(format!("noise-{name}-{}-{}-{dev}", run.dtype, run.policy.kind()));
+    let stem = format!("noise-{name}-{}-{}-{dev}", run.dtype, run.policy.kind());
+    let (json_path, md_path) = (
+        a.out.join(format!("{stem}.json")),
+        a.out.join(format!("{stem}.md")),
+    );
     let json = serde_json::json!({
         "model": chosen.what,
         "dtype": run.dtype.to_string(),
@@ -78,11 +84,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "prompt": a.prompt,
         "rows": rows,
     });
-    kvcredit::io::write_atomic(
-        &stem.with_extension("json"),
-        serde_json::to_string_pretty(&json)?.as_bytes(),
-    )?;
-    kvcredit::io::write_atomic(&stem.with_extension("md"), format!("{head}{table}").as_bytes())?;
-    println!("wrote {}.json and .md", stem.display());
+    kvcredit::io::write_atomic(&json_path, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    kvcredit::io::write_atomic(&md_path, format!("{head}{table}").as_bytes())?;
+    println!("wrote {} and {}", json_path.display(), md_path.display());
     Ok(())
 }

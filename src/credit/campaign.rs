@@ -903,9 +903,7 @@ fn run_group(
             match e {
                 Error::OutOfMemory(m) => Error::OutOfMemory(format!(
                     "{what}: {m}; try a smaller {}",
-                    if shuffled
-                        && spec.passes.replica_batch_size.is_some()
-                    {
+                    if shuffled && spec.passes.replica_batch_size.is_some() {
                         "passes.replica_batch_size"
                     } else {
                         "passes.batch_size"
@@ -985,14 +983,20 @@ fn run_group(
 
 /// A pass's numerical path over some of its continuations: `base` (engine, schedule, kernels)
 /// with the rows, key axes and steps of `paths`.
-fn pass_numerics(paths: &[crate::decode::engine::NumericalPath], base: &PassNumerics) -> PassNumerics {
+fn pass_numerics(
+    paths: &[crate::decode::engine::NumericalPath],
+    base: &PassNumerics,
+) -> PassNumerics {
     let mut n = base.clone();
     let stepped: Vec<_> = paths.iter().filter(|p| !p.steps.is_empty()).collect();
     n.steps = stepped.iter().map(|p| p.steps.len() as u64).sum();
     let lo_hi = |f: &dyn Fn(&crate::decode::engine::NumericalPath) -> (u32, u32)| {
-        stepped.iter().map(|p| f(p)).fold(None, |acc: Option<(u32, u32)>, (a, b)| {
-            Some(acc.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
-        })
+        stepped
+            .iter()
+            .map(|p| f(p))
+            .fold(None, |acc: Option<(u32, u32)>, (a, b)| {
+                Some(acc.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
+            })
     };
     if let Some((a, b)) = lo_hi(&|p| p.rows_range()) {
         (n.rows_min, n.rows_max) = (a, b);

@@ -193,8 +193,11 @@ pub struct PassSpec {
     pub replica_batch_size: Option<usize>,
     /// Masked key positions the replica's steps attend over beyond exact's (default
     /// [`DEFAULT_REPLICA_KEY_PAD`] under `shuffled`, 0 under `same`): the replica decodes as if
-    /// longer requests were co-resident in its batch, so its stock attention runs on another
-    /// key axis than exact's at every step. A multiple of 8, and positive under `shuffled`.
+    /// a longer request were co-resident in its batch, so its stock attention runs on another
+    /// key axis than exact's at every step. Under `shuffled` it must not be a multiple of 8:
+    /// the static engines' key axis is a multiple of 8, and padding it by whole multiples of 8
+    /// keeps cuBLAS's aligned attention kernels, which leave a row's bits unchanged (see
+    /// `docs/replica-floor.md`), while an unaligned axis takes other kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_key_pad: Option<i64>,
     /// Settings of the spectrum pass (`[passes.spectrum]`); required with it, refused without.
@@ -305,8 +308,9 @@ impl SpectrumPass {
     }
 }
 
-/// The replica's default key padding under the `shuffled` schedule (positions).
-pub const DEFAULT_REPLICA_KEY_PAD: i64 = 64;
+/// The replica's default key padding under the `shuffled` schedule (positions): not a
+/// multiple of 8, so the replica's attention key axis is never aligned like exact's.
+pub const DEFAULT_REPLICA_KEY_PAD: i64 = 3;
 
 impl PassSpec {
     /// `replica_batch_size`, or its default `ceil(batch_size / 2)`.
@@ -317,11 +321,10 @@ impl PassSpec {
 
     /// `replica_key_pad`, or its default for the replica schedule.
     pub fn effective_replica_key_pad(&self) -> i64 {
-        self.replica_key_pad
-            .unwrap_or(match self.replica_schedule {
-                ReplicaSchedule::Same => 0,
-                ReplicaSchedule::Shuffled => DEFAULT_REPLICA_KEY_PAD,
-            })
+        self.replica_key_pad.unwrap_or(match self.replica_schedule {
+            ReplicaSchedule::Same => 0,
+            ReplicaSchedule::Shuffled => DEFAULT_REPLICA_KEY_PAD,
+        })
     }
 
     /// Whether any pass runs under the replica's schedule.
@@ -461,9 +464,9 @@ impl CampaignSpec {
         let pad = self.passes.effective_replica_key_pad();
         let align = crate::decode::stepper::CAPACITY_ALIGN;
         match self.passes.replica_schedule {
-            _ if !(0..=1 << 16).contains(&pad) || pad % align != 0 => {
+            _ if !(0..=1 << 16).contains(&pad) => {
                 return bad(&format!(
-                    "passes.replica_key_pad = {pad} must be a multiple of {align} in 0..=65536"
+                    "passes.replica_key_pad = {pad} must lie in 0..=65536"
                 ));
             }
             ReplicaSchedule::Same if pad != 0 => {
@@ -471,9 +474,9 @@ impl CampaignSpec {
                     "passes.replica_key_pad must be 0 with replica_schedule = \"same\" (the replica then repeats exact's numerical path)",
                 );
             }
-            ReplicaSchedule::Shuffled if pad == 0 && self.passes.has_replica_schedule() => {
+            ReplicaSchedule::Shuffled if pad % align == 0 && self.passes.has_replica_schedule() => {
                 return bad(&format!(
-                    "passes.replica_key_pad = 0 lets the replica attend over exact's key axis, where stock kernels can be row-invariant and the floor structurally zero; use a positive multiple of {align} (default {DEFAULT_REPLICA_KEY_PAD}), or replica_schedule = \"same\" for a bitwise control"
+                    "passes.replica_key_pad = {pad} keeps the replica's key axis aligned like exact's, where stock attention kernels leave a row's bits unchanged and the floor can be structurally zero; use a value that is not a multiple of {align} (default {DEFAULT_REPLICA_KEY_PAD}), or replica_schedule = \"same\" for a bitwise control"
                 ));
             }
             ReplicaSchedule::Same

@@ -433,15 +433,8 @@ pub fn run_batches(
         // chunk's outcomes count, and its rows are verified, only once every hash matched.
         let (decoded, rows) = std::thread::scope(|scope| {
             let hashing = scope.spawn(move || pending.hash());
-            let decoded = decode_chunk(
-                dec,
-                jobs,
-                chunk,
-                stepper,
-                &mut stats,
-                &mut paths,
-                on_tokens,
-            );
+            let decoded =
+                decode_chunk(dec, jobs, chunk, stepper, &mut stats, &mut paths, on_tokens);
             let rows = join_hashing(hashing, &mut stats)??;
             Ok::<_, Error>((decoded?, rows))
         })?;
