@@ -104,6 +104,7 @@ fn meta() -> ConfigMeta {
         snapshot_hits: 15,
         cost,
         outputs: BTreeMap::new(),
+        token_identity: BTreeMap::new(),
         spectrum_setting: None,
         spectrum: None,
         partial: None,
