@@ -368,9 +368,15 @@ fn analyze_several_runs_writes_one_side_by_side_table_with_claims_and_dollars() 
         assert_eq!(cells, 2, "a verdict per stock config: {l}");
         for cell in l.trim_matches('|').split(" | ").skip(1) {
             assert!(
-                ["yes (p ", "not shown", "no (opposite", "equivalent within", "no test"]
-                    .iter()
-                    .any(|v| cell.contains(v)),
+                [
+                    "yes (p ",
+                    "not shown",
+                    "no (opposite",
+                    "equivalent within",
+                    "no test"
+                ]
+                .iter()
+                .any(|v| cell.contains(v)),
                 "{l}"
             );
             // Every tested verdict prints its raw and its Holm-adjusted p.
@@ -429,7 +435,11 @@ fn summary_row(dir: &Path, config: &str) -> (arrow_array::RecordBatch, usize) {
         .build()
         .unwrap();
     let b = r.next().unwrap().unwrap();
-    let names = b.column_by_name("config").unwrap().as_string::<i32>().clone();
+    let names = b
+        .column_by_name("config")
+        .unwrap()
+        .as_string::<i32>()
+        .clone();
     let i = (0..b.num_rows())
         .find(|&i| names.value(i) == config)
         .unwrap_or_else(|| panic!("no summary row for {config}"));
@@ -457,16 +467,16 @@ fn a_replica_identical_to_exact_is_a_structural_zero_and_the_excess_not_measurab
     // Token identity, with counts, per comparison.
     let ident = section(&report, "Token identity with exact");
     let z = row(ident, zero);
-    assert!(
-        z.contains("| replica |") && z.contains("100.0%"),
-        "{ident}"
-    );
+    assert!(z.contains("| replica |") && z.contains("100.0%"), "{ident}");
     assert!(
         z.contains("structural zero: the replica exercised no numerical difference"),
         "{z}"
     );
     assert!(row(ident, stock).contains("| measured |"), "{ident}");
-    assert!(row(ident, same).contains("bitwise-identity control"), "{ident}");
+    assert!(
+        row(ident, same).contains("bitwise-identity control"),
+        "{ident}"
+    );
     // The reproduction row: the floor in words, every excess cell not measurable.
     let rep = reproduction_section(&report);
     let r = row(rep, zero);
@@ -476,7 +486,10 @@ fn a_replica_identical_to_exact_is_a_structural_zero_and_the_excess_not_measurab
     assert!(r.contains("(not measurable)"), "the ceiling: {r}");
     for control in [stock, same] {
         let r = row(rep, control);
-        assert!(!r.contains("not measurable") && !r.contains("structural"), "{r}");
+        assert!(
+            !r.contains("not measurable") && !r.contains("structural"),
+            "{r}"
+        );
     }
     // Every seed claim relative to the floor says so for that configuration only.
     let claims = &rep[rep.find("### Seed claims").expect("claims")..];
@@ -512,18 +525,31 @@ fn a_replica_identical_to_exact_is_a_structural_zero_and_the_excess_not_measurab
     );
     let paper = section(&report, "Side by side with the seed paper");
     assert!(
-        paper.contains(&format!("structural-zero floor, the replica exercised no numerical difference: {zero}")),
+        paper.contains(&format!(
+            "structural-zero floor, the replica exercised no numerical difference: {zero}"
+        )),
         "{paper}"
     );
     // summary.parquet carries the shares and the status.
     let (b, i) = summary_row(&out, zero);
-    let status = b.column_by_name("replica_floor_status").unwrap().as_string::<i32>().value(i).to_string();
+    let status = b
+        .column_by_name("replica_floor_status")
+        .unwrap()
+        .as_string::<i32>()
+        .value(i)
+        .to_string();
     assert_eq!(status, "structural_zero");
     let share = |c: &str, b: &arrow_array::RecordBatch, i: usize| {
-        b.column_by_name(c).unwrap().as_primitive::<Float64Type>().value(i)
+        b.column_by_name(c)
+            .unwrap()
+            .as_primitive::<Float64Type>()
+            .value(i)
     };
     let count = |c: &str, b: &arrow_array::RecordBatch, i: usize| {
-        b.column_by_name(c).unwrap().as_primitive::<UInt64Type>().value(i)
+        b.column_by_name(c)
+            .unwrap()
+            .as_primitive::<UInt64Type>()
+            .value(i)
     };
     assert_eq!(share("token_identical_share_replica", &b, i), 1.0);
     assert_eq!(
@@ -533,7 +559,10 @@ fn a_replica_identical_to_exact_is_a_structural_zero_and_the_excess_not_measurab
     assert!(share("token_identical_share_refeed", &b, i) < 1.0);
     let (b, i) = summary_row(&out, stock);
     assert_eq!(
-        b.column_by_name("replica_floor_status").unwrap().as_string::<i32>().value(i),
+        b.column_by_name("replica_floor_status")
+            .unwrap()
+            .as_string::<i32>()
+            .value(i),
         "measured"
     );
     assert!(share("token_identical_share_replica", &b, i) < 1.0);
@@ -637,11 +666,8 @@ fn mean_zero_is_an_equivalence_test_with_a_settable_margin() {
         .unwrap();
     assert!(line.ends_with("| equivalent within ±0.5 |"), "{line}");
     for bad in ["0", "-0.1", "nan"] {
-        let (code, _, err) = common::kvcredit(&[
-            "analyze",
-            &s(&run),
-            &format!("--equivalence-margin={bad}"),
-        ]);
+        let (code, _, err) =
+            common::kvcredit(&["analyze", &s(&run), &format!("--equivalence-margin={bad}")]);
         assert_eq!(code, 2, "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains("--equivalence-margin"), "{err}");
@@ -665,9 +691,13 @@ fn crossing_shares_have_clustered_intervals_under_both_conditionings() {
         // share [lo, hi] (k/n) for each class, and the verdict against 1/2.
         assert_eq!(l.matches("% [").count(), 3, "{l}");
         assert!(
-            ["yes (CI above 1/2)", "no (CI below 1/2)", "not shown (CI covers 1/2)"]
-                .iter()
-                .any(|v| l.ends_with(&format!("| {v} |"))),
+            [
+                "yes (CI above 1/2)",
+                "no (CI below 1/2)",
+                "not shown (CI covers 1/2)"
+            ]
+            .iter()
+            .any(|v| l.ends_with(&format!("| {v} |"))),
             "{l}"
         );
     }

@@ -611,7 +611,10 @@ fn state_by_schedule_cells_and_decomposition_by_hand() {
     let rows = factorial_rows();
     let s = summarize(&rows, meta(), Pass::Refeed, &opts()).unwrap();
     let f: &Factorial = s.factorial.as_ref().expect("refeed_replica present");
-    assert_eq!((f.state, f.twin, f.n_keys, f.n_problems), (Pass::Refeed, Pass::RefeedReplica, 7, 4));
+    assert_eq!(
+        (f.state, f.twin, f.n_keys, f.n_problems),
+        (Pass::Refeed, Pass::RefeedReplica, 7, 4)
+    );
     let by = |c: Conditioning| f.rows.iter().find(|r| r.conditioning == c).unwrap();
     for (c, rates, excess, interaction) in [
         (
@@ -653,7 +656,10 @@ fn state_by_schedule_cells_and_decomposition_by_hand() {
     let twin = summarize(&rows, meta(), Pass::RefeedReplica, &opts()).unwrap();
     assert!(twin.factorial.is_none());
     close(
-        cond(&twin, Conditioning::TreatmentIndependent).excess.unwrap().estimate,
+        cond(&twin, Conditioning::TreatmentIndependent)
+            .excess
+            .unwrap()
+            .estimate,
         0.2,
     );
     // Negative control: without refeed_replica there is no design.
@@ -687,8 +693,14 @@ fn state_by_schedule_cells_and_decomposition_by_hand() {
         .lines()
         .find(|l| l.starts_with("| hand | treatment-independent |"))
         .unwrap();
-    assert!(line.starts_with("| hand | treatment-independent | 7 | 4 | structural zero"), "{line}");
-    assert!(line.ends_with("| not measurable | not measurable |"), "{line}");
+    assert!(
+        line.starts_with("| hand | treatment-independent | 7 | 4 | structural zero"),
+        "{line}"
+    );
+    assert!(
+        line.ends_with("| not measurable | not measurable |"),
+        "{line}"
+    );
 }
 
 fn plain_report_has_section(s: &ConfigSummary) -> bool {

@@ -56,7 +56,12 @@ pub fn count<'a>(
 ) -> Result<BTreeMap<Pass, TokenIdentity>> {
     let mut by_pass: BTreeMap<Pass, BTreeMap<ContId, &'a [i64]>> = BTreeMap::new();
     for (pass, id, tokens) in rows {
-        if by_pass.entry(pass).or_default().insert(id.clone(), tokens).is_some() {
+        if by_pass
+            .entry(pass)
+            .or_default()
+            .insert(id.clone(), tokens)
+            .is_some()
+        {
             let (problem, pivot_pos, alt_rank, branch, sample) = id;
             return Err(Error::Output(format!(
                 "duplicate continuation problem={problem} pivot_pos={pivot_pos} \

@@ -83,7 +83,10 @@ fn run_data(
     dir: &Path,
     manifest: Manifest,
     estimates: Vec<EstimateRow>,
-    (outputs, identity): (BTreeMap<String, OutputCounts>, BTreeMap<Pass, TokenIdentity>),
+    (outputs, identity): (
+        BTreeMap<String, OutputCounts>,
+        BTreeMap<Pass, TokenIdentity>,
+    ),
     partial: Option<(usize, usize)>,
 ) -> Result<RunData> {
     let Some(first) = estimates.first() else {

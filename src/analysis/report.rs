@@ -278,11 +278,7 @@ fn token_identity(out: &mut String, summaries: &[ConfigSummary]) {
 }
 
 fn effect_cell(e: &Effect) -> String {
-    format!(
-        "{} {}",
-        pp(e.estimate),
-        ci_pp(e.ci)
-    )
+    format!("{} {}", pp(e.estimate), ci_pp(e.ci))
 }
 
 /// The state × schedule design: exact's disagreement with each cell and the excess
@@ -875,7 +871,11 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
         },
         None => ClaimCell::Text("no disagreements".into()),
     };
-    type Claim<'a> = (&'a str, ClaimKind, Box<dyn Fn(&ConfigSummary) -> ClaimCell + 'a>);
+    type Claim<'a> = (
+        &'a str,
+        ClaimKind,
+        Box<dyn Fn(&ConfigSummary) -> ClaimCell + 'a>,
+    );
     let claims: Vec<Claim> = vec![
         (
             "re-feed excess above the replica floor > 0, any-informative (seed: +14 to +28 pp)",
@@ -894,7 +894,10 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
                 if !floor_measurable(s) {
                     return floor_text();
                 }
-                match row_of(s, ai).and_then(|r| r.excess.as_ref()).map(|e| e.t_test) {
+                match row_of(s, ai)
+                    .and_then(|r| r.excess.as_ref())
+                    .map(|e| e.t_test)
+                {
                     Some(t) => ClaimCell::Test {
                         p: t.p_value,
                         claimed_side: t.estimate > 0.0,
@@ -915,12 +918,8 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
                     Some(r) => ClaimCell::Test {
                         p: r.replica.rate_p,
                         claimed_side: r.replica.rate.is_some_and(|x| x > 0.0),
-                        note: overlaps(
-                            r.replica.rate_ci.map(|c| (c.lo, c.hi)),
-                            sp::FLOOR,
-                            1.0,
-                        )
-                        .to_string(),
+                        note: overlaps(r.replica.rate_ci.map(|c| (c.lo, c.hi)), sp::FLOOR, 1.0)
+                            .to_string(),
                     },
                     None => ClaimCell::Text("no test".into()),
                 }
@@ -940,8 +939,7 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
                     Some(g) => ClaimCell::Test {
                         p: Some(g.p_value),
                         claimed_side: g.estimate.is_some_and(|x| x > 0.0),
-                        note: overlaps(jaccard_ci(&r.treatment, i), sp::JACCARD, 1.0)
-                            .to_string(),
+                        note: overlaps(jaccard_ci(&r.treatment, i), sp::JACCARD, 1.0).to_string(),
                     },
                     None => ClaimCell::Text("no test (empty unions)".into()),
                 }

@@ -760,16 +760,13 @@ fn ceiling_gap(
     taus: &[f64],
     opts: &AnalyzeOptions,
 ) -> Result<Vec<Option<JaccardGap>>> {
-    let keyed = |p: Pass| -> Vec<(Key, f64)> {
-        triples.iter().map(|t| (t.key, t.get(p).a_hat)).collect()
-    };
+    let keyed =
+        |p: Pass| -> Vec<(Key, f64)> { triples.iter().map(|t| (t.key, t.get(p).a_hat)).collect() };
     let (ex, rep, tr) = (keyed(Pass::Exact), keyed(Pass::Replica), keyed(treatment));
     taus.iter()
         .map(|&tau| {
             stats::jaccard_gap_bootstrap(
-                &ex,
-                &rep,
-                &tr,
+                [&ex, &rep, &tr],
                 tau,
                 |k: &Key| u64::from(k.problem),
                 opts.reps,

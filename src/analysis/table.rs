@@ -155,7 +155,11 @@ fn comparison(row: &mut Row, c: &Comparison) {
             format!("{vs}: cluster-bootstrap percentile CI of {p}_{class}_share (problems resampled, numerator and denominator recomputed), lower"),
             b.map(|b| b.ci.lo),
         );
-        row.f(format!("{p}_{class}_share_hi"), "… upper", b.map(|b| b.ci.hi));
+        row.f(
+            format!("{p}_{class}_share_hi"),
+            "… upper",
+            b.map(|b| b.ci.hi),
+        );
     }
     row.f(
         format!("{p}_zero_boundary_share_p"),
@@ -375,10 +379,12 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
             n.and_then(|n| n.share()),
         );
     }
-    let fr = s
-        .factorial
-        .as_ref()
-        .and_then(|f| f.rows.iter().find(|x| x.conditioning == r.conditioning).map(|x| (f, x)));
+    let fr = s.factorial.as_ref().and_then(|f| {
+        f.rows
+            .iter()
+            .find(|x| x.conditioning == r.conditioning)
+            .map(|x| (f, x))
+    });
     row.put(
         "factorial_n_keys",
         format!("state × schedule (refeed/spectrum treatments with a _replica twin, else null): keys with exact, replica, {t} and its twin"),
@@ -396,7 +402,11 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
             "… its cluster-bootstrap percentile CI, lower",
             b.map(|b| b.ci.lo),
         );
-        row.f(format!("factorial_{cell}_rate_hi"), "… upper", b.map(|b| b.ci.hi));
+        row.f(
+            format!("factorial_{cell}_rate_hi"),
+            "… upper",
+            b.map(|b| b.ci.hi),
+        );
     }
     for (name, doc, pick) in [
         (

@@ -891,12 +891,11 @@ pub struct JaccardGap {
 
 /// [`JaccardGap`] by cluster bootstrap: each replicate draws problems (`problem_of(key)`) with
 /// replacement and recomputes **both** Jaccard indices on the same drawn keys, so the test is
-/// paired (the two indices share `C_ref` and their problems' noise). Every problem with a key
-/// in any pass is a cluster. `Ok(None)` if every replicate had an empty union.
+/// paired (the two indices share `C_ref` and their problems' noise). `passes` are the keyed
+/// estimates `[reference, ceiling, treatment]`. Every problem with a key in any pass is a
+/// cluster. `Ok(None)` if every replicate had an empty union.
 pub fn jaccard_gap_bootstrap<K, P>(
-    reference: &[(K, f64)],
-    ceiling: &[(K, f64)],
-    treatment: &[(K, f64)],
+    passes: [&[(K, f64)]; 3],
     tau: f64,
     problem_of: P,
     reps: usize,
@@ -909,6 +908,7 @@ where
 {
     check_tau(tau)?;
     check_level(level)?;
+    let [reference, ceiling, treatment] = passes;
     let maps = [
         keyed_map(reference, "reference pass")?,
         keyed_map(ceiling, "ceiling pass")?,

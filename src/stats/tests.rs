@@ -719,7 +719,10 @@ fn holm_adjusts_step_down_in_input_order() {
     assert_eq!(holm(&[Some(0.04)]).unwrap(), [Some(0.04)]);
     let with_none = holm(&[None, Some(0.02), Some(0.6), None]).unwrap();
     assert_eq!(with_none, [None, Some(0.04), Some(0.6), None]);
-    assert_eq!(holm(&[Some(0.9), Some(0.8)]).unwrap(), [Some(1.0), Some(1.0)]);
+    assert_eq!(
+        holm(&[Some(0.9), Some(0.8)]).unwrap(),
+        [Some(1.0), Some(1.0)]
+    );
     assert!(matches!(holm(&[Some(1.5)]), Err(Error::Spec(_))));
     assert_eq!(holm(&[]).unwrap(), Vec::<Option<f64>>::new());
 }
@@ -745,13 +748,17 @@ fn share_bootstrap_respects_clustering_where_wilson_does_not() {
     let (s, c) = clustered_share(7, 3, 20);
     let (lo, _) = wilson(140, 200, 0.95).unwrap().unwrap();
     assert!(lo > 0.5, "Wilson lower bound {lo}");
-    let b = share_bootstrap(&s, &c, 0.5, 2000, 7, 0.95).unwrap().unwrap();
+    let b = share_bootstrap(&s, &c, 0.5, 2000, 7, 0.95)
+        .unwrap()
+        .unwrap();
     close(b.estimate, 0.7, 1e-15);
     assert!(b.ci.lo <= 0.5 && b.ci.hi > 0.7, "{b:?}");
     assert!(b.p_value > 0.05, "{b:?}");
     // Must reject: 19 of 20 problems all crossings.
     let (s, c) = clustered_share(19, 1, 5);
-    let b = share_bootstrap(&s, &c, 0.5, 2000, 7, 0.95).unwrap().unwrap();
+    let b = share_bootstrap(&s, &c, 0.5, 2000, 7, 0.95)
+        .unwrap()
+        .unwrap();
     close(b.estimate, 0.95, 1e-15);
     assert!(b.ci.lo > 0.5 && b.p_value < 0.05, "{b:?}");
     // Deterministic per seed; an empty subset has no share; a bad null is an error.
@@ -784,7 +791,7 @@ fn jaccard_gap_is_paired_and_rejects_only_a_real_gap() {
     let replica = exact.clone();
     // The treatment loses one of the two critical keys in every problem: J = 1/2, gap 1/2.
     let lossy = keyed(|_, i| i == 0);
-    let g = jaccard_gap_bootstrap(&exact, &replica, &lossy, 0.5, |k| k.0, 1000, 5, 0.95)
+    let g = jaccard_gap_bootstrap([&exact, &replica, &lossy], 0.5, |k| k.0, 1000, 5, 0.95)
         .unwrap()
         .unwrap();
     close(g.estimate.unwrap(), 0.5, 1e-15);
@@ -795,7 +802,7 @@ fn jaccard_gap_is_paired_and_rejects_only_a_real_gap() {
     close(g.estimate.unwrap(), direct, 1e-15);
     // Must not reject: the treatment differs in one key of one problem only.
     let near = keyed(|g, i| i < 2 && !(g == 7 && i == 1));
-    let g = jaccard_gap_bootstrap(&exact, &replica, &near, 0.5, |k| k.0, 1000, 5, 0.95)
+    let g = jaccard_gap_bootstrap([&exact, &replica, &near], 0.5, |k| k.0, 1000, 5, 0.95)
         .unwrap()
         .unwrap();
     assert!(g.estimate.unwrap() > 0.0);
@@ -803,10 +810,13 @@ fn jaccard_gap_is_paired_and_rejects_only_a_real_gap() {
     // Paired: the replica is as noisy as the treatment (the same keys lost): gap exactly 0
     // in every replicate, although each Jaccard on its own varies across replicates.
     let noisy = keyed(|g, i| i < 2 && !(g % 3 == 0 && i == 1));
-    let g = jaccard_gap_bootstrap(&exact, &noisy, &noisy, 0.5, |k| k.0, 500, 5, 0.95)
+    let g = jaccard_gap_bootstrap([&exact, &noisy, &noisy], 0.5, |k| k.0, 500, 5, 0.95)
         .unwrap()
         .unwrap();
-    assert_eq!((g.estimate, g.ci.lo, g.ci.hi, g.p_value), (Some(0.0), 0.0, 0.0, 1.0));
+    assert_eq!(
+        (g.estimate, g.ci.lo, g.ci.hi, g.p_value),
+        (Some(0.0), 0.0, 0.0, 1.0)
+    );
     let marginal = jaccard_bootstrap_ci(&exact, &noisy, 0.5, |k| k.0, 500, 5, 0.95)
         .unwrap()
         .unwrap();
@@ -814,7 +824,7 @@ fn jaccard_gap_is_paired_and_rejects_only_a_real_gap() {
     // No critical key anywhere: no gap.
     let none = keyed(|_, _| false);
     assert_eq!(
-        jaccard_gap_bootstrap(&none, &none, &none, 0.5, |k| k.0, 50, 5, 0.95).unwrap(),
+        jaccard_gap_bootstrap([&none, &none, &none], 0.5, |k| k.0, 50, 5, 0.95).unwrap(),
         None
     );
 }
