@@ -604,7 +604,8 @@ enum ClaimKind {
     Equivalence(f64),
 }
 
-/// A p-value from a bootstrap of `reps` replicates: 0 means below the resolution `2/reps`.
+/// A p-value from a bootstrap of `reps` (valid) replicates: 0 means below the resolution
+/// `2/reps`.
 fn claim_p(p: f64, reps: usize) -> String {
     if p == 0.0 {
         format!("< {:.4}", 2.0 / reps as f64)
@@ -1134,7 +1135,7 @@ fn gap_cell(s: &ConfigSummary, i: usize) -> String {
             g.estimate.map_or_else(dash, |x| format!("{x:+.3}")),
             g.ci.lo,
             g.ci.hi,
-            pval(Some(g.p_value))
+            claim_p(g.p_value, g.ci.valid_reps)
         ),
         None => "empty union".into(),
     }
