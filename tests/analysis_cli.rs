@@ -362,16 +362,26 @@ fn analyze_several_runs_writes_one_side_by_side_table_with_claims_and_dollars() 
         .filter(|l| l.starts_with("| ") && !l.starts_with("| claim") && !l.starts_with("| ---"))
         .take_while(|l| !l.contains("exact≠replica"))
         .collect();
-    assert_eq!(claim_lines.len(), 5, "{claims}");
+    assert_eq!(claim_lines.len(), 8, "{claims}");
     for l in &claim_lines {
         let cells = l.matches(" | ").count();
         assert_eq!(cells, 2, "a verdict per stock config: {l}");
-        assert!(
-            ["yes", "not shown", "no (opposite", "no interval"]
+        for cell in l.trim_matches('|').split(" | ").skip(1) {
+            assert!(
+                [
+                    "yes (p ",
+                    "not shown",
+                    "no (opposite",
+                    "equivalent within",
+                    "no test"
+                ]
                 .iter()
-                .any(|v| l.contains(v)),
-            "{l}"
-        );
+                .any(|v| cell.contains(v)),
+                "{l}"
+            );
+            // Every tested verdict prints its raw and its Holm-adjusted p.
+            assert!(!cell.contains("(p ") || cell.contains(", Holm "), "{cell}");
+        }
     }
     // The batch-invariant twin: both rates exactly 0, with their Wilson intervals.
     let twins = &sec[sec.find("### Batch-invariant twins").expect("twins")..];
@@ -404,5 +414,295 @@ fn reproduction_table_flags_a_twin_that_disagrees_and_refuses_a_bad_price() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains("--usd-per-gpu-hour"), "{err}");
     }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// The `## {title}` section of a report, up to the next `## ` section.
+fn section<'a>(report: &'a str, title: &str) -> &'a str {
+    let start = report
+        .find(&format!("## {title}"))
+        .unwrap_or_else(|| panic!("no section {title}"));
+    let rest = &report[start + 3..];
+    &report[start..start + 3 + rest.find("\n## ").unwrap_or(rest.len())]
+}
+
+/// The first row of the summary table whose `config` column is `config`.
+fn summary_row(dir: &Path, config: &str) -> (arrow_array::RecordBatch, usize) {
+    use arrow_array::cast::AsArray;
+    let f = std::fs::File::open(dir.join("summary.parquet")).unwrap();
+    let mut r = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let b = r.next().unwrap().unwrap();
+    let names = b
+        .column_by_name("config")
+        .unwrap()
+        .as_string::<i32>()
+        .clone();
+    let i = (0..b.num_rows())
+        .find(|&i| names.value(i) == config)
+        .unwrap_or_else(|| panic!("no summary row for {config}"));
+    (b, i)
+}
+
+#[test]
+fn a_replica_identical_to_exact_is_a_structural_zero_and_the_excess_not_measurable() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float64Type, UInt64Type};
+    // structural_zero: a shuffled replica whose continuations all equal exact's. Controls:
+    // stock_shuffled (a measured floor) and same_schedule (identity asked for).
+    let names = ["structural_zero", "stock_shuffled", "same_schedule"];
+    let root = copy_runs(&names, "structural-zero");
+    let dirs: Vec<String> = names.iter().map(|n| s(&root.join(n))).collect();
+    let out = root.join("out");
+    let out_s = s(&out);
+    let mut args = vec!["analyze", "--out", &out_s, "--reps", "100"];
+    args.extend(dirs.iter().map(String::as_str));
+    let (code, o, err) = common::kvcredit(&args);
+    assert_eq!(code, 0, "{o}{err}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let zero = "qwen-stock-structural-zero";
+    let (stock, same) = ("qwen-stock-fp16", "qwen-stock-same");
+    // Token identity, with counts, per comparison.
+    let ident = section(&report, "Token identity with exact");
+    let z = row(ident, zero);
+    assert!(z.contains("| replica |") && z.contains("100.0%"), "{ident}");
+    assert!(
+        z.contains("structural zero: the replica exercised no numerical difference"),
+        "{z}"
+    );
+    assert!(row(ident, stock).contains("| measured |"), "{ident}");
+    assert!(
+        row(ident, same).contains("bitwise-identity control"),
+        "{ident}"
+    );
+    // The reproduction row: the floor in words, every excess cell not measurable.
+    let rep = reproduction_section(&report);
+    let r = row(rep, zero);
+    assert!(r.contains("structural zero: the replica exercised no numerical difference"));
+    let cells = |r: &str, v: &str| r.split(" | ").filter(|c| *c == v).count();
+    assert_eq!(cells(r, "not measurable"), 3, "{r}");
+    assert!(r.contains("(not measurable)"), "the ceiling: {r}");
+    for control in [stock, same] {
+        let r = row(rep, control);
+        assert!(
+            !r.contains("not measurable") && !r.contains("structural"),
+            "{r}"
+        );
+    }
+    // Every seed claim relative to the floor says so for that configuration only.
+    let claims = &rep[rep.find("### Seed claims").expect("claims")..];
+    let header = claims.lines().find(|l| l.starts_with("| claim")).unwrap();
+    let col = header
+        .split(" | ")
+        .position(|c| c.contains(zero))
+        .expect("a column for the structural zero");
+    let floor_claims: Vec<&str> = claims
+        .lines()
+        .filter(|l| {
+            l.starts_with("| re-feed excess")
+                || l.starts_with("| problem-clustered t")
+                || l.starts_with("| replica floor")
+                || l.starts_with("| Jaccard(exact, refeed) below")
+        })
+        .collect();
+    assert_eq!(floor_claims.len(), 5, "{claims}");
+    for l in floor_claims {
+        let cells: Vec<&str> = l.split(" | ").collect();
+        assert!(cells[col].starts_with("not measurable"), "{l}");
+        assert_eq!(l.matches("not measurable").count(), 1, "{l}");
+    }
+    // The headline table and the ranges beside the seed's leave it out too.
+    let head = section(&report, "Re-feed disagreement above the replica floor");
+    assert_eq!(
+        head.lines()
+            .filter(|l| l.starts_with(&format!("| {zero} |")))
+            .filter(|l| l.matches("not measurable").count() == 4)
+            .count(),
+        2,
+        "{head}"
+    );
+    let paper = section(&report, "Side by side with the seed paper");
+    assert!(
+        paper.contains(&format!(
+            "structural-zero floor, the replica exercised no numerical difference: {zero}"
+        )),
+        "{paper}"
+    );
+    // summary.parquet carries the shares and the status.
+    let (b, i) = summary_row(&out, zero);
+    let status = b
+        .column_by_name("replica_floor_status")
+        .unwrap()
+        .as_string::<i32>()
+        .value(i)
+        .to_string();
+    assert_eq!(status, "structural_zero");
+    let share = |c: &str, b: &arrow_array::RecordBatch, i: usize| {
+        b.column_by_name(c)
+            .unwrap()
+            .as_primitive::<Float64Type>()
+            .value(i)
+    };
+    let count = |c: &str, b: &arrow_array::RecordBatch, i: usize| {
+        b.column_by_name(c)
+            .unwrap()
+            .as_primitive::<UInt64Type>()
+            .value(i)
+    };
+    assert_eq!(share("token_identical_share_replica", &b, i), 1.0);
+    assert_eq!(
+        count("token_identical_replica", &b, i),
+        count("token_compared_replica", &b, i)
+    );
+    assert!(share("token_identical_share_refeed", &b, i) < 1.0);
+    let (b, i) = summary_row(&out, stock);
+    assert_eq!(
+        b.column_by_name("replica_floor_status")
+            .unwrap()
+            .as_string::<i32>()
+            .value(i),
+        "measured"
+    );
+    assert!(share("token_identical_share_replica", &b, i) < 1.0);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn token_identical_counts_each_pass_against_exact() {
+    use kvcredit::analysis::Pass;
+    use kvcredit::analysis::identity::token_identical;
+    let zero = token_identical(&runs().join("structural_zero")).unwrap();
+    let rep = zero[&Pass::Replica];
+    assert!(rep.total > 0 && rep.all_identical(), "{rep:?}");
+    assert!(!zero[&Pass::Refeed].all_identical());
+    assert!(!zero.contains_key(&Pass::Exact));
+    // Negative control: a shuffled replica with real differences.
+    let stock = token_identical(&runs().join("stock_shuffled")).unwrap();
+    let rep = stock[&Pass::Replica];
+    assert!(rep.total > 0 && rep.identical < rep.total, "{rep:?}");
+    // bad_replica_same plants one replica continuation with other tokens.
+    let bad = token_identical(&runs().join("bad_replica_same")).unwrap()[&Pass::Replica];
+    assert_eq!(bad.total - bad.identical, 2, "{bad:?}");
+}
+
+#[test]
+fn report_states_one_critical_set_definition_and_cites_only_files_it_has() {
+    use kvcredit::analysis::summary::CRITICAL_SET_DEFINITION;
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let concepts = std::fs::read_to_string(repo.join("docs/concepts.md")).unwrap();
+    assert!(
+        concepts.contains(CRITICAL_SET_DEFINITION),
+        "docs/concepts.md must state: {CRITICAL_SET_DEFINITION}"
+    );
+    let names = ["stock_shuffled", "stock_k5"];
+    let root = copy_runs(&names, "citations");
+    let out = root.join("out");
+    let (out_s, a, b) = (s(&out), s(&root.join(names[0])), s(&root.join(names[1])));
+    let (code, o, err) = common::kvcredit(&["analyze", "--out", &out_s, "--reps", "50", &a, &b]);
+    assert_eq!(code, 0, "{o}{err}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains(CRITICAL_SET_DEFINITION));
+    // Every `.md` file the report names exists in the repository or next to the report.
+    let mut cited = 0;
+    for word in report.split(|c: char| c.is_whitespace() || "`()[],;*".contains(c)) {
+        let word = word.trim_end_matches(['.', ':']);
+        if word.ends_with(".md") {
+            cited += 1;
+            assert!(
+                repo.join(word).is_file() || out.join(word).is_file(),
+                "the report cites `{word}`, which the repository does not have"
+            );
+        }
+    }
+    assert!(cited >= 1, "the report cites docs/concepts.md");
+    assert!(!report.contains("design.md"));
+    // Jaccard ranges beside the seed's: one row per threshold, never pooled over τ. K = 4 and
+    // K = 5 share only τ = 1: 4 + 5 − 1 thresholds, each with the refeed and the ceiling row.
+    let paper = section(&report, "Side by side with the seed paper");
+    let jac: Vec<&str> = paper
+        .lines()
+        .filter(|l| l.contains("Jaccard(exact, ") && l.contains("at τ = "))
+        .collect();
+    assert_eq!(jac.len(), 16, "{paper}");
+    assert_eq!(jac.iter().filter(|l| l.contains("at τ = 1 ")).count(), 2);
+    assert!(jac.iter().any(|l| l.contains("at τ = 1/4 ")));
+    assert!(jac.iter().any(|l| l.contains("at τ = 2/5 ")));
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn mean_zero_is_an_equivalence_test_with_a_settable_margin() {
+    let root = copy_runs(&["stock_shuffled"], "tost");
+    let run = root.join("stock_shuffled");
+    let mean_zero = |margin: &str| {
+        let (code, o, err) = common::kvcredit(&[
+            "analyze",
+            &s(&run),
+            "--reps",
+            "50",
+            "--equivalence-margin",
+            margin,
+        ]);
+        assert_eq!(code, 0, "{o}{err}");
+        let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+        section(&report, "Mean-zero check").to_string()
+    };
+    // At ±0.05 the refeed mean (≈ −0.03, t CI about ±0.13) is not shown equivalent, although
+    // its t test does not reject mean = 0.
+    let narrow = mean_zero("0.05");
+    let line = narrow
+        .lines()
+        .find(|l| l.contains("| any-informative | refeed |"))
+        .unwrap();
+    assert!(line.ends_with("| not shown equivalent (±0.05) |"), "{line}");
+    assert!(!narrow.contains("equivalent within"), "{narrow}");
+    // A wide margin: TOST rejects both one-sided nulls.
+    let wide = mean_zero("0.5");
+    let line = wide
+        .lines()
+        .find(|l| l.contains("| any-informative | refeed |"))
+        .unwrap();
+    assert!(line.ends_with("| equivalent within ±0.5 |"), "{line}");
+    for bad in ["0", "-0.1", "nan"] {
+        let (code, _, err) =
+            common::kvcredit(&["analyze", &s(&run), &format!("--equivalence-margin={bad}")]);
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("--equivalence-margin"), "{err}");
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn crossing_shares_have_clustered_intervals_under_both_conditionings() {
+    let root = copy_runs(&["stock_shuffled"], "shares");
+    let run = root.join("stock_shuffled");
+    let (code, o, err) = common::kvcredit(&["analyze", &s(&run), "--reps", "100"]);
+    assert_eq!(code, 0, "{o}{err}");
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    let classes = section(&report, "How estimates disagree");
+    for cond in ["any-informative", "treatment-independent"] {
+        let l = classes
+            .lines()
+            .find(|l| l.contains(&format!("| {cond} | exact vs refeed |")))
+            .unwrap_or_else(|| panic!("{classes}"));
+        // share [lo, hi] (k/n) for each class, and the verdict against 1/2.
+        assert_eq!(l.matches("% [").count(), 3, "{l}");
+        assert!(
+            [
+                "yes (CI above 1/2)",
+                "no (CI below 1/2)",
+                "not shown (CI covers 1/2)"
+            ]
+            .iter()
+            .any(|v| l.ends_with(&format!("| {v} |"))),
+            "{l}"
+        );
+    }
+    // Crossing shares in the reproduction table use the same clustered intervals.
+    let r = row(reproduction_section(&report), "qwen-stock-fp16");
+    assert!(!r.contains("Wilson"), "{r}");
     std::fs::remove_dir_all(&root).unwrap();
 }

@@ -104,6 +104,7 @@ fn meta() -> ConfigMeta {
         snapshot_hits: 15,
         cost,
         outputs: BTreeMap::new(),
+        token_identity: BTreeMap::new(),
         spectrum_setting: None,
         spectrum: None,
         partial: None,
@@ -571,4 +572,154 @@ fn output_counts_read_extraction_rule_only_when_present() {
     );
     assert_eq!((c["rollout"].rows, c["rollout"].truncated), (2, 1));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The hand table plus `refeed_replica` (the re-fed state under the replica's schedule):
+///
+/// | key | exact | replica | refeed | refeed_replica |
+/// |-----|-------|---------|--------|----------------|
+/// | A   | 1 I   | 1 I     | ½ I    | 1,0 → ½ I      |
+/// | B   | 0 N   | 0 N     | ½ I    | 0,0 → 0 N      |
+/// | C   | 0 I   | ½ I     | 0 I    | 2,1 → ½ I      |
+/// | D   | 0 N   | 0 N     | 0 N    | 2,2 → 0 N      |
+/// | E   | 1 I   | 1 I     | −½ I   | 1,2 → −½ I     |
+/// | F   | ½ I   | 0 N     | ½ I    | 1,0 → ½ I      |
+/// | G   | 1 I   | ½ I     | ½ I    | 1,0 → ½ I      |
+///
+/// Treatment-independent (A C E F G): replica 3/5, refeed 3/5, refeed_replica 4/5 (A C E G);
+/// excess 1/5, interaction 4/5 − 3/5 − 3/5 = −2/5. Any-informative: replica 3/5 (A C E F G),
+/// refeed 4/6 (A B C E F G), refeed_replica 4/5 (A C E F G); excess 1/5, interaction −7/15.
+fn factorial_rows() -> Vec<EstimateRow> {
+    let mut rows = table_rows();
+    for ((p, t, a), (o, al)) in [
+        ((0, 1, 1), (1, 0)),
+        ((0, 2, 1), (0, 0)),
+        ((1, 1, 1), (2, 1)),
+        ((1, 3, 1), (2, 2)),
+        ((2, 1, 1), (1, 2)),
+        ((2, 1, 2), (1, 0)),
+        ((3, 5, 1), (1, 0)),
+    ] {
+        rows.push(row(p, t, a, Pass::RefeedReplica, o, al));
+    }
+    rows
+}
+
+#[test]
+fn state_by_schedule_cells_and_decomposition_by_hand() {
+    use kvcredit::analysis::summary::Factorial;
+    let rows = factorial_rows();
+    let s = summarize(&rows, meta(), Pass::Refeed, &opts()).unwrap();
+    let f: &Factorial = s.factorial.as_ref().expect("refeed_replica present");
+    assert_eq!(
+        (f.state, f.twin, f.n_keys, f.n_problems),
+        (Pass::Refeed, Pass::RefeedReplica, 7, 4)
+    );
+    let by = |c: Conditioning| f.rows.iter().find(|r| r.conditioning == c).unwrap();
+    for (c, rates, excess, interaction) in [
+        (
+            Conditioning::TreatmentIndependent,
+            [(3, 5), (3, 5), (4, 5)],
+            0.2,
+            -0.4,
+        ),
+        (
+            Conditioning::AnyInformative,
+            [(3, 5), (4, 6), (4, 5)],
+            0.2,
+            -7.0 / 15.0,
+        ),
+    ] {
+        let r = by(c);
+        for (cell, (k, n)) in r.cells.iter().zip(rates) {
+            assert_eq!((cell.n_disagree, cell.n_eligible), (k, n), "{c:?} {cell:?}");
+            let b = cell.rate.unwrap();
+            close(b.estimate, k as f64 / n as f64);
+            assert!(b.ci.lo <= b.estimate && b.estimate <= b.ci.hi, "{b:?}");
+        }
+        assert_eq!(
+            r.cells.map(|c| c.pass),
+            [Pass::Replica, Pass::Refeed, Pass::RefeedReplica]
+        );
+        close(r.excess.estimate.unwrap(), excess);
+        close(r.interaction.estimate.unwrap(), interaction);
+        // The excess is the state effect plus the interaction.
+        close(
+            r.excess.estimate.unwrap(),
+            r.cells[1].rate.unwrap().estimate + r.interaction.estimate.unwrap(),
+        );
+        let ci = r.interaction.ci.unwrap();
+        assert!(ci.lo <= interaction && interaction <= ci.hi, "{ci:?}");
+    }
+    // The excess of refeed_replica over the floor, as a treatment of its own, is the same
+    // number as the design's excess.
+    let twin = summarize(&rows, meta(), Pass::RefeedReplica, &opts()).unwrap();
+    assert!(twin.factorial.is_none());
+    close(
+        cond(&twin, Conditioning::TreatmentIndependent)
+            .excess
+            .unwrap()
+            .estimate,
+        0.2,
+    );
+    // Negative control: without refeed_replica there is no design.
+    let plain = summarize(&table_rows(), meta(), Pass::Refeed, &opts()).unwrap();
+    assert!(plain.factorial.is_none());
+    // The report's section, and not measurable above a structural-zero floor.
+    let render = |s: &ConfigSummary| {
+        kvcredit::analysis::report::render(&[s.clone(), twin.clone()], &[], &opts())
+    };
+    let report = render(&s);
+    let sec = &report[report.find("## State × schedule").expect("2×2 section")..];
+    let line = sec
+        .lines()
+        .find(|l| l.starts_with("| hand | treatment-independent |"))
+        .unwrap();
+    assert!(line.contains("| 80.0% ["), "{line}");
+    assert!(line.contains("| +20.0 ["), "{line}");
+    assert!(line.contains("| -40.0 ["), "{line}");
+    assert!(!plain_report_has_section(&plain));
+    let mut zero = s.clone();
+    zero.meta.token_identity.insert(
+        Pass::Replica,
+        kvcredit::analysis::TokenIdentity {
+            identical: 40,
+            total: 40,
+        },
+    );
+    let report = render(&zero);
+    let sec = &report[report.find("## State × schedule").unwrap()..];
+    let line = sec
+        .lines()
+        .find(|l| l.starts_with("| hand | treatment-independent |"))
+        .unwrap();
+    assert!(
+        line.starts_with("| hand | treatment-independent | 7 | 4 | structural zero"),
+        "{line}"
+    );
+    assert!(
+        line.ends_with("| not measurable | not measurable |"),
+        "{line}"
+    );
+}
+
+fn plain_report_has_section(s: &ConfigSummary) -> bool {
+    kvcredit::analysis::report::render(std::slice::from_ref(s), &[], &opts())
+        .contains("State × schedule")
+}
+
+#[test]
+fn ceiling_gap_is_the_paired_difference_of_the_two_jaccards() {
+    // τ = ½: J(exact, replica) = |{A,E,G}|/|{A,C,E,F,G}| = 3/5 and J(exact, refeed) =
+    // |{A,E,F,G}|/|{A,B,E,F,G}| = 4/5: the ceiling lies 1/5 below the refeed Jaccard.
+    let s = summary();
+    assert_eq!(s.ceiling_gap.len(), s.taus.len());
+    let g = s.ceiling_gap[0].unwrap();
+    close(g.estimate.unwrap(), -0.2);
+    assert!(g.ci.lo <= -0.2 && -0.2 <= g.ci.hi, "{g:?}");
+    let r = cond(&s, Conditioning::AnyInformative);
+    close(
+        g.estimate.unwrap(),
+        r.replica.jaccard[0].result.value.unwrap() - r.treatment.jaccard[0].result.value.unwrap(),
+    );
 }

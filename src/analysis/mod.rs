@@ -17,6 +17,7 @@
 //! ```
 pub mod divergence;
 mod divergence_figures;
+pub mod identity;
 pub mod plot;
 pub mod read;
 pub mod report;
@@ -26,9 +27,11 @@ pub mod table;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use identity::{FloorStatus, TokenIdentity};
 pub use read::{EstimateRow, Key, Manifest, OutputCounts, Pass, PassCost};
 pub use summary::{
-    AnalyzeOptions, Conditioning, ConfigMeta, ConfigSummary, DEFAULT_USD_PER_GPU_HOUR, summarize,
+    AnalyzeOptions, Conditioning, ConfigMeta, ConfigSummary, DEFAULT_EQUIVALENCE_MARGIN,
+    DEFAULT_USD_PER_GPU_HOUR, summarize,
 };
 
 use crate::{Error, Result};
@@ -44,6 +47,8 @@ pub struct RunData {
     pub estimates: Vec<EstimateRow>,
     /// Stop and extraction-rule counts of its continuations (and rollouts) per pass.
     pub outputs: BTreeMap<String, OutputCounts>,
+    /// Per non-exact pass, its continuations' token identity with exact's.
+    pub identity: BTreeMap<Pass, TokenIdentity>,
     /// `(problems done, problems in the spec)` when read from an unfinished run's shards.
     pub partial: Option<(usize, usize)>,
 }
@@ -70,14 +75,18 @@ pub fn load_run(dir: &Path) -> Result<RunData> {
 fn load_finished(dir: &Path, manifest: Manifest) -> Result<RunData> {
     let estimates = read::read_estimates(dir)?;
     let outputs = read::read_output_counts(dir)?;
-    run_data(dir, manifest, estimates, outputs, None)
+    let same = identity::token_identical(dir)?;
+    run_data(dir, manifest, estimates, (outputs, same), None)
 }
 
 fn run_data(
     dir: &Path,
     manifest: Manifest,
     estimates: Vec<EstimateRow>,
-    outputs: BTreeMap<String, OutputCounts>,
+    (outputs, identity): (
+        BTreeMap<String, OutputCounts>,
+        BTreeMap<Pass, TokenIdentity>,
+    ),
     partial: Option<(usize, usize)>,
 ) -> Result<RunData> {
     let Some(first) = estimates.first() else {
@@ -99,6 +108,7 @@ fn run_data(
         manifest,
         estimates,
         outputs,
+        identity,
         partial,
     })
 }
@@ -126,6 +136,7 @@ fn load_partial(dir: &Path, manifest: Manifest) -> Result<RunData> {
     );
     let mut estimates = Vec::new();
     let mut outputs: BTreeMap<String, OutputCounts> = BTreeMap::new();
+    let mut same: BTreeMap<Pass, TokenIdentity> = BTreeMap::new();
     for shard in &done {
         estimates.extend(read::read_estimates(shard)?.into_iter().map(|mut r| {
             r.config.clone_from(&label);
@@ -134,9 +145,12 @@ fn load_partial(dir: &Path, manifest: Manifest) -> Result<RunData> {
         for (pass, c) in read::read_output_counts(shard)? {
             outputs.entry(pass).or_default().merge(&c);
         }
+        for (pass, n) in identity::token_identical(shard)? {
+            same.entry(pass).or_default().merge(&n);
+        }
     }
     let partial = Some((done.len(), manifest.problems_total));
-    run_data(dir, manifest, estimates, outputs, partial)
+    run_data(dir, manifest, estimates, (outputs, same), partial)
 }
 
 /// Read every run dir for `analyze`: finished runs as [`load_run`]; unfinished ones (no
@@ -199,6 +213,7 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             snapshot_hits: 0,
             cost: BTreeMap::new(),
             outputs: BTreeMap::new(),
+            token_identity: BTreeMap::new(),
             spectrum_setting: None,
             spectrum: None,
             partial: runs[0].partial,
@@ -246,6 +261,9 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
                 acc.device_seconds += c.device_seconds;
                 acc.tokens += c.tokens;
                 acc.continuations += c.continuations;
+            }
+            for (pass, n) in &run.identity {
+                meta.token_identity.entry(*pass).or_default().merge(n);
             }
             for (pass, c) in &run.outputs {
                 match meta.outputs.get_mut(pass) {
@@ -335,6 +353,12 @@ fn check_options(opts: &AnalyzeOptions) -> Result<()> {
         return Err(Error::Spec(format!(
             "analyze: --usd-per-gpu-hour {} is not a non-negative number",
             opts.usd_per_gpu_hour
+        )));
+    }
+    if !(opts.equivalence_margin.is_finite() && opts.equivalence_margin > 0.0) {
+        return Err(Error::Spec(format!(
+            "analyze: --equivalence-margin {} is not a positive number",
+            opts.equivalence_margin
         )));
     }
     if !(opts.level > 0.0 && opts.level < 1.0) {

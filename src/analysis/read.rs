@@ -460,7 +460,7 @@ fn push_ints(a: &dyn Array, out: &mut Vec<i64>) -> std::result::Result<(), Strin
     Ok(())
 }
 
-fn passes(frame: &Frame, col: &str) -> Result<Vec<Pass>> {
+pub(crate) fn passes(frame: &Frame, col: &str) -> Result<Vec<Pass>> {
     frame
         .strings(col)?
         .into_iter()
@@ -469,7 +469,8 @@ fn passes(frame: &Frame, col: &str) -> Result<Vec<Pass>> {
                 frame.err(
                     col,
                     format_args!(
-                        "unknown pass `{s}` (expected exact, replica, refeed or spectrum)"
+                        "unknown pass `{s}` (expected one of {})",
+                        Pass::ALL.map(Pass::as_str).join(", ")
                     ),
                 )
             })

@@ -2,13 +2,15 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::stats::{BootstrapCi, RateDifferenceBootstrap};
+use crate::stats::{BootstrapCi, RateDifferenceBootstrap, ShareBootstrap};
 
 use super::UnfinishedRun;
+use super::identity::FloorStatus;
 use super::plot::{DISAGREEMENT_STEM, JACCARD_STEM, stem};
 use super::read::{Pass, is_batch_invariant};
 use super::summary::{
-    AnalyzeOptions, Comparison, Conditioning, ConditioningSummary, ConfigSummary,
+    AnalyzeOptions, CRITICAL_SET_DEFINITION, Comparison, Conditioning, ConditioningSummary,
+    ConfigSummary, Effect, Factorial,
 };
 
 /// File name of the report.
@@ -104,17 +106,79 @@ fn row_of(s: &ConfigSummary, c: Conditioning) -> Option<&ConditioningSummary> {
     s.rows.iter().find(|r| r.conditioning == c)
 }
 
-/// The section title prefix of a treatment: none for refeed, `Spectrum pass: ` for spectrum.
+/// The section title prefix of a treatment: none for refeed, else the pass in words.
 fn title(t: Pass) -> &'static str {
     match t {
         Pass::Spectrum => "Spectrum pass: ",
+        Pass::RefeedReplica => "Refeed under the replica's schedule: ",
+        Pass::SpectrumReplica => "Spectrum under the replica's schedule: ",
         _ => "",
+    }
+}
+
+/// What a cell that depends on the replica floor says when the floor is a structural zero.
+const NOT_MEASURABLE: &str = "not measurable";
+
+/// Whether quantities relative to the replica floor can be read for `s`.
+fn floor_measurable(s: &ConfigSummary) -> bool {
+    s.meta.floor_status().measurable()
+}
+
+/// The replica-floor cell: the rate with its interval, or the structural zero in words.
+fn floor_cell(s: &ConfigSummary, c: &Comparison) -> String {
+    match s.meta.floor_status() {
+        FloorStatus::StructuralZero => FloorStatus::StructuralZero.describe().to_string(),
+        FloorStatus::SameScheduleControl | FloorStatus::BatchInvariantControl => format!(
+            "{} {} (bitwise-identity control)",
+            pct(c.rate),
+            ci_pct(c.rate_ci)
+        ),
+        _ => format!("{} {}", pct(c.rate), ci_pct(c.rate_ci)),
+    }
+}
+
+/// `text`, or [`NOT_MEASURABLE`] when the floor of `s` is a structural zero.
+fn if_measurable(s: &ConfigSummary, text: impl FnOnce() -> String) -> String {
+    if floor_measurable(s) {
+        text()
+    } else {
+        NOT_MEASURABLE.to_string()
+    }
+}
+
+/// A share with its cluster-bootstrap interval, "p% [lo, hi] (k/n)".
+fn share_cell(b: Option<ShareBootstrap>, k: usize, n: usize) -> String {
+    match b {
+        Some(b) => format!(
+            "{:.1}% [{:.1}, {:.1}] ({k}/{n})",
+            100.0 * b.estimate,
+            100.0 * b.ci.lo,
+            100.0 * b.ci.hi
+        ),
+        None => format!("n/a ({k}/{n})"),
+    }
+}
+
+/// Whether the zero-boundary crossings are most of the disagreements, read off the
+/// cluster-bootstrap interval of their share.
+fn mostly_verdict(b: Option<ShareBootstrap>) -> &'static str {
+    match b {
+        Some(b) if b.ci.lo > 0.5 => "yes (CI above 1/2)",
+        Some(b) if b.ci.hi < 0.5 => "no (CI below 1/2)",
+        Some(_) => "not shown (CI covers 1/2)",
+        None => "no disagreements",
     }
 }
 
 fn headline(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
     let what = match t {
         Pass::Spectrum => "SpectrumKV-resume disagreement above the replica floor",
+        Pass::RefeedReplica => {
+            "Re-feed under the replica's schedule: disagreement above the replica floor"
+        }
+        Pass::SpectrumReplica => {
+            "SpectrumKV resume under the replica's schedule: disagreement above the replica floor"
+        }
         _ => "Re-feed disagreement above the replica floor",
     };
     let _ = write!(
@@ -139,23 +203,134 @@ fn headline(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
             let e = r.excess.as_ref();
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} / {} | {} | {} {} | {} {} | {} {} | {} ({}) | {} | {} |",
+                "| {} | {} | {} | {} / {} | {} | {} | {} {} | {} | {} | {} | {} |",
                 s.meta.config,
                 s.meta.policy,
                 cond_label(r.conditioning),
                 r.replica.n_eligible,
                 r.treatment.n_eligible,
                 e.map_or(0, |e| e.n_problems),
-                pct(r.replica.rate),
-                ci_pct(r.replica.rate_ci),
+                floor_cell(s, &r.replica),
                 pct(r.treatment.rate),
                 ci_pct(r.treatment.rate_ci),
-                pp(e.map(|e| e.estimate)),
-                ci_pp(e.and_then(|e| e.bootstrap.map(|b| b.ci))),
-                num(e.and_then(|e| e.t_test.t), 2),
-                e.map_or_else(dash, |e| e.t_test.df.to_string()),
-                pval(e.and_then(|e| e.t_test.p_value)),
-                boot_pval(e.and_then(|e| e.bootstrap)),
+                if_measurable(s, || format!(
+                    "{} {}",
+                    pp(e.map(|e| e.estimate)),
+                    ci_pp(e.and_then(|e| e.bootstrap.map(|b| b.ci)))
+                )),
+                if_measurable(s, || format!(
+                    "{} ({})",
+                    num(e.and_then(|e| e.t_test.t), 2),
+                    e.map_or_else(dash, |e| e.t_test.df.to_string())
+                )),
+                if_measurable(s, || pval(e.and_then(|e| e.t_test.p_value))),
+                if_measurable(s, || boot_pval(e.and_then(|e| e.bootstrap))),
+            );
+        }
+    }
+    out.push('\n');
+}
+
+/// Per configuration and non-exact pass, the share of its continuations token-identical to
+/// exact's, and what that makes of the replica floor.
+fn token_identity(out: &mut String, summaries: &[ConfigSummary]) {
+    out.push_str(
+        "## Token identity with exact\n\n\
+         Per pass, its continuations joined to exact's on (problem, pivot, alternative, branch, \
+         sample) and the share whose generated token ids equal exact's. A pass whose \
+         continuations all equal exact's exercised no numerical difference: for the replica \
+         that makes the floor a **structural zero** (0 by construction, not a measurement), \
+         and the excess and every claim relative to the floor are not measurable, unless \
+         identity was asked for (`replica_schedule = \"same\"`, or the batch-invariant \
+         policy), where it is the expected control.\n\n\
+         | config | pass | identical to exact | share | replica floor |\n\
+         | --- | --- | ---: | ---: | --- |\n",
+    );
+    for s in summaries {
+        let m = &s.meta;
+        if m.token_identity.is_empty() {
+            let _ = writeln!(
+                out,
+                "| {} | (no continuations read) | | | {} |",
+                m.config,
+                m.floor_status().describe()
+            );
+        }
+        for (pass, n) in &m.token_identity {
+            let floor = if *pass == Pass::Replica {
+                m.floor_status().describe().to_string()
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {}/{} | {} | {} |",
+                m.config,
+                pass,
+                n.identical,
+                n.total,
+                pct(n.share()),
+                floor
+            );
+        }
+    }
+    out.push('\n');
+}
+
+fn effect_cell(e: &Effect) -> String {
+    format!("{} {}", pp(e.estimate), ci_pp(e.ci))
+}
+
+/// The state × schedule design: exact's disagreement with each cell and the excess
+/// decomposed, per configuration that ran the treatment under both schedules.
+fn factorial(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+    let with: Vec<(&ConfigSummary, &Factorial)> = summaries
+        .iter()
+        .filter_map(|s| s.factorial.as_ref().map(|f| (s, f)))
+        .collect();
+    let Some((_, first)) = with.first() else {
+        return;
+    };
+    let (state, twin) = (first.state, first.twin);
+    let _ = write!(
+        out,
+        "## {}State × schedule\n\n\
+         Each cell's disagreement rate with exact over the keys that have all four passes \
+         (exact, replica, {state}, {twin}), with its cluster-bootstrap interval:\n\n\
+         | state \\ schedule | exact's | the replica's |\n| --- | --- | --- |\n\
+         | decode-time snapshot | exact (0 by definition) | replica: the **schedule effect** (the floor) |\n\
+         | {state} | {state}: the **state effect** | {twin}: both changed (what the seed measured) |\n\n\
+         `d({twin}) = d({state}) + d(replica) + interaction`; the excess \
+         `d({twin}) − d(replica)` is the state effect plus the interaction. Excess and \
+         interaction have cluster-bootstrap intervals that recompute every rate and eligible \
+         set on each resample of problems (the same draws for every quantity).\n\n\
+         | config | conditioning | keys | G | replica (schedule) [CI] | {state} (state) [CI] | \
+         {twin} (both) [CI] | excess {twin} − replica (pp) [CI] | interaction (pp) [CI] |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        title(t)
+    );
+    for (s, f) in with {
+        for r in &f.rows {
+            let cell = |i: usize| {
+                let c = &r.cells[i];
+                share_cell(c.rate, c.n_disagree, c.n_eligible)
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                s.meta.config,
+                cond_label(r.conditioning),
+                f.n_keys,
+                f.n_problems,
+                if floor_measurable(s) {
+                    cell(0)
+                } else {
+                    FloorStatus::StructuralZero.describe().to_string()
+                },
+                cell(1),
+                cell(2),
+                if_measurable(s, || effect_cell(&r.excess)),
+                if_measurable(s, || effect_cell(&r.interaction)),
             );
         }
     }
@@ -206,12 +381,14 @@ fn paired_contrast(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
 fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
     use seed_paper as sp;
     // The paper's replica runs under another batch schedule; a same-schedule replica has a
-    // floor of 0 by construction, so those configurations are left out of the ranges.
+    // floor of 0 by construction, and so has one that exercised no numerical difference:
+    // those configurations are left out of the ranges.
     let stock: Vec<&ConfigSummary> = summaries
         .iter()
         .filter(|s| {
             !is_batch_invariant(&s.meta.policy)
                 && s.meta.replica_schedule != "same"
+                && floor_measurable(s)
                 && s.meta.partial.is_none()
         })
         .collect();
@@ -220,48 +397,50 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
         .filter(|s| !is_batch_invariant(&s.meta.policy) && s.meta.replica_schedule == "same")
         .map(|s| s.meta.config.as_str())
         .collect();
+    let zero: Vec<&str> = summaries
+        .iter()
+        .filter(|s| !floor_measurable(s))
+        .map(|s| s.meta.config.as_str())
+        .collect();
     let rows = |c: Conditioning| stock.iter().filter_map(move |s| row_of(s, c));
     let ai = Conditioning::AnyInformative;
     let ti = Conditioning::TreatmentIndependent;
-    let jac = |pass: Pass| {
-        rows(ai)
-            .flat_map(move |r| {
-                let c = if pass == Pass::Refeed {
-                    &r.treatment
-                } else {
-                    &r.replica
-                };
-                c.jaccard.iter().filter_map(|j| j.result.value)
-            })
-            .collect::<Vec<_>>()
-    };
     let ts: Vec<f64> = rows(ai)
         .chain(rows(ti))
         .filter_map(|r| r.excess.as_ref().and_then(|e| e.t_test.t))
         .collect();
+    let mut left_out = Vec::new();
+    if !same.is_empty() {
+        left_out.push(format!(
+            "same-schedule replica whose floor is 0 by construction: {}",
+            same.join(", ")
+        ));
+    }
+    if !zero.is_empty() {
+        left_out.push(format!(
+            "structural-zero floor, the replica exercised no numerical difference: {}",
+            zero.join(", ")
+        ));
+    }
     let _ = write!(
         out,
         "## Side by side with the seed paper\n\n\
-         Ranges over this analysis's {} stock-policy configuration(s) with a re-scheduled \
-         replica{} next to the seed abstract's ranges over its six configurations \
+         Ranges over this analysis's {} stock-policy configuration(s) with a measured replica \
+         floor{} next to the seed abstract's ranges over its six configurations \
          (batch-invariant configurations are listed last). The abstract states neither the \
-         threshold of its critical sets (ours: every τ = m/K) nor which conditioning its \
+         threshold of its critical sets (ours: one range per τ = m/K, never pooled over τ; \
+         `min |∪|` is the smallest union behind a range) nor which conditioning its \
          clustered t belongs to (ours: the linearized CR1 t of the excess under both).\n\n\
          | quantity | this analysis | seed paper |\n| --- | --- | --- |\n\
          | excess above the replica floor, any-informative (pp) | {} | {:.0}–{:.0} |\n\
          | excess above the replica floor, treatment-independent (pp) | {} | {:.0}–{:.0} |\n\
          | problem-clustered t of the excess | {} | {:.1}–{:.1} |\n\
-         | Jaccard(exact, refeed) of critical sets | {} | {:.2}–{:.2} |\n\
-         | replica ceiling Jaccard(exact, replica) | {} | {:.2}–{:.2} |\n\
          | replica floor (exact≠replica), any-informative | {} | {:.0}–{:.0}% |\n",
         stock.len(),
-        if same.is_empty() {
+        if left_out.is_empty() {
             String::new()
         } else {
-            format!(
-                " (left out, same-schedule replica whose floor is 0 by construction: {})",
-                same.join(", ")
-            )
+            format!(" (left out: {})", left_out.join("; "))
         },
         range(
             rows(ai).filter_map(|r| r.excess.map(|e| e.estimate)),
@@ -280,12 +459,6 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
         range(ts, 1.0, 2),
         sp::CLUSTERED_T.0,
         sp::CLUSTERED_T.1,
-        range(jac(Pass::Refeed), 1.0, 2),
-        sp::JACCARD.0,
-        sp::JACCARD.1,
-        range(jac(Pass::Replica), 1.0, 2),
-        sp::CEILING.0,
-        sp::CEILING.1,
         {
             let r = range(rows(ai).filter_map(|r| r.replica.rate), 100.0, 1);
             if r == "—" { r } else { format!("{r}%") }
@@ -293,6 +466,50 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
         100.0 * sp::FLOOR.0,
         100.0 * sp::FLOOR.1,
     );
+    // One Jaccard range per threshold value τ (configurations with other K share only the
+    // thresholds they have in common), never pooled over τ.
+    let mut by_tau: Vec<(f64, String)> = Vec::new();
+    for s in &stock {
+        for &tau in &s.taus {
+            if !by_tau.iter().any(|(t, _)| *t == tau) {
+                by_tau.push((tau, tau_fraction(tau, s.meta.k)));
+            }
+        }
+    }
+    by_tau.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (tau, label) in &by_tau {
+        let at = |pass: Pass| -> (Vec<f64>, Option<usize>) {
+            let mut vals = Vec::new();
+            let mut min_union: Option<usize> = None;
+            for r in rows(ai) {
+                let c = if pass == Pass::Replica {
+                    &r.replica
+                } else {
+                    &r.treatment
+                };
+                if let Some(j) = c.jaccard.iter().find(|j| j.tau == *tau) {
+                    min_union = Some(min_union.map_or(j.result.union, |m| m.min(j.result.union)));
+                    vals.extend(j.result.value);
+                }
+            }
+            (vals, min_union)
+        };
+        let ((jv, ju), (cv, cu)) = (at(Pass::Refeed), at(Pass::Replica));
+        let union = |u: Option<usize>| u.map_or_else(dash, |u| u.to_string());
+        let _ = writeln!(
+            out,
+            "| Jaccard(exact, refeed) at τ = {label} (min \\|∪\\| {}) | {} | {:.2}–{:.2} (τ not stated) |\n\
+             | replica ceiling Jaccard(exact, replica) at τ = {label} (min \\|∪\\| {}) | {} | {:.2}–{:.2} (τ not stated) |",
+            union(ju),
+            range(jv, 1.0, 2),
+            sp::JACCARD.0,
+            sp::JACCARD.1,
+            union(cu),
+            range(cv, 1.0, 2),
+            sp::CEILING.0,
+            sp::CEILING.1,
+        );
+    }
     let bi: Vec<&ConfigSummary> = summaries
         .iter()
         .filter(|s| is_batch_invariant(&s.meta.policy))
@@ -302,13 +519,29 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
         let frac = |c: &Comparison| format!("{}/{} ({})", c.n_disagree, c.n_eligible, pct(c.rate));
         let _ = writeln!(
             out,
-            "| `{}` (batch-invariant): exact≠replica; exact≠refeed | {}; {} | exactly 0; 0 |",
+            "| `{}` (batch-invariant): exact≠replica; exact≠{} | {}; {} | exactly 0; 0 |",
             s.meta.config,
+            s.treatment,
             frac(&r.replica),
             frac(&r.treatment),
         );
     }
     out.push('\n');
+}
+
+/// `τ` as the reduced fraction `m/K` (e.g. `1/2` for 2/4).
+fn tau_fraction(tau: f64, k: u32) -> String {
+    let m = (tau * f64::from(k)).round() as u32;
+    let g = gcd(m, k).max(1);
+    if m == k {
+        "1".into()
+    } else {
+        format!("{}/{}", m / g, k / g)
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 fn usd(device_seconds: f64, opts: &AnalyzeOptions) -> f64 {
@@ -327,16 +560,6 @@ fn wilson(k: usize, n: usize, level: f64) -> String {
 /// Index of the τ used in the side-by-side table: the first τ = m/K ≥ 1/2.
 fn side_tau(s: &ConfigSummary) -> Option<usize> {
     s.taus.iter().position(|&t| t >= 0.5 - 1e-12)
-}
-
-/// What a confidence interval says about a positive claim: above 0, below 0, or neither.
-fn sign_verdict(ci: Option<(f64, f64)>) -> &'static str {
-    match ci {
-        Some((lo, _)) if lo > 0.0 => "yes",
-        Some((_, hi)) if hi < 0.0 => "no (opposite sign)",
-        Some(_) => "not shown (CI covers 0)",
-        None => "no interval",
-    }
 }
 
 /// Whether the interval `ci` (scaled) overlaps the seed's range.
@@ -358,30 +581,131 @@ fn jaccard_ci(c: &Comparison, i: usize) -> Option<(f64, f64)> {
     c.jaccard.get(i).and_then(|j| j.ci.map(|ci| (ci.lo, ci.hi)))
 }
 
+/// One configuration's cell of a seed claim, before the Holm adjustment across
+/// configurations.
+enum ClaimCell {
+    /// A test of the claim: its p-value, whether the estimate lies on the claimed side, and
+    /// a note (e.g. whether the interval overlaps the seed's range).
+    Test {
+        p: Option<f64>,
+        claimed_side: bool,
+        note: String,
+    },
+    /// No test (the verdict in words, e.g. not measurable).
+    Text(String),
+}
+
+/// Verdict words of a claim: `yes`/`no`, or those of the equivalence claim.
+#[derive(Clone, Copy)]
+enum ClaimKind {
+    /// A signed claim: "yes" on the claimed side, "no (opposite sign)" on the other.
+    Signed,
+    /// Equivalence by TOST: "equivalent within ±m" or "not shown equivalent".
+    Equivalence(f64),
+}
+
+/// A p-value from a bootstrap of `reps` (valid) replicates: 0 means below the resolution
+/// `2/reps`.
+fn claim_p(p: f64, reps: usize) -> String {
+    if p == 0.0 {
+        format!("< {:.4}", 2.0 / reps as f64)
+    } else {
+        pval(Some(p))
+    }
+}
+
+/// The verdict cells of one claim across configurations: p-values Holm-adjusted over the
+/// configurations that have a test, each verdict read at the adjusted level.
+fn claim_verdicts(cells: Vec<ClaimCell>, kind: ClaimKind, opts: &AnalyzeOptions) -> Vec<String> {
+    let alpha = 1.0 - opts.level;
+    let raw: Vec<Option<f64>> = cells
+        .iter()
+        .map(|c| match c {
+            ClaimCell::Test { p, .. } => *p,
+            ClaimCell::Text(_) => None,
+        })
+        .collect();
+    let adjusted = crate::stats::holm(&raw).unwrap_or_else(|_| vec![None; raw.len()]);
+    cells
+        .into_iter()
+        .zip(adjusted)
+        .map(|(c, adj)| match c {
+            ClaimCell::Text(t) => t,
+            ClaimCell::Test {
+                p: Some(p),
+                claimed_side,
+                note,
+            } => {
+                let adj = adj.unwrap_or(1.0);
+                let word = match (kind, adj < alpha, claimed_side) {
+                    (ClaimKind::Signed, true, true) => "yes".to_string(),
+                    (ClaimKind::Signed, true, false) => "no (opposite sign)".to_string(),
+                    (ClaimKind::Signed, false, _) => "not shown".to_string(),
+                    (ClaimKind::Equivalence(m), true, _) => format!("equivalent within ±{m}"),
+                    (ClaimKind::Equivalence(m), false, _) => {
+                        format!("not shown equivalent (±{m})")
+                    }
+                };
+                let note = if note.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {note}")
+                };
+                format!(
+                    "{word} (p {}, Holm {}{note})",
+                    claim_p(p, opts.reps),
+                    claim_p(adj, opts.reps)
+                )
+            }
+            ClaimCell::Test { p: None, .. } => "no test".into(),
+        })
+        .collect()
+}
+
 /// The side-by-side reproduction table: one row per configuration (any-informative unless
 /// the column says otherwise), the seed's ranges in the last row, then one line per seed claim
-/// with its verdict in each configuration, read off the interval or test in that row.
+/// with its verdict in each configuration, read off the test in that row after a Holm
+/// adjustment across the configurations.
 fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOptions) {
     use seed_paper as sp;
     let ai = Conditioning::AnyInformative;
     let ti = Conditioning::TreatmentIndependent;
     let lvl = 100.0 * opts.level;
+    let twins: Vec<&str> = summaries
+        .iter()
+        .filter(|s| s.treatment == Pass::RefeedReplica)
+        .map(|s| s.meta.config.as_str())
+        .collect();
     let _ = write!(
         out,
         "## Reproduction table\n\n\
          One row per configuration (run dir), any-informative conditioning unless a column \
          says otherwise; every rate has its {lvl:.0}% interval (cluster bootstrap, or Wilson \
-         for counts of disagreements and snapshot checks) and every difference its test, as in \
-         the sections below. *Crossing classes* are the exact≠refeed disagreements that are a \
-         zero-boundary crossing or a polarity reversal (shares of the disagreements, Wilson). \
-         *Mean-zero* is the cluster-mean t test of mean(Â_refeed − Â_exact) = 0. Jaccard is at \
-         the first τ = m/K ≥ 1/2. Cost is the device-seconds of all passes in the manifests, \
-         in dollars at ${:.2} per GPU-hour (`--usd-per-gpu-hour`).\n\n\
+         for counts of snapshot checks) and every difference its test, as in the sections \
+         below. The re-feed compared is `refeed`{}. *Crossing classes* are the \
+         exact≠re-feed disagreements that are a zero-boundary crossing or a polarity reversal \
+         (shares of the disagreements, cluster-bootstrap intervals). *Mean-zero* is the \
+         cluster-mean t test of mean(Â_refeed − Â_exact) = 0 and the TOST p of \
+         |mean| < {} (equivalence). Jaccard is at the first τ = m/K ≥ 1/2. A configuration \
+         whose replica exercised no numerical difference (every replica continuation \
+         token-identical to exact's, see *Token identity with exact*) has a structural-zero \
+         floor, and its excess is not measurable. Cost is the device-seconds of all passes in \
+         the manifests, in dollars at ${:.2} per GPU-hour (`--usd-per-gpu-hour`).\n\n\
          | config | policy | G | N replica / refeed | replica floor [CI] | excess (pp) [CI] | \
          clustered t (df), p | excess TI (pp) [CI], t | zero-boundary | polarity reversal | \
-         mean-zero: mean [CI], p | τ | Jaccard(exact, refeed) [CI] | ceiling [CI] | \
+         mean-zero: mean [CI], p, TOST p | τ | Jaccard(exact, refeed) [CI] | ceiling [CI] | \
          snapshot hit rate | device-s | USD |\n\
          | --- | --- | ---: | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | ---: | ---: |\n",
+        if twins.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", or `refeed_replica` (the re-fed state under the replica's schedule, as the \
+                 seed measured) in {}",
+                twins.join(", ")
+            )
+        },
+        opts.equivalence_margin,
         opts.usd_per_gpu_hour
     );
     for s in summaries {
@@ -393,32 +717,46 @@ fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOpt
         let m = c.mean_diff.as_ref();
         let tau = side_tau(s);
         let secs = total_seconds(&s.meta);
+        let classes = [c.classes.zero_boundary, c.classes.polarity_reversal];
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} / {} | {} {} | {} {} | {} ({}), p {} | {} {}, t {} | {} | {} | {} {}, p {} | {} | {} | {} | {} | {:.1} | {:.2} |",
+            "| {} | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} {}, p {}, TOST p {} | {} | {} | {} | {} | {:.1} | {:.2} |",
             s.meta.config,
             s.meta.policy,
             e.map_or(0, |e| e.n_problems),
             r.replica.n_eligible,
             c.n_eligible,
-            pct(r.replica.rate),
-            ci_pct(r.replica.rate_ci),
-            pp(e.map(|e| e.estimate)),
-            ci_pp(e.and_then(|e| e.bootstrap.map(|b| b.ci))),
-            num(e.and_then(|e| e.t_test.t), 2),
-            e.map_or_else(dash, |e| e.t_test.df.to_string()),
-            pval(e.and_then(|e| e.t_test.p_value)),
-            pp(et.map(|e| e.estimate)),
-            ci_pp(et.and_then(|e| e.bootstrap.map(|b| b.ci))),
-            num(et.and_then(|e| e.t_test.t), 2),
-            wilson(c.classes.zero_boundary, c.n_disagree, opts.level),
-            wilson(c.classes.polarity_reversal, c.n_disagree, opts.level),
+            floor_cell(s, &r.replica),
+            if_measurable(s, || format!(
+                "{} {}",
+                pp(e.map(|e| e.estimate)),
+                ci_pp(e.and_then(|e| e.bootstrap.map(|b| b.ci)))
+            )),
+            if_measurable(s, || format!(
+                "{} ({}), p {}",
+                num(e.and_then(|e| e.t_test.t), 2),
+                e.map_or_else(dash, |e| e.t_test.df.to_string()),
+                pval(e.and_then(|e| e.t_test.p_value))
+            )),
+            if_measurable(s, || format!(
+                "{} {}, t {}",
+                pp(et.map(|e| e.estimate)),
+                ci_pp(et.and_then(|e| e.bootstrap.map(|b| b.ci))),
+                num(et.and_then(|e| e.t_test.t), 2)
+            )),
+            share_cell(c.class_shares[0], classes[0], c.n_disagree),
+            share_cell(c.class_shares[1], classes[1], c.n_disagree),
             num(m.map(|m| m.t_test.estimate), 4),
             ci_num(m.and_then(|m| m.t_ci), 4),
             pval(m.and_then(|m| m.t_test.p_value)),
+            pval(c.equivalence.map(|e| e.p_value)),
             tau.map_or_else(dash, |i| tau_label(s.taus[i], s.meta.k)),
             tau.map_or_else(dash, |i| jaccard_cell(c, i)),
-            tau.map_or_else(dash, |i| jaccard_cell(&r.replica, i)),
+            tau.map_or_else(dash, |i| if floor_measurable(s) {
+                jaccard_cell(&r.replica, i)
+            } else {
+                format!("{} ({NOT_MEASURABLE})", jaccard_cell(&r.replica, i))
+            }),
             wilson(
                 s.meta.snapshot_hits as usize,
                 s.meta.snapshot_checks as usize,
@@ -449,99 +787,7 @@ fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOpt
         .filter(|s| !is_batch_invariant(&s.meta.policy) && s.meta.partial.is_none())
         .collect();
     if !stock.is_empty() {
-        let alpha = 1.0 - opts.level;
-        let _ = write!(
-            out,
-            "### Seed claims, configuration by configuration\n\n\
-             Each verdict is read off the interval or test in the row above: *yes* when the \
-             {lvl:.0}% interval (or the test at α = {alpha:.2}) supports the claim, *not shown* \
-             when it covers the null; in brackets whether the interval overlaps the seed's \
-             range.\n\n| claim | {} |\n| --- |{}\n",
-            stock
-                .iter()
-                .map(|s| format!("`{}`", s.meta.config))
-                .collect::<Vec<_>>()
-                .join(" | "),
-            " --- |".repeat(stock.len()),
-        );
-        type Claim<'a> = (&'a str, Box<dyn Fn(&ConfigSummary) -> String + 'a>);
-        let claims: Vec<Claim> = vec![
-            (
-                "re-feed excess above the replica floor > 0, any-informative (seed: +14 to +28 pp)",
-                Box::new(|s| {
-                    row_of(s, ai).map_or_else(dash, |r| {
-                        let ci = excess_ci(r);
-                        format!(
-                            "{} ({})",
-                            sign_verdict(ci),
-                            overlaps(ci, sp::EXCESS_PP, 100.0)
-                        )
-                    })
-                }),
-            ),
-            (
-                "re-feed excess > 0, treatment-independent (seed: +7 to +21 pp)",
-                Box::new(|s| {
-                    row_of(s, ti).map_or_else(dash, |r| {
-                        let ci = excess_ci(r);
-                        format!(
-                            "{} ({})",
-                            sign_verdict(ci),
-                            overlaps(ci, sp::EXCESS_TI_PP, 100.0)
-                        )
-                    })
-                }),
-            ),
-            (
-                "problem-clustered t of the excess significant, any-informative (seed: t = 2.9 to 6.4)",
-                Box::new(move |s| {
-                    let t = row_of(s, ai)
-                        .and_then(|r| r.excess.as_ref())
-                        .map(|e| e.t_test);
-                    match t.and_then(|t| t.p_value.zip(t.t)) {
-                        Some((p, t)) if p < alpha && t > 0.0 => {
-                            format!("yes (p {})", pval(Some(p)))
-                        }
-                        Some((p, _)) => format!("not shown (p {})", pval(Some(p))),
-                        None => "no test".into(),
-                    }
-                }),
-            ),
-            (
-                "replica floor > 0 (seed: 9 to 23%)",
-                Box::new(|s| {
-                    row_of(s, ai).map_or_else(dash, |r| {
-                        let ci = r.replica.rate_ci.map(|c| (c.lo, c.hi));
-                        format!("{} ({})", sign_verdict(ci), overlaps(ci, sp::FLOOR, 1.0))
-                    })
-                }),
-            ),
-            (
-                "Jaccard(exact, refeed) below the replica ceiling (seed: 0.34–0.90 vs 0.63–0.96; intervals disjoint)",
-                Box::new(|s| {
-                    let (Some(r), Some(i)) = (row_of(s, ai), side_tau(s)) else {
-                        return dash();
-                    };
-                    match (jaccard_ci(&r.treatment, i), jaccard_ci(&r.replica, i)) {
-                        (Some(j), Some(c)) if j.1 < c.0 => {
-                            format!("yes ({})", overlaps(Some(j), sp::JACCARD, 1.0))
-                        }
-                        (Some(j), Some(_)) => {
-                            format!(
-                                "not shown (CIs overlap; {})",
-                                overlaps(Some(j), sp::JACCARD, 1.0)
-                            )
-                        }
-                        _ => "no interval".into(),
-                    }
-                }),
-            ),
-        ];
-        for (claim, verdict) in &claims {
-            let cells: Vec<String> = stock.iter().map(|s| verdict(s)).collect();
-            let _ = writeln!(out, "| {claim} | {} |", cells.join(" | "));
-        }
-        out.push('\n');
+        seed_claims(out, &stock, opts);
     }
     let bi: Vec<&ConfigSummary> = summaries
         .iter()
@@ -570,37 +816,202 @@ fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOpt
     }
 }
 
+/// The seed claims, one line each, one verdict per stock configuration.
+fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions) {
+    use seed_paper as sp;
+    let ai = Conditioning::AnyInformative;
+    let ti = Conditioning::TreatmentIndependent;
+    let alpha = 1.0 - opts.level;
+    let _ = write!(
+        out,
+        "### Seed claims, configuration by configuration\n\n\
+         Each verdict is read off a test in the row above, its p-value Holm-adjusted across \
+         the {} configuration(s) of the line (both shown, `Holm` the adjusted one): *yes* when \
+         the adjusted p is below α = {alpha:.2} and the estimate lies on the claimed side, \
+         *not shown* otherwise; in brackets whether the interval overlaps the seed's range. \
+         Tests: the excess by its cluster-bootstrap percentile p (the interval above); the \
+         clustered t by its t p; the floor by the bootstrap p of rate = 0; the Jaccard claim \
+         by the paired bootstrap of ceiling − Jaccard; *mostly zero-boundary* by the \
+         bootstrap p of share = 1/2; mean-zero by TOST (equivalence within the margin). \
+         Claims relative to the replica floor are *{NOT_MEASURABLE}* where the floor is a \
+         structural zero.\n\n| claim | {} |\n| --- |{}\n",
+        stock.len(),
+        stock
+            .iter()
+            .map(|s| format!("`{}`", s.meta.config))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        " --- |".repeat(stock.len()),
+    );
+    let floor_text = || ClaimCell::Text(format!("{NOT_MEASURABLE} (structural-zero floor)"));
+    let excess_claim = |s: &ConfigSummary, c: Conditioning, seed: (f64, f64)| {
+        if !floor_measurable(s) {
+            return floor_text();
+        }
+        match row_of(s, c).and_then(|r| r.excess.as_ref().map(|e| (r, e))) {
+            Some((r, e)) => ClaimCell::Test {
+                p: e.bootstrap.map(|b| b.p_value),
+                claimed_side: e.estimate > 0.0,
+                note: overlaps(excess_ci(r), seed, 100.0).to_string(),
+            },
+            None => ClaimCell::Text("no test".into()),
+        }
+    };
+    let mostly = |s: &ConfigSummary, c: Conditioning| match row_of(s, c)
+        .and_then(|r| r.treatment.class_shares[0])
+    {
+        Some(b) => ClaimCell::Test {
+            p: Some(b.p_value),
+            claimed_side: b.estimate > 0.5,
+            note: format!(
+                "{:.0}% [{:.0}, {:.0}]",
+                100.0 * b.estimate,
+                100.0 * b.ci.lo,
+                100.0 * b.ci.hi
+            ),
+        },
+        None => ClaimCell::Text("no disagreements".into()),
+    };
+    type Claim<'a> = (
+        &'a str,
+        ClaimKind,
+        Box<dyn Fn(&ConfigSummary) -> ClaimCell + 'a>,
+    );
+    let claims: Vec<Claim> = vec![
+        (
+            "re-feed excess above the replica floor > 0, any-informative (seed: +14 to +28 pp)",
+            ClaimKind::Signed,
+            Box::new(move |s| excess_claim(s, ai, sp::EXCESS_PP)),
+        ),
+        (
+            "re-feed excess > 0, treatment-independent (seed: +7 to +21 pp)",
+            ClaimKind::Signed,
+            Box::new(move |s| excess_claim(s, ti, sp::EXCESS_TI_PP)),
+        ),
+        (
+            "problem-clustered t of the excess significant, any-informative (seed: t = 2.9 to 6.4)",
+            ClaimKind::Signed,
+            Box::new(move |s| {
+                if !floor_measurable(s) {
+                    return floor_text();
+                }
+                match row_of(s, ai)
+                    .and_then(|r| r.excess.as_ref())
+                    .map(|e| e.t_test)
+                {
+                    Some(t) => ClaimCell::Test {
+                        p: t.p_value,
+                        claimed_side: t.estimate > 0.0,
+                        note: String::new(),
+                    },
+                    None => ClaimCell::Text("no test".into()),
+                }
+            }),
+        ),
+        (
+            "replica floor > 0 (seed: 9 to 23%)",
+            ClaimKind::Signed,
+            Box::new(move |s| {
+                if !floor_measurable(s) {
+                    return floor_text();
+                }
+                match row_of(s, ai) {
+                    Some(r) => ClaimCell::Test {
+                        p: r.replica.rate_p,
+                        claimed_side: r.replica.rate.is_some_and(|x| x > 0.0),
+                        note: overlaps(r.replica.rate_ci.map(|c| (c.lo, c.hi)), sp::FLOOR, 1.0)
+                            .to_string(),
+                    },
+                    None => ClaimCell::Text("no test".into()),
+                }
+            }),
+        ),
+        (
+            "Jaccard(exact, refeed) below the replica ceiling, paired test at the first τ ≥ 1/2 (seed: 0.34–0.90 vs 0.63–0.96)",
+            ClaimKind::Signed,
+            Box::new(move |s| {
+                if !floor_measurable(s) {
+                    return floor_text();
+                }
+                let (Some(r), Some(i)) = (row_of(s, ai), side_tau(s)) else {
+                    return ClaimCell::Text("no test".into());
+                };
+                match s.ceiling_gap.get(i).copied().flatten() {
+                    Some(g) => ClaimCell::Test {
+                        p: Some(g.p_value),
+                        claimed_side: g.estimate.is_some_and(|x| x > 0.0),
+                        note: overlaps(jaccard_ci(&r.treatment, i), sp::JACCARD, 1.0).to_string(),
+                    },
+                    None => ClaimCell::Text("no test (empty unions)".into()),
+                }
+            }),
+        ),
+        (
+            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), any-informative",
+            ClaimKind::Signed,
+            Box::new(move |s| mostly(s, ai)),
+        ),
+        (
+            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), treatment-independent",
+            ClaimKind::Signed,
+            Box::new(move |s| mostly(s, ti)),
+        ),
+        (
+            "re-feed unbiased: mean(Â_refeed − Â_exact) equivalent to 0 (TOST), any-informative",
+            ClaimKind::Equivalence(opts.equivalence_margin),
+            Box::new(move |s| match row_of(s, ai) {
+                Some(r) => ClaimCell::Test {
+                    p: r.treatment.equivalence.map(|e| e.p_value),
+                    claimed_side: true,
+                    note: String::new(),
+                },
+                None => ClaimCell::Text("no test".into()),
+            }),
+        ),
+    ];
+    for (claim, kind, cell) in &claims {
+        let cells = claim_verdicts(stock.iter().map(|s| cell(s)).collect(), *kind, opts);
+        let _ = writeln!(out, "| {claim} | {} |", cells.join(" | "));
+    }
+    out.push('\n');
+}
+
 fn classes(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
     let _ = write!(
         out,
         "## {}How estimates disagree\n\n\
          Zero-boundary: exactly one estimate is 0. Polarity reversal: opposite non-zero signs. \
-         Magnitude: same non-zero sign, different value.\n\n\
-         | config | conditioning | comparison | N | disagree | zero-boundary | polarity reversal | magnitude |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         Magnitude: same non-zero sign, different value. Each class is a share of the \
+         comparison's disagreements with a cluster-bootstrap interval (problems resampled, \
+         numerator and denominator recomputed: the disagreements of one problem are not \
+         independent). *Mostly zero-boundary* is read off that interval against 1/2, under \
+         both conditionings (any-informative admits estimates where only one pass is \
+         informative, which favours crossings by construction).\n\n\
+         | config | conditioning | comparison | N | disagree | zero-boundary [CI] | polarity reversal [CI] | magnitude [CI] | mostly zero-boundary |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         title(t)
     );
     for s in summaries {
         for r in &s.rows {
             for c in [&r.replica, &r.treatment] {
-                let share = |n: usize| {
-                    if c.n_disagree == 0 {
-                        n.to_string()
-                    } else {
-                        format!("{n} ({:.0}%)", 100.0 * n as f64 / c.n_disagree as f64)
-                    }
-                };
+                let counts = [
+                    c.classes.zero_boundary,
+                    c.classes.polarity_reversal,
+                    c.classes.magnitude,
+                ];
+                let share = |i: usize| share_cell(c.class_shares[i], counts[i], c.n_disagree);
                 let _ = writeln!(
                     out,
-                    "| {} | {} | exact vs {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | exact vs {} | {} | {} | {} | {} | {} | {} |",
                     s.meta.config,
                     cond_label(r.conditioning),
                     c.pass,
                     c.n_eligible,
                     c.n_disagree,
-                    share(c.classes.zero_boundary),
-                    share(c.classes.polarity_reversal),
-                    share(c.classes.magnitude),
+                    share(0),
+                    share(1),
+                    share(2),
+                    mostly_verdict(c.class_shares[0]),
                 );
             }
         }
@@ -608,15 +1019,31 @@ fn classes(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
     out.push('\n');
 }
 
-fn mean_zero(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
+/// The mean-zero verdict of a comparison: equivalence is claimed only when TOST rejects.
+fn equivalence_verdict(c: &Comparison, opts: &AnalyzeOptions) -> String {
+    let m = opts.equivalence_margin;
+    match c.equivalence {
+        Some(e) if e.equivalent(1.0 - opts.level) => format!("equivalent within ±{m}"),
+        Some(_) => format!("not shown equivalent (±{m})"),
+        None => "no test".into(),
+    }
+}
+
+fn mean_zero(out: &mut String, summaries: &[ConfigSummary], t: Pass, opts: &AnalyzeOptions) {
+    let alpha = 1.0 - opts.level;
     let _ = write!(
         out,
         "## {}Mean-zero check\n\n\
          Mean over problems of the per-problem mean of `Â_X − Â_exact` over the comparison's \
-         eligible estimates, with the cluster-mean t CI and the cluster-bootstrap CI.\n\n\
-         | config | conditioning | X | mean | t CI | bootstrap CI | p |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
-        title(t)
+         eligible estimates, with the cluster-mean t CI and the cluster-bootstrap CI, the t \
+         test's p of mean = 0, and the equivalence test (TOST, two one-sided t tests with the \
+         same standard error) of |mean| < {m} (`--equivalence-margin`, on the Â scale). \
+         *Equivalent within ±{m}* only when the TOST p is below α = {alpha:.2}; a t test that \
+         does not reject mean = 0 is not evidence of equivalence.\n\n\
+         | config | conditioning | X | mean | t CI | bootstrap CI | p (mean = 0) | TOST p | verdict |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        title(t),
+        m = opts.equivalence_margin,
     );
     for s in summaries {
         for r in &s.rows {
@@ -624,7 +1051,7 @@ fn mean_zero(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
                 let m = c.mean_diff.as_ref();
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     s.meta.config,
                     cond_label(r.conditioning),
                     c.pass,
@@ -632,6 +1059,8 @@ fn mean_zero(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
                     ci_num(m.and_then(|m| m.t_ci), 4),
                     ci_num(m.and_then(|m| m.bootstrap_ci.map(|b| (b.lo, b.hi))), 4),
                     pval(m.and_then(|m| m.t_test.p_value)),
+                    pval(c.equivalence.map(|e| e.p_value)),
+                    equivalence_verdict(c, opts),
                 );
             }
         }
@@ -651,8 +1080,7 @@ fn critical_sets(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
     let _ = write!(
         out,
         "## {}Critical-token sets\n\n\
-         `C^π(τ) = {{(i, t, a) : |Â^π| ≥ τ}}` as design.md defines it: over **every** complete \
-         estimate, whatever the conditioning, for every τ = m/K. Under any-informative every \
+         {CRITICAL_SET_DEFINITION} (`docs/concepts.md`), for every τ = m/K. Under any-informative every \
          critical key is eligible for its comparison (an ineligible key has Â = 0 in both \
          passes). Under treatment-independent only exact-informative keys are eligible, but a \
          key with exact uninformative (Â_exact = 0) and |Â_{t}| ≥ τ (or |Â_replica| ≥ τ) \
@@ -662,7 +1090,8 @@ fn critical_sets(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
          |C_exact ∪ C_π| with a cluster-bootstrap CI over every problem; an empty union has no \
          Jaccard (\"empty union\", null in `summary.parquet`), and bootstrap replicates with an \
          empty union are dropped. The replica ceiling is Jaccard(exact, replica) at the same \
-         τ.\n\n",
+         τ; *ceiling − Jaccard* is tested paired: each bootstrap replicate recomputes both \
+         indices on the same resampled problems (percentile CI and p).\n\n",
         title(t)
     );
     for s in summaries {
@@ -675,14 +1104,14 @@ fn critical_sets(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
         let _ = write!(
             out,
             "### `{}` (both conditionings)\n\n\
-             | τ | \\|C_exact\\| | \\|C_{t}\\| | \\|C_replica\\| | exact uninformative ({t} / replica) | Jaccard(exact, {t}) [CI] | replica ceiling [CI] |\n\
-             | --- | --- | --- | --- | --- | --- | --- |\n",
+             | τ | \\|C_exact\\| | \\|C_{t}\\| | \\|C_replica\\| | exact uninformative ({t} / replica) | Jaccard(exact, {t}) [CI] | replica ceiling [CI] | ceiling − Jaccard [CI], p (paired) |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- |\n",
             s.meta.config,
         );
         for (i, &tau) in s.taus.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} / {} | {} | {} |",
+                "| {} | {} | {} | {} | {} / {} | {} | {} | {} |",
                 tau_label(tau, s.meta.k),
                 a.treatment.jaccard[i].result.size_a,
                 a.treatment.jaccard[i].result.size_b,
@@ -691,9 +1120,24 @@ fn critical_sets(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
                 ti.replica.jaccard[i].n_ineligible,
                 jaccard_cell(&a.treatment, i),
                 jaccard_cell(&a.replica, i),
+                if_measurable(s, || gap_cell(s, i)),
             );
         }
         out.push('\n');
+    }
+}
+
+/// The paired ceiling − Jaccard test at `τ` index `i`: "gap [lo, hi], p".
+fn gap_cell(s: &ConfigSummary, i: usize) -> String {
+    match s.ceiling_gap.get(i).copied().flatten() {
+        Some(g) => format!(
+            "{} [{:+.2}, {:+.2}], p {}",
+            g.estimate.map_or_else(dash, |x| format!("{x:+.3}")),
+            g.ci.lo,
+            g.ci.hi,
+            claim_p(g.p_value, g.ci.valid_reps)
+        ),
+        None => "empty union".into(),
     }
 }
 
@@ -863,30 +1307,57 @@ fn display(p: &Path) -> String {
 }
 
 fn definitions(out: &mut String) {
-    out.push_str(
+    let _ = write!(
+        out,
         "## Definitions and choices\n\n\
          - `Â = (orig_successes − alt_successes)/K` is recomputed from the counts; a pass is \
          informative when its 2K outcomes are not all equal. Disagreement is inequality of the \
          quantized estimates.\n\
          - Only estimates `(problem, pivot_pos, alt_rank)` with exact, replica and the \
-         treatment enter (`incomplete` counts the others); each treatment (refeed, spectrum) \
-         is analysed by the same code, its name in place of refeed below.\n\
+         treatment enter (`incomplete` counts the others); each treatment (refeed, spectrum, \
+         refeed_replica, spectrum_replica) is analysed by the same code, its name in place of \
+         refeed below.\n\
          - *any-informative*: exact vs X is eligible when exact or X is informative, so the two \
          comparisons have their own sets; the excess is the difference of the two rates, the \
          paired `D_j` uses the union of the two sets, and the two are different numbers.\n\
          - *treatment-independent*: eligible iff exact is informative, one set for both \
          comparisons; the excess equals D̄ and its linearized t equals D̄'s CR1 t.\n\
-         - Tests of the excess: linearized CR1 t, `z_g = Σ_{j∈g∩refeed}(y_j − r_refeed)/N_refeed \
-         − Σ_{j∈g∩replica}(y_j − r_replica)/N_replica`, `V = G/(G−1)·Σ_g z_g²`, `t = excess/√V`, \
+         - Tests of the excess: linearized CR1 t, `z_g = Σ_{{j∈g∩refeed}}(y_j − r_refeed)/N_refeed \
+         − Σ_{{j∈g∩replica}}(y_j − r_replica)/N_replica`, `V = G/(G−1)·Σ_g z_g²`, `t = excess/√V`, \
          G − 1 df; cluster bootstrap recomputing both eligible sets per replicate (replicates \
          with an empty set dropped), percentile CI and p = min(1, 2·min(#≤0, #≥0)/valid).\n\
          - Tests of D̄ and d̄: cluster-mean t, per-problem means of `D_j`, \
          `t = mean/(sd/√G)`, G − 1 df; CR1, intercept-only OLS with problem-clustered variance \
          `G/(G−1)·Σ_g(Σ e_j)²/N²`, G − 1 df. Cluster bootstrap: problems drawn with \
          replacement, percentile interval.\n\
-         - Critical sets are over every complete estimate under both conditionings \
-         (design.md's `C^π(τ)`), see *Critical-token sets*.\n",
+         - Critical sets: {CRITICAL_SET_DEFINITION}; see *Critical-token sets* and \
+         `docs/concepts.md`.\n\
+         - Mean-zero: t test of mean = 0 and TOST of |mean| < margin; only TOST can show \
+         equivalence. Seed claims read in several configurations have their p-values \
+         Holm-adjusted across those configurations.\n\
+         - Token identity: a pass's continuations joined to exact's; a replica identical to \
+         exact everywhere without asking for it is a structural-zero floor.\n"
     );
+}
+
+/// Per configuration, the summary comparable with the seed paper's re-feed: refeed under the
+/// replica's schedule when the configuration ran it (state and schedule both changed, as in
+/// the seed), else refeed; in input order.
+fn seed_comparable(summaries: &[ConfigSummary]) -> Vec<ConfigSummary> {
+    let has = |cfg: &str, t: Pass| {
+        summaries
+            .iter()
+            .any(|s| s.meta.config == cfg && s.treatment == t)
+    };
+    summaries
+        .iter()
+        .filter(|s| match s.treatment {
+            Pass::RefeedReplica => true,
+            Pass::Refeed => !has(&s.meta.config, Pass::RefeedReplica),
+            _ => false,
+        })
+        .cloned()
+        .collect()
 }
 
 /// Summaries of `t`, in input order.
@@ -1012,9 +1483,10 @@ pub fn render(
     let configs = per_config(summaries);
     inputs(&mut out, &configs, opts);
     not_finished(&mut out, unfinished);
-    let refeed = of_treatment(summaries, Pass::Refeed);
-    if !refeed.is_empty() {
-        reproduction(&mut out, &refeed, opts);
+    token_identity(&mut out, &configs);
+    let seed_like = seed_comparable(summaries);
+    if !seed_like.is_empty() {
+        reproduction(&mut out, &seed_like, opts);
     }
     for t in Pass::TREATMENTS {
         let group = of_treatment(summaries, t);
@@ -1025,6 +1497,7 @@ pub fn render(
             spectrum_frames(&mut out, &group);
         }
         headline(&mut out, &group, t);
+        factorial(&mut out, &group, t);
         paired_contrast(&mut out, &group, t);
         let (dis, jac) = (stem(DISAGREEMENT_STEM, t), stem(JACCARD_STEM, t));
         let _ = write!(
@@ -1033,10 +1506,10 @@ pub fn render(
              (also [`{dis}.svg`]({dis}.svg))\n\n"
         );
         if t == Pass::Refeed {
-            versus_paper(&mut out, &group);
+            versus_paper(&mut out, &seed_like);
         }
         classes(&mut out, &group, t);
-        mean_zero(&mut out, &group, t);
+        mean_zero(&mut out, &group, t, opts);
         critical_sets(&mut out, &group, t);
         let _ = write!(
             out,

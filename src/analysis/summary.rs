@@ -25,24 +25,37 @@
 //!   can have opposite signs. The intersection of the two sets is a sensitivity row.
 //! - *treatment-independent*: one set for both comparisons, exact informative; the excess and
 //!   `D̄` coincide and so do their CR1 tests.
-//! - Critical sets follow design.md, `C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` over **every**
-//!   complete key, whatever the conditioning, over `τ = m/K`, `m = 1..K`. Under
+//! - Critical sets are [`CRITICAL_SET_DEFINITION`] (the definition of `docs/concepts.md`),
+//!   over `τ = m/K`, `m = 1..K`. Under
 //!   any-informative every critical key is eligible for its comparison (an ineligible key has
 //!   `Â = 0` in both passes); under treatment-independent a key with exact uninformative
 //!   (`Â_exact = 0`) still enters `C_refeed`/`C_replica` when `|Â| ≥ τ`: `n_ineligible`
 //!   counts those keys. So the Jaccard values are the same under both conditionings.
+//! - Mean-zero is tested twice: the cluster-mean t test of `mean = 0` and the equivalence test
+//!   (TOST) of `|mean| < equivalence_margin`; only the latter can show equivalence.
+//! - Shares of the disagreement classes and the replica ceiling minus Jaccard(exact,
+//!   treatment) have cluster-bootstrap intervals and percentile p-values (the Jaccard gap
+//!   paired: both indices recomputed on one resample).
+//! - *State × schedule*: with `refeed_replica` (`spectrum_replica`) present, [`factorial`]
+//!   crosses the decode or re-fed state with exact's or the replica's batch schedule.
 //! - Every bootstrap uses the same seed and `reps`, resampling problems.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use crate::stats::{
-    self, BootstrapCi, ClusteredMeanCi, DisagreementCounts, JaccardResult, RateDifferenceBootstrap,
-    TTest,
+    self, BootstrapCi, ClusteredMeanCi, DisagreementCounts, JaccardGap, JaccardResult,
+    RateDifferenceBootstrap, ShareBootstrap, TTest, Tost,
 };
 use crate::{Error, Result};
 
+use super::identity::{FloorStatus, TokenIdentity};
 use super::read::{EstimateRow, Key, OutputCounts, Pass, PassCost};
 use crate::io::schema::SpectrumStats;
+
+/// The one definition of a critical set, as `docs/concepts.md` and the report state it.
+pub const CRITICAL_SET_DEFINITION: &str = "`C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` over every \
+     complete key (an estimate key with exact, replica and the treatment all present), \
+     whatever the conditioning";
 
 /// Bootstrap and interval settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -58,7 +71,14 @@ pub struct AnalyzeOptions {
     /// Read unfinished run dirs from their finished shards (labelled `NAME (partial k/N)`)
     /// instead of only listing them.
     pub partial: bool,
+    /// Margin `m` of the mean-zero equivalence test (TOST of `|mean(Â_X − Â_exact)| < m`, on
+    /// the `Â` scale).
+    pub equivalence_margin: f64,
 }
+
+/// Default [`AnalyzeOptions::equivalence_margin`]: 0.05 on the `Â` scale, a fifth of the
+/// smallest non-zero `|Â|` at K = 4.
+pub const DEFAULT_EQUIVALENCE_MARGIN: f64 = 0.05;
 
 /// Default `usd_per_gpu_hour`: an assumption, the order of an on-demand single-H200 hour at
 /// cloud providers in late 2026 (not a quote; pass your own price).
@@ -72,6 +92,7 @@ impl Default for AnalyzeOptions {
             level: 0.95,
             usd_per_gpu_hour: DEFAULT_USD_PER_GPU_HOUR,
             partial: false,
+            equivalence_margin: DEFAULT_EQUIVALENCE_MARGIN,
         }
     }
 }
@@ -222,10 +243,19 @@ pub struct Comparison {
     pub rate: Option<f64>,
     /// Cluster-bootstrap percentile CI of the rate.
     pub rate_ci: Option<BootstrapCi>,
+    /// Percentile-bootstrap p-value of rate = 0 from the same replicates.
+    pub rate_p: Option<f64>,
     /// Disagreements by class.
     pub classes: DisagreementCounts,
+    /// Shares of the disagreements that are zero-boundary crossings, polarity reversals and
+    /// magnitude changes, each with a cluster-bootstrap interval and its test of share = 1/2
+    /// (`None` without disagreements).
+    pub class_shares: [Option<ShareBootstrap>; 3],
     /// Clustered mean of `Â_other − Â_exact` (the mean-zero check).
     pub mean_diff: Option<ClusteredMeanCi>,
+    /// Equivalence test (TOST) of that mean within `±equivalence_margin`, on the cluster-mean
+    /// t test's estimate and standard error (`None` when it has none).
+    pub equivalence: Option<Tost>,
     /// Critical-set overlap with exact, per `τ` (over every complete key; the same under
     /// both conditionings except `n_ineligible`).
     pub jaccard: Vec<JaccardPoint>,
@@ -318,11 +348,24 @@ pub struct ConfigMeta {
     /// Stop reasons and extraction rules per pass label (`exact`, `replica`, `refeed` from
     /// the continuations, `rollout` from the rollouts; summed over run dirs).
     pub outputs: BTreeMap<String, OutputCounts>,
+    /// Per non-exact pass, its continuations' token identity with exact's (summed over run
+    /// dirs; empty when no continuations were read).
+    pub token_identity: BTreeMap<Pass, TokenIdentity>,
     /// `(problems done, problems in the spec)` when read from an unfinished run's shards.
     pub partial: Option<(usize, usize)>,
 }
 
 impl ConfigMeta {
+    /// What the replica floor measured, from the replica's token identity, the replica
+    /// schedule and the policy ([`FloorStatus::of`]).
+    pub fn floor_status(&self) -> FloorStatus {
+        FloorStatus::of(
+            self.token_identity.get(&Pass::Replica).copied(),
+            &self.replica_schedule,
+            &self.policy,
+        )
+    }
+
     /// `snapshot_hits / snapshot_checks`, `None` without checks.
     pub fn snapshot_hit_rate(&self) -> Option<f64> {
         (self.snapshot_checks > 0).then(|| self.snapshot_hits as f64 / self.snapshot_checks as f64)
@@ -334,21 +377,92 @@ impl ConfigMeta {
 pub struct ConfigSummary {
     /// Labels, counts and cost.
     pub meta: ConfigMeta,
-    /// The pass compared with exact against the replica floor (refeed or spectrum).
+    /// The pass compared with exact against the replica floor ([`Pass::TREATMENTS`]).
     pub treatment: Pass,
     /// `τ = m/K`, `m = 1..K`.
     pub taus: Vec<f64>,
     /// One entry per conditioning, in [`Conditioning::ALL`] order.
     pub rows: Vec<ConditioningSummary>,
+    /// Per `τ`, the paired cluster-bootstrap test of the replica ceiling minus
+    /// Jaccard(exact, treatment) (critical sets over every complete key, so the same under
+    /// both conditionings); `None` where a union is empty in every replicate.
+    pub ceiling_gap: Vec<Option<JaccardGap>>,
+    /// The state × schedule design, for refeed (spectrum) when the configuration also ran
+    /// `refeed_replica` (`spectrum_replica`).
+    pub factorial: Option<Factorial>,
+}
+
+/// One cell of the state × schedule design: exact vs one pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FactorialCell {
+    /// The pass (replica, the state treatment, or its replica-schedule twin).
+    pub pass: Pass,
+    /// Eligible estimates under the conditioning.
+    pub n_eligible: usize,
+    /// Eligible estimates with `Â_exact ≠ Â_pass`.
+    pub n_disagree: usize,
+    /// The disagreement rate with its cluster-bootstrap interval (`None` if nothing is
+    /// eligible).
+    pub rate: Option<ShareBootstrap>,
+}
+
+/// A difference of cell rates with a cluster-bootstrap interval (problems resampled, every
+/// rate and eligible set recomputed per replicate, the same draws for every effect).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Effect {
+    /// On the data; `None` if a rate is undefined.
+    pub estimate: Option<f64>,
+    /// Percentile interval; replicates with an empty eligible set are dropped.
+    pub ci: Option<BootstrapCi>,
+    /// Percentile-bootstrap p-value of effect = 0 from the same replicates.
+    pub p_value: Option<f64>,
+}
+
+/// The state × schedule cells under one conditioning. Rates `d(X)` are of exact ≠ X:
+/// `d(replica)` is the schedule effect (the floor), `d(state)` the state effect under exact's
+/// schedule, `d(twin)` the re-fed state under the replica's schedule (what the seed measured).
+/// `d(twin) = d(state) + d(replica) + interaction`, and the excess `d(twin) − d(replica)` is
+/// the state effect plus the interaction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FactorialRow {
+    /// Which conditioning.
+    pub conditioning: Conditioning,
+    /// `[replica, state, twin]`.
+    pub cells: [FactorialCell; 3],
+    /// `d(twin) − d(replica)`.
+    pub excess: Effect,
+    /// `d(twin) − d(state) − d(replica)`.
+    pub interaction: Effect,
+}
+
+/// The state × schedule design of one state treatment (refeed or spectrum): decode state or
+/// the treatment's state, crossed with exact's or the replica's batch schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Factorial {
+    /// The state treatment under exact's schedule (refeed or spectrum).
+    pub state: Pass,
+    /// The same state under the replica's schedule (refeed_replica or spectrum_replica).
+    pub twin: Pass,
+    /// Keys with exact, replica, state and twin estimates.
+    pub n_keys: usize,
+    /// Problems of those keys.
+    pub n_problems: usize,
+    /// One entry per conditioning, in [`Conditioning::ALL`] order.
+    pub rows: Vec<FactorialRow>,
+}
+
+/// The pass that decodes `state`'s state under the replica's schedule, if there is one.
+pub fn schedule_twin(state: Pass) -> Option<Pass> {
+    match state {
+        Pass::Refeed => Some(Pass::RefeedReplica),
+        Pass::Spectrum => Some(Pass::SpectrumReplica),
+        _ => None,
+    }
 }
 
 /// The threshold grid `τ = m/K`, `m = 1..=K` (computed as `m as f64 / K as f64`, like `Â`).
 pub fn tau_grid(k: u32) -> Vec<f64> {
     (1..=k).map(|m| f64::from(m) / f64::from(k)).collect()
-}
-
-fn ind(b: bool) -> f64 {
-    f64::from(u8::from(b))
 }
 
 fn problems_of(ts: &[&Triple]) -> Vec<u64> {
@@ -363,7 +477,8 @@ fn n_clusters(ts: &[&Triple]) -> usize {
 }
 
 /// Critical-set overlap of exact with `pass` per `τ`, over every complete key and every
-/// problem (design.md's `C^π(τ)`; the same for every conditioning, `n_ineligible` left 0).
+/// problem ([`CRITICAL_SET_DEFINITION`]; the same for every conditioning, `n_ineligible`
+/// left 0).
 fn critical_overlap(
     triples: &[Triple],
     pass: Pass,
@@ -409,25 +524,41 @@ fn compare(
     let n = elig.len();
     let n_disagree = n - classes.agree;
     let clusters = problems_of(&elig);
-    let (rate, rate_ci, mean_diff) = if n == 0 {
+    let (rate, rate_boot, mean_diff) = if n == 0 {
         (None, None, None)
     } else {
-        let flags: Vec<f64> = ex.iter().zip(&ot).map(|(a, b)| ind(a != b)).collect();
+        let flags: Vec<Option<bool>> = ex.iter().zip(&ot).map(|(a, b)| Some(a != b)).collect();
         let diffs: Vec<f64> = ex.iter().zip(&ot).map(|(a, b)| b - a).collect();
         (
             Some(n_disagree as f64 / n as f64),
-            stats::cluster_bootstrap_ci(
-                &flags,
-                &clusters,
-                stats::pooled_mean,
-                opts.reps,
-                opts.seed,
-                opts.level,
-            )?,
+            stats::share_bootstrap(&flags, &clusters, 0.0, opts.reps, opts.seed, opts.level)?,
             Some(stats::clustered_mean_ci(
                 &diffs, &clusters, opts.level, opts.reps, opts.seed,
             )?),
         )
+    };
+    let equivalence = match &mean_diff {
+        Some(m) => stats::tost(&m.t_test, opts.equivalence_margin)?,
+        None => None,
+    };
+    let class_shares = if n_disagree == 0 {
+        [None; 3]
+    } else {
+        let kinds = [
+            stats::Disagreement::ZeroBoundary,
+            stats::Disagreement::PolarityReversal,
+            stats::Disagreement::Magnitude,
+        ];
+        let mut out = [None; 3];
+        for (slot, kind) in out.iter_mut().zip(kinds) {
+            let s: Vec<Option<bool>> = ex
+                .iter()
+                .zip(&ot)
+                .map(|(&a, &b)| stats::classify(a, b).map(|c| c == kind))
+                .collect();
+            *slot = stats::share_bootstrap(&s, &clusters, 0.5, opts.reps, opts.seed, opts.level)?;
+        }
+        out
     };
     let jaccard = overlap
         .iter()
@@ -447,9 +578,12 @@ fn compare(
         n_problems: n_clusters(&elig),
         n_disagree,
         rate,
-        rate_ci,
+        rate_ci: rate_boot.map(|b| b.ci),
+        rate_p: rate_boot.map(|b| b.p_value),
         classes,
+        class_shares,
         mean_diff,
+        equivalence,
         jaccard,
     })
 }
@@ -574,7 +708,8 @@ pub fn summarize(
     }
     if !Pass::TREATMENTS.contains(&treatment) {
         return Err(Error::Output(format!(
-            "config `{cfg}`: {treatment} is not a treatment pass (refeed, spectrum)"
+            "config `{cfg}`: {treatment} is not a treatment pass ({})",
+            Pass::TREATMENTS.map(Pass::as_str).join(", ")
         )));
     }
     let (triples, incomplete) = triples(rows, treatment)?;
@@ -596,14 +731,165 @@ pub fn summarize(
         critical_overlap(&triples, Pass::Replica, &taus, opts)?,
         critical_overlap(&triples, treatment, &taus, opts)?,
     ];
-    let rows = Conditioning::ALL
+    let summaries = Conditioning::ALL
         .iter()
         .map(|&c| summarize_conditioning(&triples, c, treatment, [&overlap[0], &overlap[1]], opts))
         .collect::<Result<Vec<_>>>()?;
+    let ceiling_gap = ceiling_gap(&triples, treatment, &taus, opts)?;
+    let factorial = match schedule_twin(treatment) {
+        Some(twin) if rows.iter().any(|r| r.pass == twin) => {
+            factorial(rows, treatment, twin, opts)?
+        }
+        _ => None,
+    };
     Ok(ConfigSummary {
         meta,
         treatment,
         taus,
-        rows,
+        rows: summaries,
+        ceiling_gap,
+        factorial,
     })
+}
+
+/// Per `τ`, the paired test of Jaccard(exact, replica) − Jaccard(exact, treatment) over
+/// every complete key ([`stats::jaccard_gap_bootstrap`]).
+fn ceiling_gap(
+    triples: &[Triple],
+    treatment: Pass,
+    taus: &[f64],
+    opts: &AnalyzeOptions,
+) -> Result<Vec<Option<JaccardGap>>> {
+    let keyed =
+        |p: Pass| -> Vec<(Key, f64)> { triples.iter().map(|t| (t.key, t.get(p).a_hat)).collect() };
+    let (ex, rep, tr) = (keyed(Pass::Exact), keyed(Pass::Replica), keyed(treatment));
+    taus.iter()
+        .map(|&tau| {
+            stats::jaccard_gap_bootstrap(
+                [&ex, &rep, &tr],
+                tau,
+                |k: &Key| u64::from(k.problem),
+                opts.reps,
+                opts.seed,
+                opts.level,
+            )
+        })
+        .collect()
+}
+
+/// The state × schedule design of `state` and its replica-schedule `twin` over the keys with
+/// exact, replica, state and twin estimates; `None` when no key has all four.
+pub fn factorial(
+    rows: &[EstimateRow],
+    state: Pass,
+    twin: Pass,
+    opts: &AnalyzeOptions,
+) -> Result<Option<Factorial>> {
+    let order = [Pass::Exact, Pass::Replica, state, twin];
+    let mut by_key: BTreeMap<Key, [Option<Est>; 4]> = BTreeMap::new();
+    for r in rows {
+        let Some(i) = order.iter().position(|&p| p == r.pass) else {
+            continue;
+        };
+        let slot = &mut by_key.entry(r.key()).or_default()[i];
+        if slot.is_some() {
+            return Err(Error::Output(format!(
+                "config `{}`: duplicate estimate row ({}, pass={})",
+                r.config,
+                r.key(),
+                r.pass
+            )));
+        }
+        *slot = Some(Est {
+            a_hat: r.a_hat(),
+            informative: r.is_informative(),
+        });
+    }
+    let quads: Vec<(Key, [Est; 4])> = by_key
+        .into_iter()
+        .filter_map(|(k, e)| Some((k, [e[0]?, e[1]?, e[2]?, e[3]?])))
+        .collect();
+    if quads.is_empty() {
+        return Ok(None);
+    }
+    let clusters: Vec<u64> = quads.iter().map(|(k, _)| u64::from(k.problem)).collect();
+    let n_problems = clusters.iter().collect::<BTreeSet<_>>().len();
+    let mut out = Vec::with_capacity(Conditioning::ALL.len());
+    for cond in Conditioning::ALL {
+        // flags[c][j]: Some(disagree) when key j is eligible for exact vs cell c's pass.
+        let flags: Vec<Vec<Option<bool>>> = (1..4)
+            .map(|i| {
+                quads
+                    .iter()
+                    .map(|(_, e)| {
+                        cond.eligible(e[0], e[i])
+                            .then_some(e[0].a_hat != e[i].a_hat)
+                    })
+                    .collect()
+            })
+            .collect();
+        let rate = |f: &[Option<bool>], rows: &mut dyn Iterator<Item = usize>| {
+            let (mut h, mut n) = (0u64, 0u64);
+            for j in rows {
+                if let Some(d) = f[j] {
+                    h += u64::from(d);
+                    n += 1;
+                }
+            }
+            (n > 0).then(|| h as f64 / n as f64)
+        };
+        let effect = |coef: [f64; 3]| -> Result<Effect> {
+            let stat = |rows: &[usize]| -> f64 {
+                let mut total = 0.0;
+                for (c, f) in coef.iter().zip(&flags) {
+                    if *c == 0.0 {
+                        continue;
+                    }
+                    match rate(f, &mut rows.iter().copied()) {
+                        Some(r) => total += c * r,
+                        None => return f64::NAN,
+                    }
+                }
+                total
+            };
+            let all: Vec<usize> = (0..quads.len()).collect();
+            let estimate = Some(stat(&all)).filter(|x| x.is_finite());
+            let r = stats::cluster_bootstrap_rows(&clusters, opts.reps, opts.seed, |rows, _| {
+                stat(rows)
+            })?;
+            let p_value = stats::percentile_p_value(&r);
+            Ok(Effect {
+                estimate,
+                ci: stats::percentile_interval(r, opts.level)?,
+                p_value,
+            })
+        };
+        let mut cells = Vec::with_capacity(3);
+        for (i, f) in flags.iter().enumerate() {
+            let n_eligible = f.iter().flatten().count();
+            cells.push(FactorialCell {
+                pass: order[i + 1],
+                n_eligible,
+                n_disagree: f.iter().flatten().filter(|&&d| d).count(),
+                rate: if n_eligible == 0 {
+                    None
+                } else {
+                    stats::share_bootstrap(f, &clusters, 0.0, opts.reps, opts.seed, opts.level)?
+                },
+            });
+        }
+        out.push(FactorialRow {
+            conditioning: cond,
+            cells: [cells[0], cells[1], cells[2]],
+            excess: effect([-1.0, 0.0, 1.0])?,
+            interaction: effect([-1.0, -1.0, 1.0])?,
+        });
+    }
+    Ok(Some(Factorial {
+        state,
+        twin,
+        n_keys: quads.len(),
+        n_problems,
+        rows: out,
+    }))
 }

@@ -120,6 +120,11 @@ fn comparison(row: &mut Row, c: &Comparison) {
         lo,
     );
     row.f(format!("{p}_rate_hi"), "… upper", hi);
+    row.f(
+        format!("{p}_rate_p"),
+        format!("{vs}: percentile-bootstrap p-value of rate = 0 from the same replicates"),
+        c.rate_p,
+    );
     row.u(
         format!("{p}_zero_boundary"),
         format!("{vs}: disagreements where exactly one estimate is 0"),
@@ -134,6 +139,32 @@ fn comparison(row: &mut Row, c: &Comparison) {
         format!("{p}_magnitude"),
         format!("{vs}: disagreements of equal non-zero sign"),
         c.classes.magnitude,
+    );
+    for (i, class) in ["zero_boundary", "polarity_reversal", "magnitude"]
+        .iter()
+        .enumerate()
+    {
+        let b = c.class_shares[i];
+        row.f(
+            format!("{p}_{class}_share"),
+            format!("{vs}: {p}_{class} / n_disagree (null without disagreements)"),
+            b.map(|b| b.estimate),
+        );
+        row.f(
+            format!("{p}_{class}_share_lo"),
+            format!("{vs}: cluster-bootstrap percentile CI of {p}_{class}_share (problems resampled, numerator and denominator recomputed), lower"),
+            b.map(|b| b.ci.lo),
+        );
+        row.f(
+            format!("{p}_{class}_share_hi"),
+            "… upper",
+            b.map(|b| b.ci.hi),
+        );
+    }
+    row.f(
+        format!("{p}_zero_boundary_share_p"),
+        format!("{vs}: percentile-bootstrap p-value of {p}_zero_boundary_share = 1/2 (\"mostly zero-boundary\")"),
+        c.class_shares[0].map(|b| b.p_value),
     );
     let md = c.mean_diff.as_ref();
     row.f(
@@ -163,6 +194,11 @@ fn comparison(row: &mut Row, c: &Comparison) {
             "{vs}: two-sided cluster-mean t p-value of mean_diff = 0 (null if se is 0 or G < 2)"
         ),
         md.and_then(|m| m.t_test.p_value),
+    );
+    row.f(
+        format!("{p}_mean_diff_tost_p"),
+        format!("{vs}: TOST p-value of |mean_diff| < equivalence_margin (max of the two one-sided t p-values; equivalence shown when below 1 − level; null if G < 2)"),
+        c.equivalence.map(|e| e.p_value),
     );
     let j = &c.jaccard;
     row.put(
@@ -298,6 +334,105 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
     comparison(&mut row, &r.replica);
     comparison(&mut row, &r.treatment);
     let t = s.treatment.as_str();
+    let gap = &s.ceiling_gap;
+    row.put(
+        "ceiling_gap",
+        format!("replica_jaccard − {t}_jaccard per tau (null for an empty union)"),
+        Value::ListF64(gap.iter().map(|g| g.and_then(|g| g.estimate)).collect()),
+    );
+    row.put(
+        "ceiling_gap_lo",
+        "paired cluster-bootstrap percentile CI of ceiling_gap (both Jaccards recomputed on each resample), lower",
+        Value::ListF64(gap.iter().map(|g| g.map(|g| g.ci.lo)).collect()),
+    );
+    row.put(
+        "ceiling_gap_hi",
+        "… upper",
+        Value::ListF64(gap.iter().map(|g| g.map(|g| g.ci.hi)).collect()),
+    );
+    row.put(
+        "ceiling_gap_p",
+        "two-sided percentile-bootstrap p-value of ceiling_gap = 0 from the same replicates",
+        Value::ListF64(gap.iter().map(|g| g.map(|g| g.p_value)).collect()),
+    );
+    row.s(
+        "replica_floor_status",
+        "what the replica floor measured, from token identity: measured | structural_zero (every replica continuation token-identical to exact's without asking for it: excess not measurable) | same_schedule_control | batch_invariant_control | not_recorded",
+        m.floor_status().as_str(),
+    );
+    for pass in Pass::ALL.into_iter().filter(|&p| p != Pass::Exact) {
+        let p = pass.as_str();
+        let n = m.token_identity.get(&pass);
+        row.put(
+            format!("token_identical_{p}"),
+            format!("{p}: continuations whose token ids equal exact's at the same (problem, pivot_pos, alt_rank, branch, sample) (null if none joined)"),
+            Value::OptU64(n.map(|n| n.identical)),
+        );
+        row.put(
+            format!("token_compared_{p}"),
+            format!("{p}: continuations joined to an exact continuation"),
+            Value::OptU64(n.map(|n| n.total)),
+        );
+        row.f(
+            format!("token_identical_share_{p}"),
+            format!("{p}: token_identical_{p} / token_compared_{p}"),
+            n.and_then(|n| n.share()),
+        );
+    }
+    let fr = s.factorial.as_ref().and_then(|f| {
+        f.rows
+            .iter()
+            .find(|x| x.conditioning == r.conditioning)
+            .map(|x| (f, x))
+    });
+    row.put(
+        "factorial_n_keys",
+        format!("state × schedule (refeed/spectrum treatments with a _replica twin, else null): keys with exact, replica, {t} and its twin"),
+        Value::OptU64(fr.map(|(f, _)| f.n_keys as u64)),
+    );
+    for (i, cell) in ["replica", "state", "twin"].iter().enumerate() {
+        let b = fr.and_then(|(_, x)| x.cells[i].rate);
+        row.f(
+            format!("factorial_{cell}_rate"),
+            format!("state × schedule: exact≠{cell} rate over the four-pass keys (replica: schedule effect; state: {t}, the state effect; twin: {t} under the replica's schedule)"),
+            b.map(|b| b.estimate),
+        );
+        row.f(
+            format!("factorial_{cell}_rate_lo"),
+            "… its cluster-bootstrap percentile CI, lower",
+            b.map(|b| b.ci.lo),
+        );
+        row.f(
+            format!("factorial_{cell}_rate_hi"),
+            "… upper",
+            b.map(|b| b.ci.hi),
+        );
+    }
+    for (name, doc, pick) in [
+        (
+            "factorial_excess",
+            "state × schedule: twin rate − replica rate (the state effect plus the interaction)",
+            0usize,
+        ),
+        (
+            "factorial_interaction",
+            "state × schedule: twin rate − state rate − replica rate",
+            1,
+        ),
+    ] {
+        let e = fr.map(|(_, x)| if pick == 0 { x.excess } else { x.interaction });
+        row.f(name, doc, e.and_then(|e| e.estimate));
+        row.f(
+            format!("{name}_lo"),
+            "… cluster-bootstrap percentile CI (every rate recomputed per resample), lower",
+            e.and_then(|e| e.ci.map(|c| c.lo)),
+        );
+        row.f(
+            format!("{name}_hi"),
+            "… upper",
+            e.and_then(|e| e.ci.map(|c| c.hi)),
+        );
+    }
     let e = r.excess.as_ref();
     row.f(
         "excess",
@@ -497,6 +632,11 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         "level",
         "confidence level of every interval",
         Some(opts.level),
+    );
+    row.f(
+        "equivalence_margin",
+        "margin of the mean-zero equivalence test (TOST), on the Â scale",
+        Some(opts.equivalence_margin),
     );
     row
 }

@@ -29,6 +29,10 @@ pub struct Args {
     /// `NAME (partial k/N)` (without it they are only listed in the report).
     #[arg(long)]
     partial: bool,
+    /// Margin of the mean-zero equivalence test (TOST of |mean(Â_X − Â_exact)| < margin), on
+    /// the Â scale.
+    #[arg(long, value_name = "M", default_value_t = AnalyzeOptions::default().equivalence_margin)]
+    equivalence_margin: f64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -38,6 +42,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         level: a.level,
         usd_per_gpu_hour: a.usd_per_gpu_hour,
         partial: a.partial,
+        equivalence_margin: a.equivalence_margin,
     };
     let out = analyze(&a.run_dirs, a.out.as_deref(), &opts)?;
     let configs: std::collections::BTreeSet<&str> = out

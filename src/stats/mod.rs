@@ -295,6 +295,26 @@ where
     Ok(out)
 }
 
+/// The statistic of each of `reps` cluster-bootstrap replicates of the rows grouped by
+/// `clusters`: `stat` gets the drawn row indices (into the caller's slices, in draw order) and,
+/// parallel to them, the replicate's cluster ids (`k` for the `k`-th draw). Drawn exactly as
+/// [`cluster_bootstrap_replicates`], so the same seed and clusters resample the same problems
+/// for every statistic: several statistics of one resample stay paired.
+pub fn cluster_bootstrap_rows<F>(
+    clusters: &[u64],
+    reps: usize,
+    seed: u64,
+    stat: F,
+) -> Result<Vec<f64>>
+where
+    F: FnMut(&[usize], &[u64]) -> f64,
+{
+    if clusters.is_empty() {
+        return Err(spec("no observations"));
+    }
+    bootstrap_draws(clusters, reps, seed, stat)
+}
+
 /// The raw statistic of each of `reps` cluster-bootstrap replicates (in draw order).
 ///
 /// Each replicate draws `G` problems uniformly with replacement (problems indexed in ascending
@@ -344,6 +364,13 @@ fn percentile_ci(mut replicates: Vec<f64>, level: f64) -> Option<BootstrapCi> {
         reps,
         valid_reps: replicates.len(),
     })
+}
+
+/// Percentile interval at `level` of the finite `replicates` (non-finite ones are dropped);
+/// `Ok(None)` if none is finite.
+pub fn percentile_interval(replicates: Vec<f64>, level: f64) -> Result<Option<BootstrapCi>> {
+    check_level(level)?;
+    Ok(percentile_ci(replicates, level))
 }
 
 /// Two-sided percentile-bootstrap p-value of `statistic = 0`:
@@ -503,6 +530,147 @@ pub fn rate_difference_bootstrap(
     Ok(percentile_ci(r, level)
         .zip(p_value)
         .map(|(ci, p_value)| RateDifferenceBootstrap { ci, p_value }))
+}
+
+/// A proportion over a subset of the rows, `#{j : s_j = Some(true)} / #{j : s_j ≠ None}`, with
+/// a cluster-bootstrap interval and a percentile test against a null value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShareBootstrap {
+    /// The proportion over all rows.
+    pub estimate: f64,
+    /// Percentile interval; replicates with an empty subset are dropped.
+    pub ci: BootstrapCi,
+    /// The null value tested.
+    pub null: f64,
+    /// [`percentile_p_value`] of `replicate − null`: two-sided p of `share = null`.
+    pub p_value: f64,
+}
+
+/// Cluster bootstrap of a proportion over a subset (`None` marks a row outside it), e.g. the
+/// share of zero-boundary crossings among the disagreements: problems are resampled (every
+/// problem of `clusters`, also those with no member row) and numerator and denominator are
+/// recomputed per replicate, so the interval reflects that the members of one problem are
+/// correlated. `Ok(None)` when the subset is empty or every replicate's subset is. Errors on
+/// a length mismatch, no rows, or a `null` outside `[0, 1]`.
+pub fn share_bootstrap(
+    s: &[Option<bool>],
+    clusters: &[u64],
+    null: f64,
+    reps: usize,
+    seed: u64,
+    level: f64,
+) -> Result<Option<ShareBootstrap>> {
+    check_level(level)?;
+    if s.len() != clusters.len() {
+        return Err(spec(format_args!(
+            "{} subset flags but {} cluster ids",
+            s.len(),
+            clusters.len()
+        )));
+    }
+    if clusters.is_empty() {
+        return Err(spec("no observations"));
+    }
+    if !(0.0..=1.0).contains(&null) {
+        return Err(spec(format_args!("null share {null} is not in [0, 1]")));
+    }
+    let (h, n) = subset_counts(s, 0..s.len());
+    if n == 0 {
+        return Ok(None);
+    }
+    let r = bootstrap_draws(clusters, reps, seed, |rows, _| {
+        let (h, n) = subset_counts(s, rows.iter().copied());
+        if n == 0 {
+            f64::NAN
+        } else {
+            h as f64 / n as f64
+        }
+    })?;
+    let centred: Vec<f64> = r.iter().map(|x| x - null).collect();
+    Ok(percentile_p_value(&centred)
+        .zip(percentile_ci(r, level))
+        .map(|(p_value, ci)| ShareBootstrap {
+            estimate: h as f64 / n as f64,
+            ci,
+            null,
+            p_value,
+        }))
+}
+
+/// Two one-sided tests (TOST) of equivalence, `−margin < μ < margin`, on the estimate and
+/// standard error of a [`TTest`] (Student t, same df).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tost {
+    /// The equivalence margin `m > 0`.
+    pub margin: f64,
+    /// p of `H0: μ ≤ −m` against `μ > −m`: `P(T ≥ (est + m)/se)`.
+    pub p_lower: f64,
+    /// p of `H0: μ ≥ m` against `μ < m`: `P(T ≤ (est − m)/se)`.
+    pub p_upper: f64,
+    /// `max(p_lower, p_upper)`: equivalence is shown at level α when it is below α (the same
+    /// as the `1 − 2α` t interval lying inside `(−m, m)`).
+    pub p_value: f64,
+}
+
+impl Tost {
+    /// Whether equivalence within `±margin` is shown at level `alpha`.
+    pub fn equivalent(&self, alpha: f64) -> bool {
+        self.p_value < alpha
+    }
+}
+
+/// TOST of `|μ| < margin` from a t test. `Ok(None)` when the test has no standard error
+/// (`G < 2`); a zero standard error (no spread between problems) gives p = 0 on a side the
+/// estimate is strictly inside and 1 otherwise. Non-rejection is not evidence of a
+/// difference, and rejection by the t test of `μ = 0` is not evidence against equivalence:
+/// the two answer different questions. Errors if `margin` is not finite and positive.
+pub fn tost(t: &TTest, margin: f64) -> Result<Option<Tost>> {
+    if !(margin.is_finite() && margin > 0.0) {
+        return Err(spec(format_args!(
+            "equivalence margin {margin} is not a positive number"
+        )));
+    }
+    let Some(se) = t.se else { return Ok(None) };
+    let (p_lower, p_upper) = if se == 0.0 {
+        (
+            f64::from(u8::from(t.estimate <= -margin)),
+            f64::from(u8::from(t.estimate >= margin)),
+        )
+    } else {
+        let dist = students_t(t.df);
+        (
+            dist.sf((t.estimate + margin) / se).clamp(0.0, 1.0),
+            dist.cdf((t.estimate - margin) / se).clamp(0.0, 1.0),
+        )
+    };
+    Ok(Some(Tost {
+        margin,
+        p_lower,
+        p_upper,
+        p_value: p_lower.max(p_upper),
+    }))
+}
+
+/// Holm's step-down adjustment of a family of p-values (Holm 1979): with the `m` present
+/// p-values sorted, `p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))`, returned in input
+/// order; `None` entries are not tests and stay `None` (they do not count in `m`). Rejecting
+/// where `p̃ < α` controls the family-wise error rate at α. Errors on a p-value outside
+/// `[0, 1]`.
+pub fn holm(p: &[Option<f64>]) -> Result<Vec<Option<f64>>> {
+    if let Some(bad) = p.iter().flatten().find(|x| !(0.0..=1.0).contains(*x)) {
+        return Err(spec(format_args!("p-value {bad} is not in [0, 1]")));
+    }
+    let mut order: Vec<usize> = (0..p.len()).filter(|&i| p[i].is_some()).collect();
+    order.sort_by(|&a, &b| p[a].unwrap_or(0.0).total_cmp(&p[b].unwrap_or(0.0)));
+    let m = order.len();
+    let mut out = vec![None; p.len()];
+    let mut running = 0.0_f64;
+    for (j, &i) in order.iter().enumerate() {
+        let adj = ((m - j) as f64 * p[i].unwrap_or(0.0)).min(1.0);
+        running = running.max(adj);
+        out[i] = Some(running);
+    }
+    Ok(out)
 }
 
 /// Clustered CIs of a mean of per-estimate values (e.g. `Â_refeed − Â_exact`, whose mean
@@ -706,6 +874,88 @@ where
         }
     };
     cluster_bootstrap_ci(&codes, &problems, stat, reps, seed, level)
+}
+
+/// Paired cluster-bootstrap test of the gap between two Jaccard indices against one reference
+/// pass: `J(ref, ceiling) − J(ref, treatment)` of the critical sets at `τ` (e.g. the replica
+/// ceiling minus Jaccard(exact, refeed)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JaccardGap {
+    /// The gap on the data; `None` when either union is empty.
+    pub estimate: Option<f64>,
+    /// Percentile interval of the gap; replicates with either union empty are dropped.
+    pub ci: BootstrapCi,
+    /// [`percentile_p_value`] of the same replicates (two-sided, gap = 0).
+    pub p_value: f64,
+}
+
+/// [`JaccardGap`] by cluster bootstrap: each replicate draws problems (`problem_of(key)`) with
+/// replacement and recomputes **both** Jaccard indices on the same drawn keys, so the test is
+/// paired (the two indices share `C_ref` and their problems' noise). `passes` are the keyed
+/// estimates `[reference, ceiling, treatment]`. Every problem with a key in any pass is a
+/// cluster. `Ok(None)` if every replicate had an empty union.
+pub fn jaccard_gap_bootstrap<K, P>(
+    passes: [&[(K, f64)]; 3],
+    tau: f64,
+    problem_of: P,
+    reps: usize,
+    seed: u64,
+    level: f64,
+) -> Result<Option<JaccardGap>>
+where
+    K: Ord + Clone,
+    P: Fn(&K) -> u64,
+{
+    check_tau(tau)?;
+    check_level(level)?;
+    let [reference, ceiling, treatment] = passes;
+    let maps = [
+        keyed_map(reference, "reference pass")?,
+        keyed_map(ceiling, "ceiling pass")?,
+        keyed_map(treatment, "treatment pass")?,
+    ];
+    let keys: BTreeSet<&K> = maps.iter().flat_map(|m| m.keys()).collect();
+    if keys.is_empty() {
+        return Err(spec("no observations"));
+    }
+    // Each key as three bits: critical in reference (1), ceiling (2), treatment (4).
+    let crit = |m: &BTreeMap<K, f64>, k: &K| m.get(k).is_some_and(|v| v.abs() >= tau);
+    let codes: Vec<u8> = keys
+        .iter()
+        .map(|k| {
+            u8::from(crit(&maps[0], k))
+                | u8::from(crit(&maps[1], k)) << 1
+                | u8::from(crit(&maps[2], k)) << 2
+        })
+        .collect();
+    let problems: Vec<u64> = keys.iter().map(|k| problem_of(k)).collect();
+    let gap = |rows: &mut dyn Iterator<Item = u8>| {
+        let (mut ic, mut uc, mut it, mut ut) = (0usize, 0usize, 0usize, 0usize);
+        for c in rows {
+            let (r, cl, t) = (c & 1 != 0, c & 2 != 0, c & 4 != 0);
+            ic += usize::from(r && cl);
+            uc += usize::from(r || cl);
+            it += usize::from(r && t);
+            ut += usize::from(r || t);
+        }
+        if uc == 0 || ut == 0 {
+            f64::NAN
+        } else {
+            ic as f64 / uc as f64 - it as f64 / ut as f64
+        }
+    };
+    let estimate = Some(gap(&mut codes.iter().copied())).filter(|g| g.is_finite());
+    let r = bootstrap_draws(&problems, reps, seed, |rows, _| {
+        gap(&mut rows.iter().map(|&j| codes[j]))
+    })?;
+    let p_value = percentile_p_value(&r);
+    Ok(percentile_ci(r, level)
+        .zip(p_value)
+        .map(|(ci, p_value)| JaccardGap {
+            estimate,
+            ci,
+            p_value,
+        }))
 }
 
 /// `successes / n` as "p% [lo, hi] (k/n)" with its Wilson interval at `level`;

@@ -643,3 +643,188 @@ fn percentile_p_value_counts_both_tails_with_ties() {
     assert_eq!(percentile_p_value(&[1.0, 2.0, f64::NAN]), Some(0.0));
     assert_eq!(percentile_p_value(&[f64::NAN]), None);
 }
+
+/// Cluster means `means` (two rows per problem, `mean ± spread`), problems 0..G.
+fn spread_clusters(means: &[f64], spread: f64) -> (Vec<f64>, Vec<u64>) {
+    let mut v = Vec::new();
+    let mut c = Vec::new();
+    for (g, &m) in means.iter().enumerate() {
+        v.extend([m - spread, m + spread]);
+        c.extend([g as u64, g as u64]);
+    }
+    (v, c)
+}
+
+#[test]
+fn tost_shows_equivalence_only_when_the_interval_lies_inside_the_margin() {
+    // Twenty problems, cluster means ±0.01 around 0: se ≈ 0.0023, the t test cannot reject
+    // μ = 0 and TOST at m = 0.05 shows equivalence.
+    let means: Vec<f64> = (0..20)
+        .map(|g| if g % 2 == 0 { 0.01 } else { -0.01 })
+        .collect();
+    let (v, c) = spread_clusters(&means, 0.3);
+    let t = cluster_mean_t(&v, &c).unwrap();
+    assert!(t.p_value.unwrap() > 0.05, "{t:?}");
+    let e = tost(&t, 0.05).unwrap().unwrap();
+    assert!(e.equivalent(0.05), "{e:?}");
+    // By hand: both sides have p = P(T_19 ≥ 0.05/se).
+    let want = students_t(19).sf(0.05 / t.se.unwrap());
+    close(e.p_lower, want, 1e-12);
+    close(e.p_upper, want, 1e-12);
+    // Negative control: the same mean 0 with cluster means ±0.2 (se ≈ 0.046). The t test
+    // still does not reject, and TOST must not call it equivalent either.
+    let wide: Vec<f64> = means.iter().map(|m| m * 20.0).collect();
+    let (v, c) = spread_clusters(&wide, 0.3);
+    let t = cluster_mean_t(&v, &c).unwrap();
+    assert!(t.p_value.unwrap() > 0.05, "{t:?}");
+    let e = tost(&t, 0.05).unwrap().unwrap();
+    assert!(!e.equivalent(0.05), "{e:?}");
+    assert!(e.p_value > 0.1, "{e:?}");
+    // An estimate outside the margin is never equivalent, however tight.
+    let shifted: Vec<f64> = means.iter().map(|m| m + 0.06).collect();
+    let (v, c) = spread_clusters(&shifted, 0.3);
+    let t = cluster_mean_t(&v, &c).unwrap();
+    assert!(!tost(&t, 0.05).unwrap().unwrap().equivalent(0.05));
+    assert!(tost(&t, 0.1).unwrap().unwrap().equivalent(0.05));
+}
+
+#[test]
+fn tost_degenerate_and_invalid_inputs() {
+    // Zero spread: decided by the point estimate alone.
+    let zero = TTest::new(0.01, Some(0.0), 5, 10);
+    let e = tost(&zero, 0.05).unwrap().unwrap();
+    assert_eq!((e.p_lower, e.p_upper, e.p_value), (0.0, 0.0, 0.0));
+    let edge = TTest::new(0.05, Some(0.0), 5, 10);
+    assert_eq!(tost(&edge, 0.05).unwrap().unwrap().p_value, 1.0);
+    // One problem: no test.
+    assert_eq!(tost(&TTest::new(0.0, None, 1, 3), 0.05).unwrap(), None);
+    for m in [0.0, -0.1, f64::NAN, f64::INFINITY] {
+        assert!(matches!(tost(&zero, m), Err(Error::Spec(_))), "{m}");
+    }
+}
+
+#[test]
+fn holm_adjusts_step_down_in_input_order() {
+    // Sorted 0.005, 0.01, 0.03, 0.04 → ×4, ×3, ×2, ×1 = 0.02, 0.03, 0.06, 0.04 → running max.
+    let p = [Some(0.01), Some(0.04), Some(0.03), Some(0.005)];
+    let adj: Vec<f64> = holm(&p).unwrap().into_iter().map(Option::unwrap).collect();
+    for (got, want) in adj.iter().zip([0.03, 0.06, 0.06, 0.02]) {
+        close(*got, want, 1e-12);
+    }
+    // At α = 0.05 every raw p rejects, Holm keeps only two.
+    assert!(p.iter().all(|p| p.unwrap() < 0.05));
+    let rejected: Vec<bool> = adj.iter().map(|&a| a < 0.05).collect();
+    assert_eq!(rejected, [true, false, false, true]);
+    // A single test is not adjusted; absent tests do not count; the cap is 1.
+    assert_eq!(holm(&[Some(0.04)]).unwrap(), [Some(0.04)]);
+    let with_none = holm(&[None, Some(0.02), Some(0.6), None]).unwrap();
+    assert_eq!(with_none, [None, Some(0.04), Some(0.6), None]);
+    assert_eq!(
+        holm(&[Some(0.9), Some(0.8)]).unwrap(),
+        [Some(1.0), Some(1.0)]
+    );
+    assert!(matches!(holm(&[Some(1.5)]), Err(Error::Spec(_))));
+    assert_eq!(holm(&[]).unwrap(), Vec::<Option<f64>>::new());
+}
+
+/// `n_true` problems whose `rows` members are all crossings, `n_false` whose members all are
+/// not, and one problem with only non-members.
+fn clustered_share(n_true: usize, n_false: usize, rows: usize) -> (Vec<Option<bool>>, Vec<u64>) {
+    let mut s = Vec::new();
+    let mut c = Vec::new();
+    for g in 0..n_true + n_false {
+        s.extend(std::iter::repeat_n(Some(g < n_true), rows));
+        c.extend(std::iter::repeat_n(g as u64, rows));
+    }
+    s.extend([None, None]);
+    c.extend([999, 999]);
+    (s, c)
+}
+
+#[test]
+fn share_bootstrap_respects_clustering_where_wilson_does_not() {
+    // 7 of 10 problems all crossings, 3 none, 20 members each: share 0.7 of 200. Wilson
+    // treats the 200 as independent and excludes 1/2; resampling the ten problems must not.
+    let (s, c) = clustered_share(7, 3, 20);
+    let (lo, _) = wilson(140, 200, 0.95).unwrap().unwrap();
+    assert!(lo > 0.5, "Wilson lower bound {lo}");
+    let b = share_bootstrap(&s, &c, 0.5, 2000, 7, 0.95)
+        .unwrap()
+        .unwrap();
+    close(b.estimate, 0.7, 1e-15);
+    assert!(b.ci.lo <= 0.5 && b.ci.hi > 0.7, "{b:?}");
+    assert!(b.p_value > 0.05, "{b:?}");
+    // Must reject: 19 of 20 problems all crossings.
+    let (s, c) = clustered_share(19, 1, 5);
+    let b = share_bootstrap(&s, &c, 0.5, 2000, 7, 0.95)
+        .unwrap()
+        .unwrap();
+    close(b.estimate, 0.95, 1e-15);
+    assert!(b.ci.lo > 0.5 && b.p_value < 0.05, "{b:?}");
+    // Deterministic per seed; an empty subset has no share; a bad null is an error.
+    assert_eq!(
+        share_bootstrap(&s, &c, 0.5, 200, 3, 0.9).unwrap(),
+        share_bootstrap(&s, &c, 0.5, 200, 3, 0.9).unwrap()
+    );
+    assert_eq!(
+        share_bootstrap(&[None, None], &[1, 2], 0.5, 10, 1, 0.9).unwrap(),
+        None
+    );
+    assert!(share_bootstrap(&s, &c, 1.5, 10, 1, 0.9).is_err());
+    assert!(share_bootstrap(&s, &c[1..], 0.5, 10, 1, 0.9).is_err());
+}
+
+type Keyed = Vec<((u64, u64), f64)>;
+
+/// Twenty problems, four keys each, with Â = 1 (critical at τ = 1/2) on the keys `crit`
+/// picks, else 0.
+fn keyed(crit: impl Fn(u64, u64) -> bool) -> Keyed {
+    (0..20u64)
+        .flat_map(|g| (0..4u64).map(move |i| (g, i)))
+        .map(|(g, i)| ((g, i), f64::from(u8::from(crit(g, i)))))
+        .collect()
+}
+
+#[test]
+fn jaccard_gap_is_paired_and_rejects_only_a_real_gap() {
+    let exact = keyed(|_, i| i < 2);
+    let replica = exact.clone();
+    // The treatment loses one of the two critical keys in every problem: J = 1/2, gap 1/2.
+    let lossy = keyed(|_, i| i == 0);
+    let g = jaccard_gap_bootstrap([&exact, &replica, &lossy], 0.5, |k| k.0, 1000, 5, 0.95)
+        .unwrap()
+        .unwrap();
+    close(g.estimate.unwrap(), 0.5, 1e-15);
+    // Every problem contributes the same gap, so every replicate is exactly 1/2.
+    assert!(g.ci.lo > 0.0 && g.p_value < 0.05, "{g:?}");
+    let direct = jaccard(&exact, &replica, 0.5).unwrap().value.unwrap()
+        - jaccard(&exact, &lossy, 0.5).unwrap().value.unwrap();
+    close(g.estimate.unwrap(), direct, 1e-15);
+    // Must not reject: the treatment differs in one key of one problem only.
+    let near = keyed(|g, i| i < 2 && !(g == 7 && i == 1));
+    let g = jaccard_gap_bootstrap([&exact, &replica, &near], 0.5, |k| k.0, 1000, 5, 0.95)
+        .unwrap()
+        .unwrap();
+    assert!(g.estimate.unwrap() > 0.0);
+    assert!(g.ci.lo <= 0.0 && g.p_value > 0.05, "{g:?}");
+    // Paired: the replica is as noisy as the treatment (the same keys lost): gap exactly 0
+    // in every replicate, although each Jaccard on its own varies across replicates.
+    let noisy = keyed(|g, i| i < 2 && !(g % 3 == 0 && i == 1));
+    let g = jaccard_gap_bootstrap([&exact, &noisy, &noisy], 0.5, |k| k.0, 500, 5, 0.95)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (g.estimate, g.ci.lo, g.ci.hi, g.p_value),
+        (Some(0.0), 0.0, 0.0, 1.0)
+    );
+    let marginal = jaccard_bootstrap_ci(&exact, &noisy, 0.5, |k| k.0, 500, 5, 0.95)
+        .unwrap()
+        .unwrap();
+    assert!(marginal.hi > marginal.lo, "{marginal:?}");
+    // No critical key anywhere: no gap.
+    let none = keyed(|_, _| false);
+    assert_eq!(
+        jaccard_gap_bootstrap([&none, &none, &none], 0.5, |k| k.0, 50, 5, 0.95).unwrap(),
+        None
+    );
+}
