@@ -20,8 +20,23 @@ use std::path::PathBuf;
 use tch::{Device, Kind};
 
 /// Fixture architectures covered: plain LLaMA, Qwen2 biases, Gemma-2 soft-capping with
-/// alternating sliding windows, Mistral sliding windows, Qwen3 and Gemma-3 q/k norms.
-const FIXTURES: &[&str] = &["llama", "qwen2", "gemma2", "mistral_sw", "qwen3", "gemma3"];
+/// alternating sliding windows, Mistral sliding windows, Qwen3 and Gemma-3 q/k norms, OLMo-2
+/// post-norm blocks with whole-projection q/k norms, Phi-3 fused projections, and the RoPE
+/// scalings YaRN (Qwen2), dynamic NTK (frequencies per position, past its trained length of
+/// 16 in these checks) and LongRoPE (past its original length of 32 as well).
+const FIXTURES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "gemma2",
+    "mistral_sw",
+    "qwen3",
+    "gemma3",
+    "olmo2",
+    "phi3",
+    "qwen2_yarn",
+    "llama_dynamic",
+    "phi3_longrope",
+];
 const KINDS: &[Kind] = &[Kind::Float, Kind::BFloat16];
 
 fn fixture(name: &str) -> PathBuf {
