@@ -251,9 +251,7 @@ impl ArchConfig {
                 original_max_position_embeddings,
                 ..
             } => n.max((original_max_position_embeddings * factor) as usize),
-            RopeScaling::DynamicNtk { factor, .. } if factor > 1.0 => {
-                (n as f64 * factor) as usize
-            }
+            RopeScaling::DynamicNtk { factor, .. } if factor > 1.0 => (n as f64 * factor) as usize,
             RopeScaling::LongRope {
                 original_max_position_embeddings,
                 ..
@@ -417,16 +415,57 @@ impl ArchConfig {
             ));
         }
         for rope in std::iter::once(&self.rope).chain(&self.rope_local) {
-            if let RopeScaling::LongRope {
-                short_factor,
-                long_factor,
-                ..
-            } = &rope.scaling
-                && (short_factor.len() != self.head_dim / 2 || long_factor.len() != self.head_dim / 2)
-            {
+            let positive = |x: f64| x.is_finite() && x > 0.0;
+            let ok = match &rope.scaling {
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings,
+                    beta_fast,
+                    beta_slow,
+                    attention_factor,
+                    ..
+                } => {
+                    rope.theta > 1.0
+                        && [
+                            *factor,
+                            *original_max_position_embeddings,
+                            *beta_fast,
+                            *beta_slow,
+                            *attention_factor,
+                        ]
+                        .into_iter()
+                        .all(positive)
+                }
+                RopeScaling::DynamicNtk {
+                    factor,
+                    max_position_embeddings,
+                } => self.head_dim > 2 && positive(*factor) && positive(*max_position_embeddings),
+                RopeScaling::LongRope {
+                    short_factor,
+                    long_factor,
+                    original_max_position_embeddings,
+                    attention_factor,
+                } => {
+                    if short_factor.len() != self.head_dim / 2
+                        || long_factor.len() != self.head_dim / 2
+                    {
+                        return Err(Error::Config(format!(
+                            "LongRoPE factors must hold {} numbers (half the head size)",
+                            self.head_dim / 2
+                        )));
+                    }
+                    short_factor
+                        .iter()
+                        .chain(long_factor)
+                        .chain([original_max_position_embeddings, attention_factor])
+                        .all(|&x| positive(x))
+                }
+                _ => true,
+            };
+            if !ok {
                 return Err(Error::Config(format!(
-                    "LongRoPE factors must hold {} numbers (half the head size)",
-                    self.head_dim / 2
+                    "invalid RoPE scaling (rope_theta {}): factors and lengths must be positive, the base above 1 for YaRN and the head size above 2 for dynamic NTK",
+                    rope.theta
                 )));
             }
         }
@@ -814,9 +853,11 @@ mod tests {
             p.as_object_mut()
                 .unwrap()
                 .extend(extra.as_object().unwrap().clone());
-            Ok(ArchConfig::from_hf_json(&with(small("LlamaForCausalLM"), "rope_parameters", p))?
-                .rope
-                .scaling)
+            Ok(
+                ArchConfig::from_hf_json(&with(small("LlamaForCausalLM"), "rope_parameters", p))?
+                    .rope
+                    .scaling,
+            )
         };
         let factor_of = |s: RopeScaling| match s {
             RopeScaling::Yarn {
@@ -859,7 +900,11 @@ mod tests {
         let long: Vec<f64> = (0..8).map(|i| 1.0 + i as f64).collect();
         let v = with(
             with(
-                with(small("Phi3ForCausalLM"), "max_position_embeddings", json!(131072)),
+                with(
+                    small("Phi3ForCausalLM"),
+                    "max_position_embeddings",
+                    json!(131072),
+                ),
                 "original_max_position_embeddings",
                 json!(4096),
             ),
@@ -915,7 +960,11 @@ mod tests {
     fn refuses_what_it_does_not_implement_in_one_line() {
         let cases = [
             (
-                with(small("Phi3ForCausalLM"), "partial_rotary_factor", json!(0.75)),
+                with(
+                    small("Phi3ForCausalLM"),
+                    "partial_rotary_factor",
+                    json!(0.75),
+                ),
                 "partial rotary",
             ),
             (
@@ -954,6 +1003,22 @@ mod tests {
                     json!({"type": "dynamic"}),
                 ),
                 "needs `factor`",
+            ),
+            (
+                with(
+                    small("Qwen2ForCausalLM"),
+                    "rope_scaling",
+                    json!({"type": "yarn", "factor": -4.0}),
+                ),
+                "must be positive",
+            ),
+            (
+                with(
+                    with(small("LlamaForCausalLM"), "head_dim", json!(2)),
+                    "rope_scaling",
+                    json!({"type": "dynamic", "factor": 2.0}),
+                ),
+                "head size above 2",
             ),
         ];
         for (v, want) in cases {

@@ -121,25 +121,44 @@ fn fixture_gguf(
         ("general.architecture".to_string(), Meta::Str(arch)),
         (k("embedding_length"), Meta::U32(cfg.hidden_size as u32)),
         (k("block_count"), Meta::U32(cfg.num_layers() as u32)),
-        (k("feed_forward_length"), Meta::U32(cfg.intermediate_size as u32)),
-        (k("attention.head_count"), Meta::U32(cfg.num_attention_heads as u32)),
-        (k("attention.head_count_kv"), Meta::U32(cfg.num_key_value_heads as u32)),
-        (k("attention.layer_norm_rms_epsilon"), Meta::F32(cfg.rms_norm_eps as f32)),
-        (k("context_length"), Meta::U32(cfg.max_position_embeddings as u32)),
+        (
+            k("feed_forward_length"),
+            Meta::U32(cfg.intermediate_size as u32),
+        ),
+        (
+            k("attention.head_count"),
+            Meta::U32(cfg.num_attention_heads as u32),
+        ),
+        (
+            k("attention.head_count_kv"),
+            Meta::U32(cfg.num_key_value_heads as u32),
+        ),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Meta::F32(cfg.rms_norm_eps as f32),
+        ),
+        (
+            k("context_length"),
+            Meta::U32(cfg.max_position_embeddings as u32),
+        ),
         (k("rope.freq_base"), Meta::F32(cfg.rope.theta as f32)),
         (k("rope.dimension_count"), Meta::U32(cfg.head_dim as u32)),
     ];
     meta.extend(extra);
-    let mut tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(dir.join("model.safetensors"))
-        .unwrap()
-        .into_iter()
-        .map(|(n, t)| (gguf_name(arch, &n), t))
-        .collect();
+    let mut tensors: Vec<(String, Tensor)> =
+        Tensor::read_safetensors(dir.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(n, t)| (gguf_name(arch, &n), t))
+            .collect();
     tensors.extend(extra_tensors);
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let tmp = std::env::temp_dir().join(format!("kvcredit-gguf-arch-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
-    let path = tmp.join(format!("{name}-{}.gguf", FILES.fetch_add(1, Ordering::Relaxed)));
+    let path = tmp.join(format!(
+        "{name}-{}.gguf",
+        FILES.fetch_add(1, Ordering::Relaxed)
+    ));
     write_gguf(&path, &meta, &tensors);
     (path, cfg)
 }
@@ -149,8 +168,10 @@ fn logits_of(path: &Path, fixture: &str) -> Result<(ArchConfig, Tensor, Tensor)>
     let g = GgufFile::open(path)?;
     let cfg = gguf::config_from_gguf(&g)?;
     let tensors = gguf::load_tensors(&g, &cfg)?;
-    let model =
-        Decoder::from_weights(cfg.clone(), Weights::from_named(tensors, Kind::Float, Device::Cpu))?;
+    let model = Decoder::from_weights(
+        cfg.clone(),
+        Weights::from_named(tensors, Kind::Float, Device::Cpu),
+    )?;
     let dir = hf_fixtures().join(fixture);
     let r = reference(&dir);
     let from_gguf = model.forward_full(&r["input_ids"], &ExecPolicy::Stock)?;
@@ -182,7 +203,12 @@ fn olmo2_phi3_and_yarn_ggufs_decode_like_their_hugging_face_folders() -> Result<
         assert_eq!(cfg.rope.scaling, hf_cfg.rope.scaling, "{fixture}");
         assert_eq!(cfg.layer_types, hf_cfg.layer_types, "{fixture}");
         assert_eq!(
-            (cfg.qk_norm, cfg.qk_norm_across_heads, cfg.pre_norms, cfg.sandwich_norms),
+            (
+                cfg.qk_norm,
+                cfg.qk_norm_across_heads,
+                cfg.pre_norms,
+                cfg.sandwich_norms
+            ),
             (
                 hf_cfg.qk_norm,
                 hf_cfg.qk_norm_across_heads,
@@ -193,8 +219,13 @@ fn olmo2_phi3_and_yarn_ggufs_decode_like_their_hugging_face_folders() -> Result<
         );
         assert_eq!(cfg.norm_weight_fp32, hf_cfg.norm_weight_fp32, "{fixture}");
         let diff = max_abs(&from_gguf, &from_hf);
-        let vs_hf = max_abs(&from_gguf, &reference(&hf_fixtures().join(fixture))["logits"]);
-        println!("{fixture} GGUF: max |Δlogit| vs HF folder {diff:.2e}, vs transformers {vs_hf:.2e}");
+        let vs_hf = max_abs(
+            &from_gguf,
+            &reference(&hf_fixtures().join(fixture))["logits"],
+        );
+        println!(
+            "{fixture} GGUF: max |Δlogit| vs HF folder {diff:.2e}, vs transformers {vs_hf:.2e}"
+        );
         // GGUF stores the rms epsilon as f32; the logits came out bitwise equal all the same.
         assert!(diff <= 1e-5 && vs_hf <= 1e-4, "{fixture}: {diff} / {vs_hf}");
     }
@@ -231,17 +262,26 @@ fn refuses_longrope_factor_tensors_and_yarn_log_multipliers_in_one_line() {
     let err = gguf::config_from_gguf(&GgufFile::open(&path).unwrap())
         .unwrap_err()
         .to_string();
-    assert!(err.contains("LongRoPE factors") && !err.contains('\n'), "{err}");
+    assert!(
+        err.contains("LongRoPE factors") && !err.contains('\n'),
+        "{err}"
+    );
     let extra = vec![
         ("qwen2.rope.scaling.type".to_string(), Meta::Str("yarn")),
         ("qwen2.rope.scaling.factor".to_string(), Meta::F32(4.0)),
-        ("qwen2.rope.scaling.yarn_log_multiplier".to_string(), Meta::F32(0.1)),
+        (
+            "qwen2.rope.scaling.yarn_log_multiplier".to_string(),
+            Meta::F32(0.1),
+        ),
     ];
     let (path, _) = fixture_gguf("qwen2_yarn", "qwen2", extra, vec![]);
     let err = gguf::config_from_gguf(&GgufFile::open(&path).unwrap())
         .unwrap_err()
         .to_string();
-    assert!(err.contains("log multiplier") && !err.contains('\n'), "{err}");
+    assert!(
+        err.contains("log multiplier") && !err.contains('\n'),
+        "{err}"
+    );
     let extra = vec![("qwen2.rope.scaling.type".to_string(), Meta::Str("longrope"))];
     let (path, _) = fixture_gguf("qwen2", "qwen2", extra, vec![]);
     let err = gguf::config_from_gguf(&GgufFile::open(&path).unwrap())

@@ -202,7 +202,9 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
         (_, None) | (Arch::Qwen2 | Arch::Qwen3 | Arch::Olmo2, _) => {
             vec![LayerKind::Full; num_layers]
         }
-        (Arch::Llama | Arch::Phi3, Some(w)) => vec![LayerKind::Sliding { window: w as usize }; num_layers],
+        (Arch::Llama | Arch::Phi3, Some(w)) => {
+            vec![LayerKind::Sliding { window: w as usize }; num_layers]
+        }
         (Arch::Gemma2 | Arch::Gemma3, Some(w)) => {
             let sliding = LayerKind::Sliding { window: w as usize };
             let pattern_key = key("attention.sliding_window_pattern");
@@ -330,7 +332,10 @@ fn rope_scaling(g: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<RopeScalin
                 .opt_f64(&key("rope.scaling.factor"))?
                 .filter(|&f| f > 0.0)
                 .ok_or_else(|| {
-                    Error::Config(format!("YaRN needs a positive `{}`", key("rope.scaling.factor")))
+                    Error::Config(format!(
+                        "YaRN needs a positive `{}`",
+                        key("rope.scaling.factor")
+                    ))
                 })?;
             let original = g
                 .opt_u64(&key("rope.scaling.original_context_length"))?

@@ -22,7 +22,14 @@ pub struct QkNorm {
 
 impl QkNorm {
     /// Normalize `x` (`[B, T, heads * D]`) and view it as `[B, T, heads, D]`.
-    fn apply(&self, norm: &RmsNorm, x: &Tensor, heads: i64, d: i64, policy: &ExecPolicy) -> Result<Tensor> {
+    fn apply(
+        &self,
+        norm: &RmsNorm,
+        x: &Tensor,
+        heads: i64,
+        d: i64,
+        policy: &ExecPolicy,
+    ) -> Result<Tensor> {
         let (b, t) = (x.size()[0], x.size()[1]);
         if self.across_heads {
             Ok(norm.forward(x, policy)?.f_view([b, t, heads, d])?)

@@ -15,7 +15,12 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// A norm with the checkpoint's weight vector (`weight` already in fp32 when
     /// `weight_fp32`): `weight_offset` adds one to it (Gemma's `1 + w`).
-    pub fn new(weight: Tensor, eps: f64, weight_offset: bool, weight_fp32: bool) -> Result<RmsNorm> {
+    pub fn new(
+        weight: Tensor,
+        eps: f64,
+        weight_offset: bool,
+        weight_fp32: bool,
+    ) -> Result<RmsNorm> {
         let weight = if weight_offset {
             weight.f_add_scalar(1.0)?
         } else {

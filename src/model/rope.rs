@@ -24,10 +24,17 @@ enum ByPosition {
     /// They do not.
     Fixed,
     /// Dynamic NTK: position `p` with `p + 1 > max` uses the base `θ·s^(D/(D−2))`,
-    /// `s = factor·(p+1)/max − (factor − 1)`, i.e. `inv_freq_i · s^(−2i/(D−2))`.
+    /// `s = factor·(p+1)/max − (factor − 1)`, i.e. `inv_freq_i · s^(−2i/(D−2))`. Positions
+    /// `max..max + rows` (the context limit `max · factor`, at most [`MAX_NTK_ROWS`] rows) are
+    /// read from `table`, computed on the host, so that their frequencies never depend on how
+    /// a device kernel splits a batch into vector lanes (vectorized and scalar `exp` may round
+    /// differently); positions past it (only with `--allow-extrapolation`) are computed on the
+    /// device.
     DynamicNtk {
         factor: f64,
         max: f64,
+        /// `[rows, D/2]` fp32, row `r` for position `max + r`.
+        table: Tensor,
         /// `inv_freq` in fp64 `[D/2]`.
         base: Tensor,
         /// `−2i/(D−2)` in fp64 `[D/2]`.
@@ -38,6 +45,9 @@ enum ByPosition {
     /// fp32).
     LongRope { long: Tensor, original: f64 },
 }
+
+/// Most host-computed rows of a dynamic-NTK table.
+const MAX_NTK_ROWS: usize = 1 << 16;
 
 /// `1 / θ^(2i/d)` for `i < d/2`, in fp64.
 fn plain_inv_freq(theta: f64, head_dim: usize) -> Vec<f64> {
@@ -59,8 +69,9 @@ fn yarn_inv_freq(
     truncate: bool,
 ) -> Vec<f64> {
     let d = head_dim as f64;
-    let correction_dim =
-        |rotations: f64| d * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
+    let correction_dim = |rotations: f64| {
+        d * (original / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+    };
     let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
     if truncate {
         low = low.floor();
@@ -151,11 +162,25 @@ impl RopeTable {
                 let exponents: Vec<f64> = (0..head_dim / 2)
                     .map(|i| -2.0 * i as f64 / (d - 2.0))
                     .collect();
+                let max = max_position_embeddings;
+                let rows = ((max * factor).ceil() - max).clamp(1.0, MAX_NTK_ROWS as f64) as usize;
+                let mut table = Vec::with_capacity(rows * head_dim / 2);
+                for r in 0..rows {
+                    let s = factor * (max + r as f64 + 1.0) / max - (factor - 1.0);
+                    table.extend(
+                        base.iter()
+                            .zip(&exponents)
+                            .map(|(f, e)| (f * (e * s.ln()).exp()) as f32),
+                    );
+                }
                 Ok(RopeTable {
                     inv_freq: to_f32_tensor(&base, device)?,
                     by_position: ByPosition::DynamicNtk {
                         factor,
-                        max: max_position_embeddings,
+                        max,
+                        table: Tensor::f_from_slice(&table)?
+                            .f_view([rows as i64, (head_dim / 2) as i64])?
+                            .f_to_device(device)?,
                         base: Tensor::f_from_slice(&base)?.f_to_device(device)?,
                         exponents: Tensor::f_from_slice(&exponents)?.f_to_device(device)?,
                     },
@@ -192,23 +217,36 @@ impl RopeTable {
             ByPosition::DynamicNtk {
                 factor,
                 max,
+                table,
                 base,
                 exponents,
             } => {
-                // s = factor·max(p+1, max)/max − (factor − 1), exactly 1 within the trained
-                // length, where the frequencies are bitwise the plain ones.
-                let len = positions
+                let (b, t) = (positions.size()[0], positions.size()[1]);
+                let (rows, half) = (table.size()[0], table.size()[1]);
+                let start = *max as i64;
+                // Within the trained length: the plain frequencies; then the table.
+                let row = positions.f_sub_scalar(start)?.f_clamp(0, rows - 1)?;
+                let from_table = table
+                    .f_index_select(0, &row.f_reshape([-1])?)?
+                    .f_view([b, t, half])?;
+                let trained = positions.f_lt(start)?.f_unsqueeze(-1)?;
+                let inv = fixed.f_where_self(&trained, &from_table)?;
+                // Past the table: s = factor·(p+1)/max − (factor − 1) on the device.
+                let s = positions
                     .f_to_kind(Kind::Double)?
                     .f_add_scalar(1.0)?
-                    .f_clamp_min(*max)?
-                    .f_unsqueeze(-1)?;
-                let s = len
                     .f_mul_scalar(*factor / *max)?
-                    .f_sub_scalar(*factor - 1.0)?;
-                let scale = s.f_log()?.f_mul(&exponents.f_view([1, 1, -1])?)?.f_exp()?;
-                scale
+                    .f_sub_scalar(*factor - 1.0)?
+                    .f_clamp_min(1.0)?
+                    .f_unsqueeze(-1)?;
+                let computed = s
+                    .f_log()?
+                    .f_mul(&exponents.f_view([1, 1, -1])?)?
+                    .f_exp()?
                     .f_mul(&base.f_view([1, 1, -1])?)?
-                    .f_to_kind(Kind::Float)?
+                    .f_to_kind(Kind::Float)?;
+                let past = positions.f_ge(start + rows)?.f_unsqueeze(-1)?;
+                computed.f_where_self(&past, &inv)?
             }
             ByPosition::LongRope { long, original } => {
                 let is_long = positions
@@ -316,7 +354,12 @@ mod tests {
                 checked.push(name);
             }
         }
-        for must in ["qwen2_yarn", "llama_yarn_mscale", "llama_dynamic", "phi3_longrope"] {
+        for must in [
+            "qwen2_yarn",
+            "llama_yarn_mscale",
+            "llama_dynamic",
+            "phi3_longrope",
+        ] {
             assert!(checked.iter().any(|n| n == must), "fixture {must} missing");
         }
         Ok(())
@@ -351,7 +394,9 @@ mod tests {
     /// Inverse frequencies of each of `positions` as `[positions][D/2]`.
     fn per_position(t: &RopeTable, positions: &[i64]) -> Result<Vec<Vec<f64>>> {
         let p = Tensor::from_slice(positions).view([1, -1]);
-        let inv = t.inv_freq_at(&p)?.expand([1, positions.len() as i64, 8], false);
+        let inv = t
+            .inv_freq_at(&p)?
+            .expand([1, positions.len() as i64, 8], false);
         Ok((0..positions.len() as i64)
             .map(|i| values(&inv.get(0).get(i)))
             .collect())
@@ -364,18 +409,23 @@ mod tests {
             max_position_embeddings: 16.0,
         })?;
         let plain = values(&table(RopeScaling::None)?.inv_freq);
-        let got = per_position(&t, &[0, 15, 16, 30])?;
+        // Positions 16..32 come from the host table, 40 and 100 from the device formula.
+        let got = per_position(&t, &[0, 15, 16, 30, 31, 32, 40, 100])?;
         // Within the trained length: bitwise the plain frequencies.
         assert_eq!(got[0], plain);
         assert_eq!(got[1], plain);
         // Past it: transformers' base θ·(factor·len/max − (factor − 1))^(d/(d−2)), len = p + 1.
-        for (row, p) in [(2, 16.0), (3, 30.0)] {
+        for (row, p) in [(2, 16.0), (3, 30.0), (4, 31.0), (5, 32.0), (6, 40.0), (7, 100.0)] {
             let base = 1e4 * (2.0 * (p + 1.0) / 16.0 - 1.0f64).powf(16.0 / 14.0);
             let want = plain_inv_freq(base, 16);
             let diff = rel_diff(&got[row], &want);
             assert!(diff < 1e-6, "position {p}: {diff}");
             assert!(got[row][1] < plain[1], "the base grew");
         }
+        // A position reads the same frequencies whatever the batch around it.
+        let alone = per_position(&t, &[20])?;
+        let batch = per_position(&t, &[3, 20, 7, 25, 19])?;
+        assert_eq!(alone[0], batch[1]);
         Ok(())
     }
 
@@ -392,7 +442,11 @@ mod tests {
         let plain = plain_inv_freq(1e4, 16);
         let got = per_position(&t, &[0, 31, 32, 40])?;
         let divided = |f: &[f64]| -> Vec<f64> {
-            plain.iter().zip(f).map(|(p, s)| ((p / s) as f32) as f64).collect()
+            plain
+                .iter()
+                .zip(f)
+                .map(|(p, s)| ((p / s) as f32) as f64)
+                .collect()
         };
         assert_eq!(got[0], divided(&short));
         assert_eq!(got[1], divided(&short));
