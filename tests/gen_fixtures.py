@@ -964,8 +964,9 @@ def write_readme(results, sizes, total, g3_legacy_ok):
         r = results[spec["name"]]
         a(f"- `{spec['name']}`: seed {r['seed']}, min greedy gap {r['min_greedy_gap']:.3f}, "
           f"{r['distinct_new']} distinct tokens among the {NEW} generated, logits std "
-          f"{r['logit_std']:.2f} / absmax {r['logit_absmax']:.2f}, cached-vs-uncached step logits max diff "
-          f"{r['gen_vs_nocache_maxdiff']:.1e}, fp32-vs-fp64 logits max diff {r['fp32_noise']:.1e}"
+          f"{r['logit_std']:.2f} / absmax {r['logit_absmax']:.2f}, "
+          + ("generate-vs-cached_forward" if "hf_uncached_vs_cached" in r else "cached-vs-uncached")
+          + f" step logits max diff {r['gen_vs_nocache_maxdiff']:.1e}, fp32-vs-fp64 logits max diff {r['fp32_noise']:.1e}"
           + (f", raw logits over cap: {r['raw_logits_over_cap']} (raw absmax {r['raw_logit_absmax']:.1f})" if "raw_logits_over_cap" in r else "")
           + (f", transformers' own uncached-vs-cached logits max diff {r['hf_uncached_vs_cached']:.2e}" if "hf_uncached_vs_cached" in r else ""))
         for desc, diff in r["ablations"]:
