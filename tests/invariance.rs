@@ -171,7 +171,7 @@ fn stock_is_not_batch_invariant_on_fixtures_fp32() -> Result<()> {
         seed: 4,
         ..CheckOptions::default()
     };
-    for name in ["llama", "qwen2", "gemma2"] {
+    for name in ["llama", "qwen2", "gemma2", "olmo2", "phi3", "llama_dynamic"] {
         let model = load(&fixture(name), Kind::Float)?;
         let report = check(&model, name, ExecPolicy::Stock, &opts)?;
         println!("{name} fp32 stock: max |Δlogit| = {:.3e}", report.max_abs());

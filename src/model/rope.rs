@@ -415,7 +415,14 @@ mod tests {
         assert_eq!(got[0], plain);
         assert_eq!(got[1], plain);
         // Past it: transformers' base θ·(factor·len/max − (factor − 1))^(d/(d−2)), len = p + 1.
-        for (row, p) in [(2, 16.0), (3, 30.0), (4, 31.0), (5, 32.0), (6, 40.0), (7, 100.0)] {
+        for (row, p) in [
+            (2, 16.0),
+            (3, 30.0),
+            (4, 31.0),
+            (5, 32.0),
+            (6, 40.0),
+            (7, 100.0),
+        ] {
             let base = 1e4 * (2.0 * (p + 1.0) / 16.0 - 1.0f64).powf(16.0 / 14.0);
             let want = plain_inv_freq(base, 16);
             let diff = rel_diff(&got[row], &want);
