@@ -21,7 +21,7 @@ pub enum Error {
     Config(String),
     /// The checkpoint names an architecture kvcredit does not implement.
     #[error(
-        "config: unknown architecture `{}` (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)",
+        "config: unknown architecture `{}` (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3, olmo2, phi3)",
         one_line(.0)
     )]
     UnknownArch(String),

@@ -20,8 +20,23 @@ use std::path::PathBuf;
 use tch::{Device, Kind};
 
 /// Fixture architectures covered: plain LLaMA, Qwen2 biases, Gemma-2 soft-capping with
-/// alternating sliding windows, Mistral sliding windows, Qwen3 and Gemma-3 q/k norms.
-const FIXTURES: &[&str] = &["llama", "qwen2", "gemma2", "mistral_sw", "qwen3", "gemma3"];
+/// alternating sliding windows, Mistral sliding windows, Qwen3 and Gemma-3 q/k norms, OLMo-2
+/// post-norm blocks with whole-projection q/k norms, Phi-3 fused projections, and the RoPE
+/// scalings YaRN (Qwen2), dynamic NTK (frequencies per position, past its trained length of
+/// 16 in these checks) and LongRoPE (past its original length of 32 as well).
+const FIXTURES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "gemma2",
+    "mistral_sw",
+    "qwen3",
+    "gemma3",
+    "olmo2",
+    "phi3",
+    "qwen2_yarn",
+    "llama_dynamic",
+    "phi3_longrope",
+];
 const KINDS: &[Kind] = &[Kind::Float, Kind::BFloat16];
 
 fn fixture(name: &str) -> PathBuf {
@@ -156,7 +171,7 @@ fn stock_is_not_batch_invariant_on_fixtures_fp32() -> Result<()> {
         seed: 4,
         ..CheckOptions::default()
     };
-    for name in ["llama", "qwen2", "gemma2"] {
+    for name in ["llama", "qwen2", "gemma2", "olmo2", "phi3", "llama_dynamic"] {
         let model = load(&fixture(name), Kind::Float)?;
         let report = check(&model, name, ExecPolicy::Stock, &opts)?;
         println!("{name} fp32 stock: max |Δlogit| = {:.3e}", report.max_abs());

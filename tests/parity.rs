@@ -1,5 +1,5 @@
 //! Parity with Hugging Face transformers on tiny random-weight models of every supported
-//! architecture (fixtures from `tests/gen_fixtures.py`), in fp32 on the CPU.
+//! architecture and RoPE scaling (fixtures from `tests/gen_fixtures.py`), in fp32 on the CPU.
 mod common;
 
 use common::*;
@@ -90,6 +90,71 @@ fn greedy_tokens_with_cache_match_transformers_generate() -> Result<()> {
         let out = generate(&model, &prompt, &opts)?;
         assert_eq!(out.tokens, expected[prompt.len()..], "{}", name(&dir));
     }
+    Ok(())
+}
+
+#[test]
+fn greedy_tokens_without_cache_match_transformers_generate() -> Result<()> {
+    // One uncached forward over the generated sequence: the argmax at each generated step is
+    // the token transformers' cached `generate` chose, and the logits are its step logits.
+    println!("| fixture | tokens with cache | tokens without cache | max |Δlogit| |");
+    println!("| --- | --- | --- | --- |");
+    for dir in fixture_dirs() {
+        let model = load(&dir, Kind::Float)?;
+        let r = reference(&dir);
+        let (prompt, seq) = (ids(&r["prompt_ids"]), ids(&r["generated_ids"]));
+        let p = prompt.len();
+        let input = Tensor::from_slice(&seq[..seq.len() - 1]).view([1, -1]);
+        let logits = model.forward_full(&input, &ExecPolicy::Stock)?;
+        let steps = logits.narrow(1, p as i64 - 1, (seq.len() - p) as i64);
+        let uncached = ids(&steps.argmax(-1, false));
+        let opts = GenerateOptions {
+            max_new_tokens: seq.len() - p,
+            sampling: Sampling::Greedy,
+            seed: 0,
+            stop_tokens: vec![],
+            policy: ExecPolicy::Stock,
+        };
+        let cached = generate(&model, &prompt, &opts)?.tokens;
+        let tf = model.forward_full(&r["input_ids"], &ExecPolicy::Stock)?;
+        let same = |t: &[i64]| {
+            let n = t.iter().zip(&seq[p..]).filter(|(a, b)| a == b).count();
+            format!("{n}/{}", seq.len() - p)
+        };
+        println!(
+            "| `{}` | {} | {} | {:.1e} (teacher-forced), {:.1e} (generate steps) |",
+            name(&dir),
+            same(&cached),
+            same(&uncached),
+            max_abs(&tf, &r["logits"]),
+            max_abs(&steps, &r["generated_logits"])
+        );
+        assert_eq!(uncached, seq[p..], "{}", name(&dir));
+        let diff = max_abs(&steps, &r["generated_logits"]);
+        assert!(diff <= 1e-4, "{}: step logits differ by {diff}", name(&dir));
+    }
+    Ok(())
+}
+
+#[test]
+fn longrope_context_ends_at_the_original_length() -> Result<()> {
+    // transformers re-encodes a LongRoPE sequence with the long factors once it is longer than
+    // the original length; the decoder refuses to go there unless told to extrapolate.
+    let mut model = load(&hf_fixtures().join("phi3_longrope"), Kind::Float)?;
+    model.limit_context(true);
+    assert_eq!(model.context_limit(), Some(32));
+    let ids = |n: i64| Tensor::arange(n, (Kind::Int64, tch::Device::Cpu)).view([1, -1]);
+    let _ = model.forward_full(&ids(32), &ExecPolicy::Stock)?;
+    let err = model
+        .forward_full(&ids(33), &ExecPolicy::Stock)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("33 positions") && err.contains("32"), "{err}");
+    // YaRN and dynamic NTK stretch the context past max_position_embeddings.
+    let yarn = load(&hf_fixtures().join("qwen2_yarn"), Kind::Float)?;
+    assert_eq!(yarn.config().context_length(), 8192);
+    let dynamic = load(&hf_fixtures().join("llama_dynamic"), Kind::Float)?;
+    assert_eq!(dynamic.config().context_length(), 32);
     Ok(())
 }
 

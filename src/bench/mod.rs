@@ -303,8 +303,13 @@ pub fn decode_weight_bytes(model: &Decoder) -> i64 {
         } else {
             0
         };
+    let qk_norms = match (c.qk_norm, c.qk_norm_across_heads) {
+        (false, _) => 0,
+        (true, false) => 2 * d,
+        (true, true) => (hq + hkv) * d,
+    };
     let norms =
-        2 * h + if c.sandwich_norms { 2 * h } else { 0 } + if c.qk_norm { 2 * d } else { 0 };
+        if c.pre_norms { 2 * h } else { 0 } + if c.sandwich_norms { 2 * h } else { 0 } + qk_norms;
     let layer = qkv + h * hq * d + 3 * inter * h + norms;
     let elems = c.num_layers() as i64 * layer + h + v * h;
     elems * model.kind().elt_size_in_bytes() as i64

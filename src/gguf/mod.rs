@@ -11,6 +11,8 @@
 //!   the decoder compute `x * (1 + w)` itself.
 //! - Dimensions are stored innermost-first; shapes are reversed (a Linear weight is
 //!   `[out, in]`).
+//! - Phi-3's fused `attn_qkv` and `ffn_up` (gate rows, then up) are Hugging Face's `qkv_proj`
+//!   and `gate_up_proj`; the decoder splits them as it loads.
 pub mod dequant;
 pub mod reader;
 
@@ -80,6 +82,8 @@ fn arch_of(name: &str) -> Result<Arch> {
         "qwen3" => Arch::Qwen3,
         "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
+        "olmo2" => Arch::Olmo2,
+        "phi3" => Arch::Phi3,
         other => return Err(Error::UnknownArch(format!("{other} (GGUF)"))),
     })
 }
@@ -103,6 +107,7 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
     let key = |k: &str| format!("{name}.{k}");
     let usize_key = |k: &str| -> Result<usize> { Ok(g.u64(&key(k))? as usize) };
     let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+    let olmo2 = arch == Arch::Olmo2;
 
     let hidden_size = usize_key("embedding_length")?;
     let num_layers = usize_key("block_count")?;
@@ -163,29 +168,17 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
             ))
         })?;
 
-    let scaling = match g.opt_str(&key("rope.scaling.type"))? {
-        None | Some("none") => match g.opt_f64(&key("rope.scale_linear"))? {
-            Some(f) if f != 1.0 => RopeScaling::Linear { factor: f },
-            _ => RopeScaling::None,
-        },
-        Some("linear") => {
-            let f = g
-                .opt_f64(&key("rope.scaling.factor"))?
-                .or(g.opt_f64(&key("rope.scale_linear"))?)
-                .unwrap_or(1.0);
-            if f == 1.0 || f == 0.0 {
-                RopeScaling::None
-            } else {
-                RopeScaling::Linear { factor: f }
-            }
-        }
-        Some(other) => {
-            return Err(Error::Config(format!("unsupported rope scaling `{other}`")));
-        }
-    };
+    let scaling = rope_scaling(g, &key)?;
     if g.tensor_info("rope_freqs.weight").is_some() {
         return Err(Error::Config(
             "per-frequency RoPE factors (`rope_freqs.weight`, llama-3.1 style scaling) are not supported".into(),
+        ));
+    }
+    if g.tensor_info("rope_factors_long.weight").is_some()
+        || g.tensor_info("rope_factors_short.weight").is_some()
+    {
+        return Err(Error::Config(
+            "LongRoPE factors (`rope_factors_long/short.weight`) are not supported from GGUF; load the Hugging Face folder instead".into(),
         ));
     }
     let rope = Rope {
@@ -206,8 +199,12 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
         .opt_u64(&key("attention.sliding_window"))?
         .filter(|&w| w > 0);
     let layer_types: Vec<LayerKind> = match (arch, window) {
-        (_, None) | (Arch::Qwen2 | Arch::Qwen3, _) => vec![LayerKind::Full; num_layers],
-        (Arch::Llama, Some(w)) => vec![LayerKind::Sliding { window: w as usize }; num_layers],
+        (_, None) | (Arch::Qwen2 | Arch::Qwen3 | Arch::Olmo2, _) => {
+            vec![LayerKind::Full; num_layers]
+        }
+        (Arch::Llama | Arch::Phi3, Some(w)) => {
+            vec![LayerKind::Sliding { window: w as usize }; num_layers]
+        }
         (Arch::Gemma2 | Arch::Gemma3, Some(w)) => {
             let sliding = LayerKind::Sliding { window: w as usize };
             let pattern_key = key("attention.sliding_window_pattern");
@@ -292,9 +289,12 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
         layer_types,
         attention_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
         qk_norm: g.tensor_info("blk.0.attn_q_norm.weight").is_some(),
+        qk_norm_across_heads: olmo2,
         norm_weight_offset: gemma,
+        norm_weight_fp32: gemma || olmo2,
         scale_embeddings: gemma,
-        sandwich_norms: gemma,
+        pre_norms: !olmo2,
+        sandwich_norms: gemma || olmo2,
         softmax_scale,
         attn_logit_softcapping: cap("attn_logit_softcapping")?,
         final_logit_softcapping: cap("final_logit_softcapping")?,
@@ -307,9 +307,89 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
     Ok(cfg)
 }
 
+/// RoPE scaling from `<arch>.rope.scaling.*` (llama.cpp's keys): linear, or YaRN with
+/// llama.cpp's defaults (`beta_fast` 32, `beta_slow` 1, ramp ends rounded outwards, cos/sin
+/// scaled by `attn_factor · (1 + 0.1 ln factor)`), which are transformers' too.
+fn rope_scaling(g: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<RopeScaling> {
+    Ok(match g.opt_str(&key("rope.scaling.type"))? {
+        None | Some("none") => match g.opt_f64(&key("rope.scale_linear"))? {
+            Some(f) if f != 1.0 => RopeScaling::Linear { factor: f },
+            _ => RopeScaling::None,
+        },
+        Some("linear") => {
+            let f = g
+                .opt_f64(&key("rope.scaling.factor"))?
+                .or(g.opt_f64(&key("rope.scale_linear"))?)
+                .unwrap_or(1.0);
+            if f == 1.0 || f == 0.0 {
+                RopeScaling::None
+            } else {
+                RopeScaling::Linear { factor: f }
+            }
+        }
+        Some("yarn") => {
+            let factor = g
+                .opt_f64(&key("rope.scaling.factor"))?
+                .filter(|&f| f > 0.0)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "YaRN needs a positive `{}`",
+                        key("rope.scaling.factor")
+                    ))
+                })?;
+            let original = g
+                .opt_u64(&key("rope.scaling.original_context_length"))?
+                .or(g.opt_u64(&key("context_length"))?)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "YaRN needs `{}`",
+                        key("rope.scaling.original_context_length")
+                    ))
+                })? as f64;
+            if let Some(m) = g.opt_f64(&key("rope.scaling.yarn_log_multiplier"))?
+                && m != 0.0
+            {
+                return Err(Error::Config(format!(
+                    "YaRN with a log multiplier (`{}` {m}, DeepSeek's mscale) is not supported",
+                    key("rope.scaling.yarn_log_multiplier")
+                )));
+            }
+            if let Some(e) = g.opt_f64(&key("rope.scaling.yarn_ext_factor"))?
+                && e != 1.0
+                && e >= 0.0
+            {
+                return Err(Error::Config(format!(
+                    "YaRN with extrapolation mix `{}` {e} (not 1) is not supported",
+                    key("rope.scaling.yarn_ext_factor")
+                )));
+            }
+            let positive = |k: &str, d: f64| -> Result<f64> {
+                Ok(g.opt_f64(&key(k))?.filter(|&x| x > 0.0).unwrap_or(d))
+            };
+            let mscale = if factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * factor.ln() + 1.0
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: positive("rope.scaling.yarn_beta_fast", 32.0)?,
+                beta_slow: positive("rope.scaling.yarn_beta_slow", 1.0)?,
+                truncate: true,
+                attention_factor: positive("rope.scaling.attn_factor", 1.0)? * mscale,
+            }
+        }
+        Some(other) => {
+            return Err(Error::Config(format!("unsupported rope scaling `{other}`")));
+        }
+    })
+}
+
 /// The Hugging Face checkpoint key of a GGUF tensor name.
 pub fn hf_tensor_name(arch: Arch, gguf_name: &str) -> Result<String> {
     let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+    let post_norms = gemma || arch == Arch::Olmo2;
     let fixed = match gguf_name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -336,14 +416,16 @@ pub fn hf_tensor_name(arch: Arch, gguf_name: &str) -> Result<String> {
         "attn_q" => "self_attn.q_proj",
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
+        "attn_qkv" => "self_attn.qkv_proj",
         "attn_output" => "self_attn.o_proj",
         "attn_q_norm" => "self_attn.q_norm",
         "attn_k_norm" => "self_attn.k_norm",
         "ffn_norm" if gemma => "pre_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
-        "post_attention_norm" if gemma => "post_attention_layernorm",
-        "post_ffw_norm" if gemma => "post_feedforward_layernorm",
+        "post_attention_norm" if post_norms => "post_attention_layernorm",
+        "post_ffw_norm" if post_norms => "post_feedforward_layernorm",
         "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" if arch == Arch::Phi3 => "mlp.gate_up_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
         _ => return Err(unknown()),

@@ -1,5 +1,5 @@
-//! Self-attention of one layer: fused q/k/v projection (optional biases), optional q/k RMSNorm,
-//! RoPE and the cache write (fused where [`glue`] runs), grouped-query attention through the
+//! Self-attention of one layer: fused q/k/v projection (optional biases), optional q/k RMSNorm
+//! (per head, or over all heads at once as in OLMo-2), RoPE and the cache write (fused where [`glue`] runs), grouped-query attention through the
 //! execution policy, output projection.
 use super::norm::RmsNorm;
 use super::rope;
@@ -9,14 +9,43 @@ use crate::exec::{AttnParams, AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvWrite};
 use tch::Tensor;
 
+/// RMSNorms of the queries and keys before RoPE.
+pub struct QkNorm {
+    /// Query norm (`q_norm`).
+    pub q: RmsNorm,
+    /// Key norm (`k_norm`).
+    pub k: RmsNorm,
+    /// Each norm spans all heads' projection (`[Hq * D]`, `[Hkv * D]`) instead of one head
+    /// (`[D]`).
+    pub across_heads: bool,
+}
+
+impl QkNorm {
+    /// Normalize `x` (`[B, T, heads * D]`) and view it as `[B, T, heads, D]`.
+    fn apply(
+        &self,
+        norm: &RmsNorm,
+        x: &Tensor,
+        heads: i64,
+        d: i64,
+        policy: &ExecPolicy,
+    ) -> Result<Tensor> {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        if self.across_heads {
+            Ok(norm.forward(x, policy)?.f_view([b, t, heads, d])?)
+        } else {
+            norm.forward(&x.f_view([b, t, heads, d])?, policy)
+        }
+    }
+}
+
 /// Attention weights and shape of one layer.
 pub struct Attention {
     /// `[(Hq + 2 Hkv) * D, hidden]`: q rows, then k, then v.
     qkv: Tensor,
     qkv_bias: Option<Tensor>,
     o: Tensor,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
+    qk_norm: Option<QkNorm>,
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
@@ -51,24 +80,19 @@ impl Attention {
         v: &Tensor,
         bias: Option<(Tensor, Tensor, Tensor)>,
         o: Tensor,
-        qk_norm: Option<(RmsNorm, RmsNorm)>,
+        qk_norm: Option<QkNorm>,
         shape: (i64, i64, i64),
         scale: f64,
         softcap: Option<f64>,
     ) -> Result<Attention> {
         let (heads, kv_heads, head_dim) = shape;
-        let (q_norm, k_norm) = match qk_norm {
-            Some((qn, kn)) => (Some(qn), Some(kn)),
-            None => (None, None),
-        };
         Ok(Attention {
             qkv: Tensor::f_cat(&[q, k, v], 0)?,
             qkv_bias: bias
                 .map(|(bq, bk, bv)| Tensor::f_cat(&[bq, bk, bv], 0))
                 .transpose()?,
             o,
-            q_norm,
-            k_norm,
+            qk_norm,
             heads,
             kv_heads,
             head_dim,
@@ -96,17 +120,14 @@ impl Attention {
             positions: inputs.positions,
             key_len: inputs.key_len,
         };
-        let (q, k_all, v_all) = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => {
+        let (q, k_all, v_all) = match &self.qk_norm {
+            Some(n) => {
                 let v = qkv
                     .f_narrow(-1, (hq + hkv) * d, hkv * d)?
                     .f_view([b, t, hkv, d])?
                     .f_transpose(1, 2)?;
-                let q = qn.forward(&qkv.f_narrow(-1, 0, hq * d)?.f_view([b, t, hq, d])?, policy)?;
-                let k = kn.forward(
-                    &qkv.f_narrow(-1, hq * d, hkv * d)?.f_view([b, t, hkv, d])?,
-                    policy,
-                )?;
+                let q = n.apply(&n.q, &qkv.f_narrow(-1, 0, hq * d)?, hq, d, policy)?;
+                let k = n.apply(&n.k, &qkv.f_narrow(-1, hq * d, hkv * d)?, hkv, d, policy)?;
                 let q = rope::apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
                 let k = rope::apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
                 let (k_all, v_all) =
@@ -114,7 +135,7 @@ impl Attention {
                         .write(to.layer, &k, &v, to.write, to.positions, to.key_len)?;
                 (q, k_all, v_all)
             }
-            _ => glue::rope_write(&qkv, (hq, hkv, d), inputs.cos, inputs.sin, to)?,
+            None => glue::rope_write(&qkv, (hq, hkv, d), inputs.cos, inputs.sin, to)?,
         };
         let params = AttnParams {
             scale: self.scale,
@@ -139,10 +160,10 @@ impl Attention {
         let (b, t) = (x.size()[0], x.size()[1]);
         let (hq, d) = (self.heads, self.head_dim);
         let qkv = policy.linear(x, &self.qkv, self.qkv_bias.as_ref())?;
-        let q = qkv.f_narrow(-1, 0, hq * d)?.f_view([b, t, hq, d])?;
-        let q = match &self.q_norm {
-            Some(qn) => qn.forward(&q, policy)?,
-            None => q,
+        let q = qkv.f_narrow(-1, 0, hq * d)?;
+        let q = match &self.qk_norm {
+            Some(n) => n.apply(&n.q, &q, hq, d, policy)?,
+            None => q.f_view([b, t, hq, d])?,
         };
         rope::apply(&q.f_transpose(1, 2)?, cos, sin)
     }

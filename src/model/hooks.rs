@@ -5,8 +5,8 @@
 //! bitwise the unhooked forward.
 //!
 //! Sites follow TransformerLens' naming: `attn_out` and `mlp_out` (sublayer outputs, before
-//! they are added to the residual stream; after Gemma's post-norms) and `resid_post` (the
-//! residual stream after the layer), all `[B, T, hidden]` in the run dtype.
+//! they are added to the residual stream; after Gemma's and OLMo-2's output norms) and
+//! `resid_post` (the residual stream after the layer), all `[B, T, hidden]` in the run dtype.
 use crate::{Error, Result};
 use tch::{Device, Kind, Tensor};
 

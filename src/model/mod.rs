@@ -1,10 +1,12 @@
 //! One generic decoder-only transformer in libtorch covering the LLaMA family (LLaMA, Mistral
 //! with sliding windows, SmolLM2), Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm), Gemma-2
 //! (embedding scaling, sandwich norms, soft-capping, alternating windows,
-//! `query_pre_attn_scalar`) and Gemma-3 (q/k norms, local/global RoPE).
+//! `query_pre_attn_scalar`), Gemma-3 (q/k norms, local/global RoPE), OLMo-2 (post-norm blocks,
+//! q/k norms over all heads) and Phi-3 (fused `qkv_proj` and `gate_up_proj`, LongRoPE).
 //!
 //! Reference implementation: Hugging Face transformers' `modeling_{llama,mistral,qwen2,qwen3,
-//! gemma2,gemma3}.py` (eager attention). Family differences live in [`ArchConfig`] as data.
+//! gemma2,gemma3,olmo2,phi3}.py` (eager attention). Family differences live in [`ArchConfig`]
+//! as data.
 //!
 //! Prefill (many tokens per row) and decode (one token per row) are the same call,
 //! [`Decoder::forward`]; a full recompute without cache is a forward over a fresh cache.
@@ -20,7 +22,7 @@ use crate::config::{ArchConfig, Dims, LayerKind};
 use crate::exec::{AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
 use crate::{Error, Result};
-use attention::{Attention, LayerInputs};
+use attention::{Attention, LayerInputs, QkNorm};
 pub use hooks::Trace;
 use hooks::{ForwardHook, NoHook, Site};
 use mlp::Mlp;
@@ -55,12 +57,24 @@ struct StepInputs<'a> {
 
 struct Layer {
     kind: LayerKind,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
-    /// Gemma sandwich norms: (pre-MLP, post-MLP).
-    ffn_norms: Option<(RmsNorm, RmsNorm)>,
+    /// Norm of the attention input (`input_layernorm`; none in OLMo-2's post-norm blocks).
+    attn_in: Option<RmsNorm>,
+    /// Norm of the attention output before the residual add (sandwich and post-norm blocks).
+    attn_out: Option<RmsNorm>,
+    /// Norm of the MLP input.
+    mlp_in: Option<RmsNorm>,
+    /// Norm of the MLP output before the residual add (sandwich and post-norm blocks).
+    mlp_out: Option<RmsNorm>,
     attn: Attention,
     mlp: Mlp,
+}
+
+/// `norm(x)`, or `x` itself where the block has no norm at that place.
+fn maybe_norm(norm: &Option<RmsNorm>, x: Tensor, policy: &ExecPolicy) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward(&x, policy),
+        None => Ok(x),
+    }
 }
 
 /// A loaded decoder. Immutable: the KV cache is passed in by the caller.
@@ -105,14 +119,14 @@ impl Decoder {
             head_dim: d,
         } = cfg.dims();
         let eps = cfg.rms_norm_eps;
-        let off = cfg.norm_weight_offset;
+        let (off, fp32) = (cfg.norm_weight_offset, cfg.norm_weight_fp32);
         let norm = |w: &mut Weights, key: &str, n: i64| -> Result<RmsNorm> {
-            let kind = if off {
+            let kind = if fp32 {
                 crate::exec::accum_kind(w.kind)
             } else {
                 w.kind
             };
-            RmsNorm::new(w.take_as(key, &[n], kind)?, eps, off)
+            RmsNorm::new(w.take_as(key, &[n], kind)?, eps, off, fp32)
         };
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_layers());
@@ -129,17 +143,39 @@ impl Decoder {
                 None
             };
             let qk_norm = if cfg.qk_norm {
-                Some((
-                    norm(&mut w, &format!("{a}.q_norm.weight"), d)?,
-                    norm(&mut w, &format!("{a}.k_norm.weight"), d)?,
-                ))
+                let (nq, nk) = if cfg.qk_norm_across_heads {
+                    (hq * d, hkv * d)
+                } else {
+                    (d, d)
+                };
+                Some(QkNorm {
+                    q: norm(&mut w, &format!("{a}.q_norm.weight"), nq)?,
+                    k: norm(&mut w, &format!("{a}.k_norm.weight"), nk)?,
+                    across_heads: cfg.qk_norm_across_heads,
+                })
             } else {
                 None
             };
+            // Phi-3 stores q/k/v as one `qkv_proj` (q rows, then k, then v).
+            let fused_qkv = format!("{a}.qkv_proj.weight");
+            let (q, k, v) = if w.contains(&fused_qkv) {
+                let qkv = w.take(&fused_qkv, &[(hq + 2 * hkv) * d, h])?;
+                (
+                    qkv.f_narrow(0, 0, hq * d)?,
+                    qkv.f_narrow(0, hq * d, hkv * d)?,
+                    qkv.f_narrow(0, (hq + hkv) * d, hkv * d)?,
+                )
+            } else {
+                (
+                    w.take(&format!("{a}.q_proj.weight"), &[hq * d, h])?,
+                    w.take(&format!("{a}.k_proj.weight"), &[hkv * d, h])?,
+                    w.take(&format!("{a}.v_proj.weight"), &[hkv * d, h])?,
+                )
+            };
             let attn = Attention::new(
-                &w.take(&format!("{a}.q_proj.weight"), &[hq * d, h])?,
-                &w.take(&format!("{a}.k_proj.weight"), &[hkv * d, h])?,
-                &w.take(&format!("{a}.v_proj.weight"), &[hkv * d, h])?,
+                &q,
+                &k,
+                &v,
                 bias,
                 w.take(&format!("{a}.o_proj.weight"), &[h, hq * d])?,
                 qk_norm,
@@ -147,25 +183,39 @@ impl Decoder {
                 cfg.softmax_scale,
                 cfg.attn_logit_softcapping,
             )?;
+            // Phi-3 stores gate and up as one `gate_up_proj` (gate rows, then up).
+            let fused_gate_up = format!("{p}.mlp.gate_up_proj.weight");
+            let (gate, up) = if w.contains(&fused_gate_up) {
+                let gu = w.take(&fused_gate_up, &[2 * inter, h])?;
+                (gu.f_narrow(0, 0, inter)?, gu.f_narrow(0, inter, inter)?)
+            } else {
+                (
+                    w.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
+                    w.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
+                )
+            };
             let mlp = Mlp::new(
-                &w.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
-                &w.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
+                &gate,
+                &up,
                 w.take(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
                 cfg.activation,
             )?;
-            let ffn_norms = if cfg.sandwich_norms {
-                Some((
-                    norm(&mut w, &format!("{p}.pre_feedforward_layernorm.weight"), h)?,
-                    norm(&mut w, &format!("{p}.post_feedforward_layernorm.weight"), h)?,
-                ))
+            let mut opt_norm = |on: bool, name: &str| -> Result<Option<RmsNorm>> {
+                on.then(|| norm(&mut w, &format!("{p}.{name}.weight"), h))
+                    .transpose()
+            };
+            let (pre, sandwich) = (cfg.pre_norms, cfg.sandwich_norms);
+            let mlp_in_name = if sandwich {
+                "pre_feedforward_layernorm"
             } else {
-                None
+                "post_attention_layernorm"
             };
             layers.push(Layer {
                 kind: kind_i,
-                input_norm: norm(&mut w, &format!("{p}.input_layernorm.weight"), h)?,
-                post_attn_norm: norm(&mut w, &format!("{p}.post_attention_layernorm.weight"), h)?,
-                ffn_norms,
+                attn_in: opt_norm(pre, "input_layernorm")?,
+                attn_out: opt_norm(sandwich, "post_attention_layernorm")?,
+                mlp_in: opt_norm(pre, mlp_in_name)?,
+                mlp_out: opt_norm(sandwich, "post_feedforward_layernorm")?,
                 attn,
                 mlp,
             });
@@ -221,18 +271,18 @@ impl Decoder {
     }
 
     /// Refuse (`true`) or allow forwards past the positions the checkpoint was trained for
-    /// (`max_position_embeddings`, GGUF `context_length`). Off for library users (numerics
+    /// ([`ArchConfig::context_length`]: `max_position_embeddings` or GGUF `context_length`,
+    /// stretched by YaRN and dynamic NTK). Off for library users (numerics
     /// checks on tiny fixtures run past them on purpose); every command turns it on unless
     /// given `--allow-extrapolation`.
     pub fn limit_context(&mut self, on: bool) {
         self.limit_positions = on;
     }
 
-    /// The most positions a sequence may use: `Some(max_position_embeddings)` while
+    /// The most positions a sequence may use: `Some(`[`ArchConfig::context_length`]`)` while
     /// [`Self::limit_context`] is on, else `None`.
     pub fn context_limit(&self) -> Option<usize> {
-        self.limit_positions
-            .then_some(self.cfg.max_position_embeddings)
+        self.limit_positions.then_some(self.cfg.context_length())
     }
 
     /// Refuse `what` if it needs more than [`Self::context_limit`] positions: one line naming
@@ -502,26 +552,17 @@ impl Decoder {
                 key_len,
                 scratch: &mask.1,
             };
-            let x = layer.input_norm.forward(&h, policy)?;
-            let a = layer.attn.forward(&x, i, cache, &layer_inputs, policy)?;
             let mut site = |x: Tensor, site: Site| -> Result<Tensor> {
                 Ok(hook.on_sublayer(i, site, &x)?.unwrap_or(x))
             };
-            h = match &layer.ffn_norms {
-                Some((pre, post)) => {
-                    let a = site(layer.post_attn_norm.forward(&a, policy)?, Site::AttnOut)?;
-                    let h = h.f_add(&a)?;
-                    let m = layer.mlp.forward(&pre.forward(&h, policy)?, policy)?;
-                    h.f_add(&site(post.forward(&m, policy)?, Site::MlpOut)?)?
-                }
-                None => {
-                    let h = h.f_add(&site(a, Site::AttnOut)?)?;
-                    let m = layer
-                        .mlp
-                        .forward(&layer.post_attn_norm.forward(&h, policy)?, policy)?;
-                    h.f_add(&site(m, Site::MlpOut)?)?
-                }
-            };
+            let x = maybe_norm(&layer.attn_in, h.shallow_clone(), policy)?;
+            let a = layer.attn.forward(&x, i, cache, &layer_inputs, policy)?;
+            let a = site(maybe_norm(&layer.attn_out, a, policy)?, Site::AttnOut)?;
+            let h_attn = h.f_add(&a)?;
+            let x = maybe_norm(&layer.mlp_in, h_attn.shallow_clone(), policy)?;
+            let m = layer.mlp.forward(&x, policy)?;
+            let m = site(maybe_norm(&layer.mlp_out, m, policy)?, Site::MlpOut)?;
+            h = h_attn.f_add(&m)?;
             if let Some(patched) = hook.on_residual(i, &h)? {
                 h = patched;
             }
@@ -595,7 +636,7 @@ impl Decoder {
                 (LayerKind::Sliding { .. }, Some((c, s))) => (c, s),
                 _ => (&cos, &sin),
             };
-            let x = layer.input_norm.forward(&h, policy)?;
+            let x = maybe_norm(&layer.attn_in, h.shallow_clone(), policy)?;
             out.push(layer.attn.queries(&x, c, s, policy)?);
             h = trace.residual[i].f_narrow(1, t - w, w)?;
         }
