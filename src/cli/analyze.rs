@@ -39,6 +39,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         usd_per_gpu_hour: a.usd_per_gpu_hour,
         partial: a.partial,
     };
+    // Tables are verified against their manifest's digests before any is read.
+    for dir in &a.run_dirs {
+        kvcredit::io::integrity::verify_run(dir)?;
+    }
     let out = analyze(&a.run_dirs, a.out.as_deref(), &opts)?;
     let configs: std::collections::BTreeSet<&str> = out
         .summaries

@@ -17,7 +17,9 @@ use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
 use crate::spectrum::eval;
-use crate::study::{commit_shard, merge_table, prepare_shards, read_json, sync, write_json};
+use crate::study::{
+    commit_shard, merge_table, prepare_shards, read_json, sync, table_hashes, write_json,
+};
 use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Grade, Problem, Task};
 use crate::{Error, Result};
@@ -206,6 +208,7 @@ pub fn run_campaign(
             spectrum: None,
             shard: opts.shard,
             merged_from: vec![],
+            files_sha256: BTreeMap::new(),
         }
     };
     write_json(&manifest_path, &manifest)?;
@@ -280,6 +283,7 @@ fn finish(manifest: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<(
     for name in TABLES {
         merge_table(&dirs, name, out)?;
     }
+    manifest.files_sha256 = table_hashes(out, &TABLES)?;
     manifest.finished_at = Some(now_rfc3339());
     write_json(&out.join("manifest.json"), manifest)
 }

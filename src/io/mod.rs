@@ -1,4 +1,5 @@
 //! Output plumbing: atomic file writes, Parquet tables, and the shared record schema.
+pub mod integrity;
 pub mod parquet;
 pub mod schema;
 

@@ -3,7 +3,9 @@
 //!
 //! A run folder holds `manifest.json` and `shards/<unit>/` folders; a shard is written in a
 //! temporary folder and renamed into place, so a shard that exists is complete, and a rerun
-//! skips it. Leftover temporary folders of an interrupted run are removed on the next start.
+//! skips it; its tables' digests ([`crate::io::integrity::SHARD_HASHES`]) are verified before
+//! they are merged. Leftover temporary folders of an interrupted run are removed on the next start.
+use crate::io::integrity::{FileHashes, hash_files, record_shard, verify_shard_file};
 use crate::io::parquet::{Table, concat_files};
 use crate::io::write_atomic;
 use crate::{Error, Result};
@@ -45,8 +47,9 @@ pub fn prepare_shards(out: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Write `tables` (as `<name>.parquet`) and `info` (as `shard.json`) into `dir` atomically:
-/// into a temporary sibling first, then one rename.
+/// Write `tables` (as `<name>.parquet`), their digests (as
+/// [`crate::io::integrity::SHARD_HASHES`]) and `info` (as
+/// `shard.json`) into `dir` atomically: into a temporary sibling first, then one rename.
 pub fn commit_shard<T: Serialize>(dir: &Path, tables: &[(&str, &Table)], info: &T) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     let name = dir
@@ -57,9 +60,13 @@ pub fn commit_shard<T: Serialize>(dir: &Path, tables: &[(&str, &Table)], info: &
     let written = std::fs::create_dir_all(&tmp)
         .map_err(|e| Error::io(&tmp, e))
         .and_then(|()| {
+            let mut files = Vec::with_capacity(tables.len());
             for (table_name, table) in tables {
-                table.write(&tmp.join(format!("{table_name}.parquet")))?;
+                let file = format!("{table_name}.parquet");
+                table.write(&tmp.join(&file))?;
+                files.push(file);
             }
+            record_shard(&tmp, &files)?;
             write_json(&tmp.join("shard.json"), info)?;
             std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
         });
@@ -70,11 +77,19 @@ pub fn commit_shard<T: Serialize>(dir: &Path, tables: &[(&str, &Table)], info: &
     written
 }
 
-/// Merge table `name` of the given shard folders (in order) into `out/<name>.parquet`.
+/// Merge table `name` of the given shard folders (in order) into `out/<name>.parquet`, each
+/// shard's file verified against its recorded digest first.
 pub fn merge_table(shards: &[PathBuf], name: &str, out: &Path) -> Result<()> {
-    let files: Vec<PathBuf> = shards
-        .iter()
-        .map(|d| d.join(format!("{name}.parquet")))
-        .collect();
-    concat_files(&files, &out.join(format!("{name}.parquet")))
+    let file = format!("{name}.parquet");
+    for d in shards {
+        verify_shard_file(d, &file)?;
+    }
+    let files: Vec<PathBuf> = shards.iter().map(|d| d.join(&file)).collect();
+    concat_files(&files, &out.join(file))
+}
+
+/// The digests of the tables `names` (file stems) in the run folder `out`, for its manifest.
+pub fn table_hashes(out: &Path, names: &[&str]) -> Result<FileHashes> {
+    let files: Vec<String> = names.iter().map(|n| format!("{n}.parquet")).collect();
+    hash_files(out, &files)
 }
