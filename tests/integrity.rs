@@ -167,3 +167,118 @@ fn shards_carry_their_hashes_and_merge_verifies_them() {
     );
     assert!(!again.join("estimates.parquet").exists());
 }
+
+/// A temporary cache root holding a copy of the registry's smallest model, with one byte
+/// flipped when `flip` (the shared cache is never touched).
+fn model_home(name: &str, flip: bool) -> PathBuf {
+    let src = common::model_path("smollm2-135m-instruct");
+    let home = common::scratch("integrity", name);
+    let dir = home.join("models").join("smollm2-135m-instruct");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dst = dir.join("smollm2-135m-instruct.gguf");
+    let mut bytes = std::fs::read(src).unwrap();
+    if flip {
+        // A byte of the last tensor's data: the file still parses and loads.
+        let at = bytes.len() - 1000;
+        bytes[at] ^= 0x01;
+    }
+    std::fs::write(&dst, bytes).unwrap();
+    home
+}
+
+#[test]
+fn a_corrupted_cached_model_is_refused_by_name() {
+    let home = model_home("model-flip", true);
+    let env = [("KVCREDIT_HOME", home.to_str().unwrap())];
+    let (code, _, err) = common::kvcredit_env(
+        &[
+            "generate",
+            "--model",
+            "smollm2-135m-instruct",
+            "--ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "2",
+        ],
+        &env,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("model `smollm2-135m-instruct`")
+            && err.contains("kvcredit models pull smollm2-135m-instruct --force"),
+        "{err}"
+    );
+    let (code, stdout, err) =
+        common::kvcredit_env(&["models", "verify", "smollm2-135m-instruct"], &env);
+    assert_eq!(code, 2, "{stdout}{err}");
+    assert!(
+        stdout.contains("sha256 mismatch") && stdout.contains("--force"),
+        "{stdout}"
+    );
+    // Every pulled model when no name is given: the same verdict.
+    let (code, stdout, _) = common::kvcredit_env(&["models", "verify"], &env);
+    assert_eq!(code, 2);
+    assert!(stdout.starts_with("smollm2-135m-instruct: "), "{stdout}");
+}
+
+#[test]
+fn an_intact_cached_model_verifies_and_loads() {
+    let home = model_home("model-ok", false);
+    let env = [("KVCREDIT_HOME", home.to_str().unwrap())];
+    let (code, stdout, err) =
+        common::kvcredit_env(&["models", "verify", "smollm2-135m-instruct"], &env);
+    assert_eq!(code, 0, "{err}");
+    let want = kvcredit::registry::find("smollm2-135m-instruct")
+        .unwrap()
+        .sha256
+        .clone();
+    assert!(
+        stdout.starts_with(&format!("smollm2-135m-instruct: ok sha256 {want}")),
+        "{stdout}"
+    );
+    // The digest was cached beside the models (so a load does not hash again).
+    let cached = std::fs::read_dir(home.join("models").join(".sha256"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, 1);
+    let (code, _, err) = common::kvcredit_env(
+        &[
+            "generate",
+            "--model",
+            "smollm2-135m-instruct",
+            "--ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "2",
+        ],
+        &env,
+    );
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn the_recorded_model_hash_is_the_files_own() {
+    // A GGUF given by path (no registry entry to compare with): the loaded model carries the
+    // file's own digest, so a changed file records a changed hash.
+    let home = model_home("model-path", true);
+    let path = home
+        .join("models")
+        .join("smollm2-135m-instruct")
+        .join("smollm2-135m-instruct.gguf");
+    let m = kvcredit::runtime::load(
+        &kvcredit::runtime::ModelSource::Gguf {
+            path: path.clone(),
+            name: None,
+        },
+        kvcredit::runtime::Dtype::Fp32,
+        tch::Device::Cpu,
+    )
+    .unwrap();
+    let own = kvcredit::io::integrity::sha256_file(&path).unwrap();
+    assert_eq!(m.sha256.as_deref(), Some(own.as_str()));
+    let registry = &kvcredit::registry::find("smollm2-135m-instruct")
+        .unwrap()
+        .sha256;
+    assert_ne!(&own, registry);
+}
