@@ -92,7 +92,11 @@ fn a_flipped_byte_in_any_table_fails_check_and_analyze() {
         std::fs::write(&path, &clean).unwrap();
     }
     assert_eq!(tried, 24);
-    assert!(passed.is_empty(), "{} of 24 passed: {passed:?}", passed.len());
+    assert!(
+        passed.is_empty(),
+        "{} of 24 passed: {passed:?}",
+        passed.len()
+    );
     // analyze refuses the same damage before reading, naming the file.
     let path = out.join("continuations.parquet");
     let clean = std::fs::read(&path).unwrap();
@@ -281,4 +285,310 @@ fn the_recorded_model_hash_is_the_files_own() {
         .unwrap()
         .sha256;
     assert_ne!(&own, registry);
+}
+
+// ---------------------------------------------------------------------------------------
+// The decode worker (`spectrum serve`).
+
+mod worker {
+    use super::common;
+    use kvcredit::exec::ExecPolicy;
+    use kvcredit::model::{Decoder, LogitsAt};
+    use kvcredit::spectrum::tiers::{TierPlan, TieredKv};
+    use kvcredit::spectrum::transport::{self, ServeOptions};
+    use kvcredit::spectrum::{Quantizer, Tier, wire};
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+    use tch::{Kind, Tensor};
+
+    fn model() -> Decoder {
+        common::load(&common::hf_fixtures().join("qwen2"), Kind::Float).unwrap()
+    }
+
+    /// A good frame of a 40-token context in all three stored tiers, the token to feed and
+    /// the worker's expected greedy tokens.
+    fn frame(m: &Decoder) -> (Vec<u8>, i64, Vec<i64>) {
+        let ids: Vec<i64> = (0..41u64)
+            .map(|i| ((i * 2654435761) % 127) as i64)
+            .collect();
+        let (ctx, last) = ids.split_at(40);
+        let mut cache = m.new_cache(1, 44).unwrap();
+        let t = Tensor::from_slice(ctx).view([1, -1]);
+        let _ = m
+            .forward(&t, &mut cache, &ExecPolicy::Stock, &LogitsAt::Last)
+            .unwrap();
+        let plan = TierPlan::new(
+            (0..40)
+                .map(|i| [Tier::Fp16, Tier::Int8, Tier::Int4][i % 3])
+                .collect(),
+        );
+        let tiered = TieredKv::build(&cache, 0, &plan, Quantizer::Kivi).unwrap();
+        let (want, ..) =
+            transport::decode_greedy(m, &tiered, last[0], 2, &ExecPolicy::Stock).unwrap();
+        (wire::encode(&tiered).unwrap(), last[0], want)
+    }
+
+    fn options(max_connections: usize) -> ServeOptions {
+        ServeOptions {
+            max_frame: 1 << 20,
+            max_requests: None,
+            read_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(30),
+            max_connections,
+            policy: ExecPolicy::Stock,
+        }
+    }
+
+    /// A worker on a loopback port, serving in its own thread for the rest of the test binary.
+    fn spawn(opts: ServeOptions) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let m = model();
+            transport::serve(&m, &listener, &opts, &mut |_| {})
+        });
+        addr
+    }
+
+    fn envelope(first: i64, steps: u32, len: u64) -> Vec<u8> {
+        let mut e = Vec::new();
+        e.extend_from_slice(b"SPRQ");
+        e.extend_from_slice(&1u16.to_le_bytes());
+        e.extend_from_slice(&[0, 0]);
+        e.extend_from_slice(&(first as u32).to_le_bytes());
+        e.extend_from_slice(&steps.to_le_bytes());
+        e.extend_from_slice(&len.to_le_bytes());
+        e
+    }
+
+    fn connect(addr: std::net::SocketAddr) -> TcpStream {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_byte_a_second_client_does_not_hold_a_valid_request() {
+        let m = model();
+        let (frame, first, want) = frame(&m);
+        let addr = spawn(options(8));
+        // The slow client: a valid envelope, then one frame byte a second, in its own thread.
+        let mut request = envelope(first, 2, frame.len() as u64);
+        request.extend_from_slice(&frame);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let trickle = {
+            let stop = stop.clone();
+            let mut s = connect(addr);
+            std::thread::spawn(move || {
+                for b in request {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    if s.write_all(&[b]).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(1500));
+        // A valid request while the slow client is connected: answered within 2 s.
+        let t0 = Instant::now();
+        let mut s = connect(addr);
+        let r = transport::request(&mut s, &frame, first, 2, None).unwrap();
+        let took = t0.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(r.tokens, want);
+        assert!(took < Duration::from_secs(2), "answered after {took:?}");
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn a_request_past_its_deadline_is_refused() {
+        let m = model();
+        let (frame, first, _) = frame(&m);
+        let addr = spawn(ServeOptions {
+            read_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_millis(800),
+            ..options(4)
+        });
+        // Bytes keep coming (every 100 ms, well inside the read timeout), but the whole
+        // request does not arrive within the deadline.
+        let mut s = connect(addr);
+        let mut request = envelope(first, 2, frame.len() as u64);
+        request.extend_from_slice(&frame);
+        let t0 = Instant::now();
+        for b in &request[..30] {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let text = String::from_utf8_lossy(reply.get(9..).unwrap_or(&[])).into_owned();
+        assert!(
+            reply.get(4) == Some(&1) && text.contains("deadline"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn connections_past_the_cap_are_refused_and_the_rest_served() {
+        let m = model();
+        let (frame, first, want) = frame(&m);
+        let addr = spawn(options(2));
+        let idle: Vec<TcpStream> = (0..2).map(|_| connect(addr)).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut third = connect(addr);
+        let mut reply = Vec::new();
+        let _ = third.read_to_end(&mut reply);
+        let text = String::from_utf8_lossy(reply.get(9..).unwrap_or(&[])).into_owned();
+        assert!(reply.get(4) == Some(&1) && text.contains("busy"), "{text}");
+        drop(idle);
+        // The slots free up once the idle clients leave.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut s = connect(addr);
+        let r = transport::request(&mut s, &frame, first, 2, None).unwrap();
+        assert_eq!(r.tokens, want);
+    }
+
+    #[test]
+    fn a_resigned_frame_with_a_nan_is_refused() {
+        use sha2::{Digest, Sha256};
+        let m = model();
+        let (frame, first, want) = frame(&m);
+        // The first FP16-tier element of layer 0 sits right after the header and the index
+        // lists; set an element to NaN (0x7e00) and sign the frame again.
+        let tiered = wire::decode(&frame).unwrap();
+        let n_index: usize = tiered.index.iter().map(Vec::len).sum();
+        let at = wire::HEADER + 2 * n_index; // 2-byte indices below 65536 tokens
+        let mut bad = frame.clone();
+        bad[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+        let body = bad.len() - wire::TRAILER;
+        let sig = Sha256::digest(&bad[..body]);
+        bad[body..].copy_from_slice(&sig[..]);
+        let e = wire::decode(&bad).unwrap_err().to_string();
+        assert!(e.contains("non-finite"), "{e}");
+        // Infinity too (0x7c00), and the worker refuses it over the wire and goes on serving.
+        bad[at..at + 2].copy_from_slice(&0x7c00u16.to_le_bytes());
+        let sig = Sha256::digest(&bad[..body]);
+        bad[body..].copy_from_slice(&sig[..]);
+        let addr = spawn(options(4));
+        let mut s = connect(addr);
+        let e = transport::request(&mut s, &bad, first, 2, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("non-finite"), "{e}");
+        let mut s = connect(addr);
+        let r = transport::request(&mut s, &frame, first, 2, None).unwrap();
+        assert_eq!(r.tokens, want);
+    }
+
+    #[test]
+    fn a_huge_length_claim_allocates_nothing_up_front() {
+        // A 1 GiB limit and a claim just under it, then the peer hangs up: the worker
+        // answers with a truncation error, and a valid request is served after it.
+        let m = model();
+        let (frame, first, want) = frame(&m);
+        let addr = spawn(ServeOptions {
+            max_frame: 1 << 30,
+            ..options(4)
+        });
+        let mut s = connect(addr);
+        s.write_all(&envelope(first, 2, (1 << 30) - 1)).unwrap();
+        s.write_all(&frame[..100]).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        let text = String::from_utf8_lossy(reply.get(9..).unwrap_or(&[])).into_owned();
+        assert!(text.contains("truncated frame"), "{text}");
+        let mut s = connect(addr);
+        let r = transport::request(&mut s, &frame, first, 2, None).unwrap();
+        assert_eq!(r.tokens, want);
+    }
+
+    #[test]
+    fn zero_timeouts_and_no_connections_are_refused_at_start() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let m = model();
+        for (opts, what) in [
+            (
+                ServeOptions {
+                    read_timeout: Duration::ZERO,
+                    ..options(4)
+                },
+                "read timeout",
+            ),
+            (
+                ServeOptions {
+                    request_timeout: Duration::ZERO,
+                    ..options(4)
+                },
+                "request timeout",
+            ),
+            (options(0), "connections"),
+        ] {
+            let e = transport::serve(&m, &listener, &opts, &mut |_| {})
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(what), "{e}");
+        }
+    }
+
+    /// `spectrum serve` with `args` after the model: (exit code, stderr).
+    fn serve_cli(args: &[&str]) -> (i32, String) {
+        let model = common::hf_fixtures().join("qwen2");
+        let mut all = vec!["spectrum", "serve", "--model", model.to_str().unwrap()];
+        all.extend(args);
+        let (code, _, err) = common::kvcredit(&all);
+        (code, err)
+    }
+
+    #[test]
+    fn serve_flags_out_of_range_are_refused_naming_the_flag() {
+        for (args, needle) in [
+            (
+                vec!["--max-frame-mib", "18446744073709551615"],
+                "--max-frame-mib",
+            ),
+            (vec!["--max-frame-mib", "0"], "--max-frame-mib"),
+            (vec!["--read-timeout-s", "0"], "--read-timeout-s"),
+            (vec!["--request-timeout-s", "0"], "--request-timeout-s"),
+            (vec!["--max-connections", "0"], "--max-connections"),
+            (vec!["--bind", "0.0.0.0:0"], "--allow-remote"),
+        ] {
+            let (code, err) = serve_cli(&args);
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(
+                err.contains(needle) && err.lines().count() == 1,
+                "{args:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn allow_remote_serves_beyond_loopback_with_a_warning() {
+        let model = common::hf_fixtures().join("qwen2");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvcredit"))
+            .args(["spectrum", "serve", "--model"])
+            .arg(&model)
+            .args(["--bind", "0.0.0.0:0", "--allow-remote"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+        let warning = lines.next().unwrap().unwrap();
+        let started = lines.next().unwrap().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            warning.starts_with("warning: ") && warning.contains("no authentication"),
+            "{warning}"
+        );
+        assert!(started.contains("0.0.0.0:"), "{started}");
+    }
 }

@@ -86,9 +86,8 @@ pub fn verify_run(dir: &Path) -> Result<usize> {
         .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
     let hashes: FileHashes = match value.get(MANIFEST_KEY) {
         None | Some(serde_json::Value::Null) => return Ok(0),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
-            Error::Integrity(format!("{}: `{MANIFEST_KEY}`: {e}", path.display()))
-        })?,
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| Error::Integrity(format!("{}: `{MANIFEST_KEY}`: {e}", path.display())))?,
     };
     verify_files(dir, &hashes, &path.display().to_string())?;
     Ok(hashes.len())
@@ -189,7 +188,8 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("kvcredit-integrity-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("kvcredit-integrity-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -207,7 +207,10 @@ mod tests {
         verify_files(&d, &hashes, "m").unwrap();
         std::fs::write(d.join("a.parquet"), b"abcdeF").unwrap();
         let e = verify_files(&d, &hashes, "m").unwrap_err().to_string();
-        assert!(e.starts_with("integrity: ") && e.contains("a.parquet"), "{e}");
+        assert!(
+            e.starts_with("integrity: ") && e.contains("a.parquet"),
+            "{e}"
+        );
         std::fs::remove_file(d.join("a.parquet")).unwrap();
         let e = verify_files(&d, &hashes, "m").unwrap_err().to_string();
         assert!(e.contains("missing"), "{e}");
@@ -249,7 +252,12 @@ mod tests {
         assert_eq!(second, sha256_file(&f).unwrap());
         // A planted entry with the file's size and mtime is what the cache returns (so the
         // cache is read, not bypassed).
-        let entry = std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap().path();
+        let entry = std::fs::read_dir(&cache)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
         let text = std::fs::read_to_string(&entry).unwrap();
         std::fs::write(&entry, text.replace(&second, &"0".repeat(64))).unwrap();
         assert_eq!(cached_sha256(&f, Some(&cache)).unwrap(), "0".repeat(64));
