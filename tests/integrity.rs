@@ -592,3 +592,280 @@ mod worker {
         assert!(started.contains("0.0.0.0:"), "{started}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Specs and flags: bounds before allocation, finite floats, unknown keys, repeats, names.
+
+mod specs {
+    use super::common;
+    use kvcredit::credit::CampaignSpec;
+    use kvcredit::divergence::spec::DivergenceSpec;
+    use kvcredit::spectrum::spec::SpectrumSpec;
+    use std::path::{Path, PathBuf};
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// `text` with the line starting `key =` replaced by `key = value` (the line must exist).
+    fn set(text: &str, key: &str, value: &str) -> String {
+        let prefix = format!("{key} = ");
+        assert!(
+            text.lines().any(|l| l.starts_with(&prefix)),
+            "no `{key}` line"
+        );
+        text.lines()
+            .map(|l| {
+                if l.starts_with(&prefix) {
+                    format!("{key} = {value}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// The one-line error of loading `text` with `load`, asserting it names `needle`.
+    fn refused<T: std::fmt::Debug>(
+        load: impl Fn(&Path) -> kvcredit::Result<T>,
+        dir: &Path,
+        text: &str,
+        needle: &str,
+    ) {
+        let p = write(dir, "spec.toml", text);
+        let e = load(&p).expect_err(needle).to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{needle}: {e}");
+    }
+
+    #[test]
+    fn campaign_counts_and_floats_are_bounded_before_anything_runs() {
+        let dir = common::scratch("integrity", "campaign-spec");
+        let base = common::tiny_campaign_spec("bounds", 1);
+        let load = |p: &Path| CampaignSpec::load(p);
+        // Control: the base spec loads.
+        load(&write(&dir, "ok.toml", &base)).unwrap();
+        // [continuations] k is the first `k =` line.
+        for (key, value, needle) in [
+            ("k", "1000000000", "continuations.k = 1000000000 exceeds"),
+            (
+                "alternatives",
+                "1000000",
+                "pivots.alternatives = 1000000 exceeds",
+            ),
+            (
+                "max_per_rollout",
+                "100000",
+                "pivots.max_per_rollout = 100000 exceeds",
+            ),
+            (
+                "batch_size",
+                "100000000",
+                "passes.batch_size = 100000000 exceeds",
+            ),
+            ("max_new_tokens", "18446744073709551615", "max_new_tokens"),
+        ] {
+            refused(load, &dir, &set(&base, key, value), needle);
+        }
+        refused(
+            load,
+            &dir,
+            &set(&set(&base, "k", "65536"), "max_per_rollout", "4096"),
+            "continuations per group (passes.pool_problems × pivots.max_per_rollout × (1 + pivots.alternatives) × continuations.k) = 1 × 4096 × 2 × 65536 exceeds",
+        );
+        for t in ["nan", "inf", "-inf", "-0.5"] {
+            refused(load, &dir, &set(&base, "temperature", t), "temperature");
+        }
+        // Through the binary: one line, exit 2, nothing run.
+        let p = write(&dir, "k.toml", &set(&base, "k", "1000000000"));
+        let (code, _, err) = common::kvcredit(&["campaign", "validate", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("continuations.k = 1000000000"), "{err}");
+    }
+
+    #[test]
+    fn generate_refuses_a_non_finite_temperature() {
+        for t in ["NaN", "inf", "-1"] {
+            let (code, _, err) = common::kvcredit(&[
+                "generate",
+                "--model",
+                "smollm2-135m-instruct",
+                "--ids",
+                "1,2",
+                &format!("--temperature={t}"),
+            ]);
+            assert_eq!(code, 2, "{t}: {err}");
+            assert!(err.contains("--temperature"), "{t}: {err}");
+        }
+    }
+
+    fn spectrum_base() -> String {
+        std::fs::read_to_string(root().join("experiments/spectrum-cpu-small.toml")).unwrap()
+    }
+
+    #[test]
+    fn spectrum_specs_are_bounded_named_and_listed_once() {
+        let dir = common::scratch("integrity", "spectrum-spec");
+        let base = spectrum_base();
+        let load = |p: &Path| SpectrumSpec::load(p);
+        load(&write(&dir, "ok.toml", &base)).unwrap();
+        for (key, value, needle) in [
+            (
+                "context",
+                "18446744073709551615",
+                "ppl: context + continuation",
+            ),
+            (
+                "windows",
+                "100000",
+                "ppl: windows × (context + continuation)",
+            ),
+            ("budgets", "[]", "ppl: no budgets"),
+            ("budgets", "[0.3, 0.3]", "budgets lists 0.3 twice"),
+            ("budgets", "[nan]", "budget NaN"),
+            (
+                "quantizers",
+                "[\"kivi\", \"kivi\"]",
+                "quantizers lists Kivi twice",
+            ),
+            ("name", "\"../../x\"", "one path component"),
+            ("name", "\"a/b\"", "one path component"),
+            ("name", "\"..\"", "one path component"),
+            ("name", "\"\"", "one path component"),
+        ] {
+            refused(load, &dir, &set(&base, key, value), needle);
+        }
+        refused(
+            load,
+            &dir,
+            &format!(
+                "{base}\n[probe]\ncontext = 64\nquantizers = [\"kivi\"]\ngate_max_ppl_ratio = inf\n"
+            ),
+            "gate ratio",
+        );
+    }
+
+    #[test]
+    fn a_spectrum_context_past_the_models_positions_is_refused() {
+        // The fixture's max_position_embeddings is far below 100000 tokens.
+        let dir = common::scratch("integrity", "spectrum-positions");
+        let model = common::hf_fixtures().join("qwen2");
+        let text = set(
+            &set(
+                &spectrum_base(),
+                "model",
+                &format!("{:?}", model.display().to_string()),
+            ),
+            "context",
+            "100000",
+        );
+        let spec = write(&dir, "spec.toml", &text);
+        let out = dir.join("out");
+        let (code, _, err) = common::kvcredit(&[
+            "spectrum",
+            "ppl",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("[ppl] context + continuation needs 100128 positions"),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
+
+    fn divergence_base() -> String {
+        std::fs::read_to_string(root().join("experiments/divergence-cpu-smollm2.toml")).unwrap()
+    }
+
+    #[test]
+    fn divergence_specs_refuse_unknown_keys_repeats_and_far_boundaries() {
+        let dir = common::scratch("integrity", "divergence-spec");
+        let base = divergence_base();
+        let load = |p: &Path| DivergenceSpec::load(p);
+        load(&write(&dir, "ok.toml", &base)).unwrap();
+        for (text, needle) in [
+            (
+                base.replace("top_p = 0.9\n", "top_p = 0.9\ntop_k = 5\n"),
+                "strategies[1] (top_p=0.9,t=0.7): unknown key `top_k`",
+            ),
+            (
+                base.replace(
+                    "kind = \"greedy\"\n",
+                    "kind = \"greedy\"\ntemperature = 0.5\n",
+                ),
+                "strategies[0] (greedy): unknown key `temperature`",
+            ),
+            (
+                set(&base, "dtypes", "[\"fp32\", \"bf16\", \"fp32\"]"),
+                "dtypes lists fp32 twice",
+            ),
+            (
+                set(&base, "boundaries", "[4, 9]"),
+                "9 lies past the 8 generated",
+            ),
+            (
+                set(&base, "boundaries", "[4, 4]"),
+                "boundaries lists 4 twice",
+            ),
+            (set(&base, "chunks", "[16, 16, 0]"), "chunks lists 16 twice"),
+            (set(&base, "temperature", "inf"), "finite and positive"),
+            (set(&base, "temperature", "nan"), "finite and positive"),
+            (
+                set(&base, "max_new_tokens", "18446744073709551615"),
+                "exceeds the limit",
+            ),
+            (
+                set(&base, "batch_size", "1000000000"),
+                "batch_size = 1000000000",
+            ),
+        ] {
+            refused(load, &dir, &text, needle);
+        }
+    }
+
+    #[test]
+    fn a_divergence_run_past_the_models_positions_is_refused_before_writing() {
+        let dir = common::scratch("integrity", "divergence-positions");
+        let model = common::chat_fixture(&dir.join("model"), 96);
+        let text = set(
+            &set(
+                &set(
+                    &divergence_base(),
+                    "model",
+                    &format!("{:?}", model.display().to_string()),
+                ),
+                "dtypes",
+                "[\"fp32\"]",
+            ),
+            "layers",
+            "[\"all\"]",
+        );
+        let spec = write(&dir, "spec.toml", &text);
+        let out = dir.join("out");
+        let (code, _, err) = common::kvcredit(&[
+            "divergence",
+            "run",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("context: divergence `divergence-cpu-smollm2` (problem")
+                && err.contains("but the model has 96"),
+            "{err}"
+        );
+        assert!(!out.join("manifest.json").exists());
+    }
+}

@@ -222,6 +222,7 @@ fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf, Ru
         .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;
     spec.device = cfg.device_name.clone();
     let model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
+    spec.check_positions(&model.decoder)?;
     let out = a
         .out
         .clone()
@@ -668,6 +669,11 @@ struct Ttft {
 
 fn send(a: SendArgs) -> anyhow::Result<()> {
     let (model, cfg) = a.model.load()?;
+    kvcredit::study::bounds::check_positions(
+        &model.decoder,
+        a.context.saturating_add(1),
+        &format!("--context {} + 1 decode step", a.context),
+    )?;
     let policy = Policy::parse(&a.tier_policy)?;
     let ids = eval::wikitext_ids(&model, a.context)?;
     let (ctx, last) = ids.split_at(ids.len() - 1);

@@ -166,9 +166,22 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         };
         // Prompts that cannot be encoded (no chat template for a chat format) fail here,
         // before anything is written.
+        let mut longest = (0, 0);
         for p in &problems {
-            model.encode_prompt(&task.prompt(p))?;
+            let n = model.encode_prompt(&task.prompt(p))?.len();
+            longest = longest.max((n, p.index));
         }
+        // Refused before anything is written, like a campaign's positions.
+        let (n, which) = longest;
+        crate::study::bounds::check_positions(
+            &model.decoder,
+            n.saturating_add(spec.tokens_after_prompt()),
+            &format!(
+                "divergence `{}` (problem {which}: {n} prompt + {} tokens after it)",
+                spec.name,
+                spec.tokens_after_prompt()
+            ),
+        )?;
         let m = manifest
             .get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems, record));
         write_json(&manifest_path, m)?;

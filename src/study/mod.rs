@@ -5,6 +5,8 @@
 //! temporary folder and renamed into place, so a shard that exists is complete, and a rerun
 //! skips it; its tables' digests ([`crate::io::integrity::SHARD_HASHES`]) are verified before
 //! they are merged. Leftover temporary folders of an interrupted run are removed on the next start.
+pub mod bounds;
+
 use crate::io::integrity::{FileHashes, hash_files, record_shard, verify_shard_file};
 use crate::io::parquet::{Table, concat_files};
 use crate::io::write_atomic;
