@@ -869,3 +869,69 @@ mod specs {
         assert!(!out.join("manifest.json").exists());
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// One process per run folder.
+
+mod lock {
+    use super::common;
+    use kvcredit::study::{LOCK, lock_run};
+
+    #[test]
+    fn a_second_process_on_a_locked_run_folder_refuses_naming_the_holder() {
+        let dir = common::scratch("integrity", "lock-held");
+        let out = dir.join("run");
+        let held = lock_run(&out).unwrap();
+        let pid = std::process::id().to_string();
+        // In this process too: a second lock of the same folder is refused.
+        let e = lock_run(&out).unwrap_err().to_string();
+        assert!(e.contains(&format!("pid {pid}")), "{e}");
+        let spec = dir.join("spec.toml");
+        std::fs::write(&spec, common::tiny_campaign_spec("locked", 1)).unwrap();
+        let (code, _, err) = common::kvcredit(&[
+            "campaign",
+            "run",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("in use by another kvcredit process") && err.contains(&pid),
+            "{err}"
+        );
+        assert!(!out.join("manifest.json").exists());
+        // Released on drop: the folder can be locked again.
+        drop(held);
+        drop(lock_run(&out).unwrap());
+    }
+
+    #[test]
+    fn a_stale_lock_is_taken_over_and_leftover_temporaries_removed() {
+        let dir = common::scratch("integrity", "lock-stale");
+        // The lock file of a process that has exited (its lock died with it), and the
+        // temporary files an interrupted write left behind.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        std::fs::write(dir.join(LOCK), format!("{dead}\n")).unwrap();
+        let tmps = [
+            format!(".manifest.json.tmp-{dead}"),
+            format!(".estimates.parquet.tmp-{dead}"),
+        ];
+        for t in &tmps {
+            std::fs::write(dir.join(t), b"partial").unwrap();
+        }
+        std::fs::write(dir.join("keep.tmp-notes"), b"not ours").unwrap();
+        let held = lock_run(&dir).unwrap();
+        let holder = std::fs::read_to_string(dir.join(LOCK)).unwrap();
+        assert_eq!(holder.trim(), std::process::id().to_string());
+        for t in &tmps {
+            assert!(!dir.join(t).exists(), "{t} left");
+        }
+        assert!(dir.join("keep.tmp-notes").exists());
+        drop(held);
+    }
+}

@@ -18,7 +18,7 @@ use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
 use crate::spectrum::eval;
 use crate::study::{
-    commit_shard, merge_table, prepare_shards, read_json, sync, table_hashes, write_json,
+    commit_shard, lock_run, merge_table, prepare_shards, read_json, sync, table_hashes, write_json,
 };
 use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Grade, Problem, Task};
@@ -125,6 +125,8 @@ pub fn run_campaign(
     check_positions(spec, model, &task)?;
     check_spectrum_budget(spec, model, &task)?;
     let out = &opts.out_dir;
+    // One process per run folder; held until this returns.
+    let _lock = lock_run(out)?;
     let manifest_path = out.join("manifest.json");
     let settings = opts
         .exec
@@ -432,6 +434,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     }
     // The output folder: new, or an earlier merge of the same spec.
     let out_manifest = out.join("manifest.json");
+    let _lock = lock_run(out)?;
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     if canon(out).is_some() && dirs.iter().any(|d| canon(d) == canon(out)) {
         return Err(Error::Spec(format!(

@@ -16,8 +16,8 @@ use crate::io::schema::ExecRecord;
 use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
 use crate::sampling::{NoiseKey, Sampling};
 use crate::study::{
-    commit_shard, merge_table, now_rfc3339, prepare_shards, read_json, sync, table_hashes,
-    write_json,
+    commit_shard, lock_run, merge_table, now_rfc3339, prepare_shards, read_json, sync,
+    table_hashes, write_json,
 };
 use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Problem, Task};
@@ -143,6 +143,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         m
     });
     let batches: Vec<&[Problem]> = problems.chunks(spec.batch_size).collect();
+    let mut lock = None;
     for &dtype in &spec.dtypes {
         let pending: Vec<&[Problem]> = batches
             .iter()
@@ -182,6 +183,10 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
                 spec.tokens_after_prompt()
             ),
         )?;
+        // One process per run folder, from its first write until this returns.
+        if lock.is_none() {
+            lock = Some(lock_run(out)?);
+        }
         let m = manifest
             .get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems, record));
         write_json(&manifest_path, m)?;

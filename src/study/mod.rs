@@ -33,6 +33,60 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
 
 pub use crate::runtime::sync;
 
+/// The lock file of a run folder.
+pub const LOCK: &str = ".kvcredit.lock";
+
+/// Exclusive use of a run folder by this process, held until dropped (or the process ends:
+/// the operating system releases the lock of a killed process, so a stale lock file is taken
+/// over).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
+/// Lock the run folder `out` (created if missing) for this process; refused, naming the
+/// holder's pid, while another process holds it. Once locked, temporary files that an
+/// interrupted write left in `out` (`.<name>.tmp-<pid>`) are removed.
+pub fn lock_run(out: &Path) -> Result<RunLock> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let path = out.join(LOCK);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(Error::Spec(format!(
+                "{} is in use by another kvcredit process (pid {}); wait for it to finish or use another --out",
+                out.display(),
+                if holder.is_empty() { "unknown" } else { holder }
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+    }
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "{}", std::process::id()))
+        .map_err(|e| Error::io(&path, e))?;
+    for entry in std::fs::read_dir(out)
+        .map_err(|e| Error::io(out, e))?
+        .flatten()
+    {
+        if crate::io::is_atomic_tmp(&entry.file_name().to_string_lossy()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(RunLock { _file: file })
+}
+
 /// The `shards/` folder of a run, created if missing, with leftovers of interrupted shard
 /// writes (`.tmp-*`) removed.
 pub fn prepare_shards(out: &Path) -> Result<PathBuf> {
