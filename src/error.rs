@@ -52,6 +52,9 @@ pub enum Error {
     /// Reading or writing Parquet/JSON outputs failed.
     #[error("output: {}", one_line(.0))]
     Output(String),
+    /// A file's bytes are not the ones recorded for it (sha256 of a table, shard or model).
+    #[error("integrity: {}", one_line(.0))]
+    Integrity(String),
     /// An invariant check failed (fingerprint mismatch, replica differs, ...).
     #[error("invariant: {}", one_line(.0))]
     Invariant(String),
@@ -123,6 +126,7 @@ impl Error {
             Error::Models(m) => Error::Models(at(m)),
             Error::Output(m) => Error::Output(at(m)),
             Error::Invariant(m) => Error::Invariant(at(m)),
+            Error::Integrity(m) => Error::Integrity(at(m)),
             Error::OutOfMemory(m) => Error::OutOfMemory(at(m)),
             Error::Torch(m) => Error::Torch(at(m)),
             Error::Spectrum(m) => Error::Spectrum(at(m)),

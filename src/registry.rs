@@ -330,11 +330,48 @@ pub fn pull(name: &str, opts: &PullOptions<'_>) -> Result<PathBuf> {
     pull_spec_in(&home()?, find(name)?, opts)
 }
 
-/// Re-hash a pulled model in the default cache; returns its path.
+/// Re-hash a pulled model in the default cache (bypassing the digest cache, which is then
+/// refreshed); returns its path. A mismatch names the model and the command that repairs it.
 pub fn verify(name: &str) -> Result<PathBuf> {
     let path = model_path(name)?;
-    check_sha256(&path, &find(name)?.sha256, &|_, _| {})?;
+    check_sha256(&path, &find(name)?.sha256, &|_, _| {}).map_err(|e| match e {
+        Error::Models(m) => Error::Models(format!(
+            "model `{name}`: {m}: run `kvcredit models pull {name} --force`"
+        )),
+        other => other,
+    })?;
+    if let Ok(h) = home() {
+        let cache = hash_cache_in(&h);
+        let _ = crate::io::integrity::forget_cached(&path, &cache);
+        crate::io::integrity::cached_sha256(&path, Some(&cache))?;
+    }
     Ok(path)
+}
+
+/// Where model files' digests are cached: `<home>/models/.sha256/`.
+pub fn hash_cache_in(home: &Path) -> PathBuf {
+    home.join("models").join(".sha256")
+}
+
+/// The sha256 of the model file at `path` (cached by path, size and mtime under
+/// [`hash_cache_in`] of the default cache root, so a file is hashed once). For a registry model
+/// (`name`), a file whose digest is not the registry entry's is refused, naming the model and
+/// the command that repairs it.
+pub fn model_sha256(path: &Path, name: Option<&str>) -> Result<String> {
+    let cache = home().ok().map(|h| hash_cache_in(&h));
+    let got = crate::io::integrity::cached_sha256(path, cache.as_deref())?;
+    if let Some(n) = name {
+        let spec = find(n)?;
+        if !got.eq_ignore_ascii_case(&spec.sha256) {
+            return Err(Error::Models(format!(
+                "model `{n}`: {} has sha256 {}…, not the registry's {}… (the file changed after it was pulled): run `kvcredit models pull {n} --force`",
+                path.display(),
+                &got[..12],
+                &spec.sha256[..12]
+            )));
+        }
+    }
+    Ok(got)
 }
 
 /// Fetch, assemble and verify `spec` under cache root `home` (see the module docs).

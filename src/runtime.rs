@@ -239,6 +239,9 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
             })
         }
         ModelSource::Gguf { path, name } => {
+            // The file's own digest; a registry model whose bytes are not its entry's is
+            // refused before it is parsed.
+            let sha256 = Some(crate::registry::model_sha256(path, name.as_deref())?);
             let mut g = crate::gguf::load(path)?;
             let decoder = g.take_decoder(dtype.kind(), device)?;
             let text = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
@@ -248,10 +251,6 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
                     text(g.bos_token_id).as_deref(),
                     text(g.eos_token_ids.first().copied()).as_deref(),
                 )?),
-                None => None,
-            };
-            let sha256 = match name {
-                Some(n) => Some(crate::registry::find(n)?.sha256.clone()),
                 None => None,
             };
             let label = name.clone().unwrap_or_else(|| {

@@ -1069,6 +1069,8 @@ fn fuzz_wire_server() {
             max_frame: 1 << 20,
             max_requests: None,
             read_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            max_connections: 8,
             policy: ExecPolicy::Stock,
         };
         transport::serve(&m, &listener, &opts, &mut |_| {})

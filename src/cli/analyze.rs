@@ -44,6 +44,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         partial: a.partial,
         equivalence_margin: a.equivalence_margin,
     };
+    // Tables are verified against their manifest's digests before any is read.
+    for dir in &a.run_dirs {
+        kvcredit::io::integrity::verify_run(dir)?;
+    }
     let out = analyze(&a.run_dirs, a.out.as_deref(), &opts)?;
     let configs: std::collections::BTreeSet<&str> = out
         .summaries

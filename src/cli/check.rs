@@ -1,9 +1,11 @@
-//! `kvcredit check`: the CI gate on a campaign's invariants. Prints every violation (rule,
-//! offending row, what differs) on stdout and exits 1, or prints one pass line; an unreadable
-//! run dir is an error (exit 2).
+//! `kvcredit check`: the CI gate on a campaign's invariants. Verifies the tables against the
+//! digests the manifest records, then prints every violation (rule, offending row, what
+//! differs) on stdout and exits 1, or prints one pass line; a table that changed after the
+//! run finished is a violation (exit 1), an unreadable run dir an error (exit 2).
 use std::path::PathBuf;
 
 use kvcredit::check::check_run;
+use kvcredit::io::integrity::verify_run;
 
 /// Violations printed per rule before the rest are counted.
 const SHOW_PER_RULE: usize = 50;
@@ -18,6 +20,15 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     for dir in &a.run_dirs {
+        // Tables whose bytes are not the ones the run finished with are not read at all.
+        match verify_run(dir) {
+            Err(kvcredit::Error::Integrity(msg)) => {
+                println!("integrity: {msg}");
+                failed.push(format!("integrity: {msg}"));
+                continue;
+            }
+            other => other?,
+        };
         let report = check_run(dir)?;
         if report.passed() {
             println!("{}", report.summary_line());

@@ -67,6 +67,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             out,
             level,
         } => {
+            // Tables are verified against their manifest's digests before any is read.
+            for dir in &run_dirs {
+                kvcredit::io::integrity::verify_run(dir)?;
+            }
             let out = out.unwrap_or_else(|| run_dirs[0].clone());
             let path = kvcredit::analysis::divergence::write_report(&run_dirs, &out, level)?;
             println!("report: {}", path.display());

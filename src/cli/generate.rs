@@ -39,6 +39,13 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        bail!(
+            "--temperature {}: must be a finite number ≥ 0 (0 is greedy)",
+            a.temperature
+        );
+    }
+    kvcredit::study::bounds::tokens_at_most("--max-new-tokens", &[a.max_new_tokens])?;
     let cfg = a.run.resolve(Defaults {
         dtype: Dtype::Fp32,
         policy: PolicyKind::Stock,

@@ -1,4 +1,4 @@
-//! `kvcredit models list|pull`: the model registry and its cache.
+//! `kvcredit models list|pull|verify`: the model registry and its cache.
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcredit::registry::{self, PullEvent, PullOptions};
 
@@ -17,10 +17,17 @@ pub enum Cmd {
         #[arg(long)]
         force: bool,
     },
+    /// Re-hash cached models against the registry's sha256 (every pulled model without NAME);
+    /// fails naming each model that differs, with the command that repairs it.
+    Verify {
+        /// Registry name (default: every pulled model).
+        name: Option<String>,
+    },
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
+        Cmd::Verify { name } => verify(name),
         Cmd::List => {
             println!("cache: {}", registry::home()?.join("models").display());
             for m in registry::list()? {
@@ -72,4 +79,44 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `models verify`: one line per model, `NAME: ok sha256 …` or the mismatch; an error naming
+/// the failed models when any differs.
+fn verify(name: Option<String>) -> anyhow::Result<()> {
+    let names: Vec<String> = match name {
+        Some(n) => vec![n],
+        None => registry::list()?
+            .into_iter()
+            .filter(|m| m.pulled())
+            .map(|m| m.name)
+            .collect(),
+    };
+    if names.is_empty() {
+        println!("no pulled models to verify");
+        return Ok(());
+    }
+    let mut bad = Vec::new();
+    for n in &names {
+        match registry::verify(n) {
+            Ok(path) => println!(
+                "{n}: ok sha256 {} ({})",
+                registry::find(n)?.sha256,
+                path.display()
+            ),
+            Err(e) => {
+                println!("{n}: {e}");
+                bad.push(n.as_str());
+            }
+        }
+    }
+    if !bad.is_empty() {
+        anyhow::bail!(
+            "models: {} of {} failed verification: {}",
+            bad.len(),
+            names.len(),
+            bad.join(", ")
+        );
+    }
+    Ok(())
 }

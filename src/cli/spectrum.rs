@@ -86,10 +86,14 @@ impl WorkerModel {
 pub struct ServeArgs {
     #[command(flatten)]
     model: WorkerModel,
-    /// Address to listen on (loopback by default).
+    /// Address to listen on (loopback by default; another address needs --allow-remote).
     #[arg(long, default_value = "127.0.0.1:7070")]
     bind: String,
-    /// Largest accepted frame, MiB.
+    /// Allow a --bind address other than loopback. The protocol has no authentication: anyone
+    /// who reaches the port can make the worker decode.
+    #[arg(long)]
+    allow_remote: bool,
+    /// Largest accepted frame, MiB (at most 65536).
     #[arg(long, default_value_t = 1024)]
     max_frame_mib: u64,
     /// Exit after this many requests.
@@ -98,6 +102,68 @@ pub struct ServeArgs {
     /// Drop a connection that sends nothing for this many seconds.
     #[arg(long, default_value_t = 30)]
     read_timeout_s: u64,
+    /// Refuse a request whose bytes have not all arrived this many seconds after its first.
+    #[arg(long, default_value_t = 120)]
+    request_timeout_s: u64,
+    /// Most connections open at once (one more is refused with an error reply).
+    #[arg(long, default_value_t = 16)]
+    max_connections: usize,
+}
+
+/// Largest `--max-frame-mib`: 64 GiB.
+const MAX_FRAME_MIB: u64 = 1 << 16;
+
+/// The worker's settings from its flags, refused (before the model loads) when a limit is
+/// out of range, a timeout is zero, or `--bind` is not loopback without `--allow-remote`.
+fn serve_options(a: &ServeArgs, policy: kvcredit::ExecPolicy) -> anyhow::Result<ServeOptions> {
+    if a.max_frame_mib == 0 || a.max_frame_mib > MAX_FRAME_MIB {
+        anyhow::bail!(
+            "--max-frame-mib {}: must lie in 1..={MAX_FRAME_MIB}",
+            a.max_frame_mib
+        );
+    }
+    for (flag, v) in [
+        ("--read-timeout-s", a.read_timeout_s),
+        ("--request-timeout-s", a.request_timeout_s),
+    ] {
+        if v == 0 {
+            anyhow::bail!("{flag} 0: a timeout must be at least 1 second");
+        }
+    }
+    if a.max_connections == 0 {
+        anyhow::bail!("--max-connections 0: must be at least 1");
+    }
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&a.bind)
+        .with_context(|| format!("--bind {}", a.bind))?
+        .collect();
+    let remote: Vec<String> = addrs
+        .iter()
+        .filter(|x| !x.ip().is_loopback())
+        .map(ToString::to_string)
+        .collect();
+    if !remote.is_empty() {
+        if !a.allow_remote {
+            anyhow::bail!(
+                "--bind {}: {} is not a loopback address and the protocol has no authentication; pass --allow-remote to serve it anyway",
+                a.bind,
+                remote.join(", ")
+            );
+        }
+        eprintln!(
+            "warning: serving on {} beyond loopback: the protocol has no authentication, so anyone who reaches it can make this worker decode",
+            remote.join(", ")
+        );
+    }
+    let opts = ServeOptions {
+        max_frame: a.max_frame_mib << 20,
+        max_requests: a.max_requests,
+        read_timeout: std::time::Duration::from_secs(a.read_timeout_s),
+        request_timeout: std::time::Duration::from_secs(a.request_timeout_s),
+        max_connections: a.max_connections,
+        policy,
+    };
+    opts.check()?;
+    Ok(opts)
 }
 
 #[derive(clap::Args)]
@@ -156,6 +222,7 @@ fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf, Ru
         .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;
     spec.device = cfg.device_name.clone();
     let model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
+    spec.check_positions(&model.decoder)?;
     let out = a
         .out
         .clone()
@@ -571,19 +638,16 @@ fn probe(a: SpecArgs) -> anyhow::Result<()> {
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    // Flags are checked before the model loads (its policy is filled in after).
+    let mut opts = serve_options(&a, kvcredit::ExecPolicy::Stock)?;
     let (model, cfg) = a.model.load()?;
+    opts.policy = cfg.policy;
     let listener = TcpListener::bind(&a.bind).with_context(|| format!("bind {}", a.bind))?;
     eprintln!(
         "spectrum decode worker: {} on {}",
         model.name,
         listener.local_addr()?
     );
-    let opts = ServeOptions {
-        max_frame: a.max_frame_mib << 20,
-        max_requests: a.max_requests,
-        read_timeout: std::time::Duration::from_secs(a.read_timeout_s),
-        policy: cfg.policy,
-    };
     transport::serve(&model.decoder, &listener, &opts, &mut |line: &str| {
         eprintln!("{line}")
     })?;
@@ -605,6 +669,11 @@ struct Ttft {
 
 fn send(a: SendArgs) -> anyhow::Result<()> {
     let (model, cfg) = a.model.load()?;
+    kvcredit::study::bounds::check_positions(
+        &model.decoder,
+        a.context.saturating_add(1),
+        &format!("--context {} + 1 decode step", a.context),
+    )?;
     let policy = Policy::parse(&a.tier_policy)?;
     let ids = eval::wikitext_ids(&model, a.context)?;
     let (ctx, last) = ids.split_at(ids.len() - 1);

@@ -17,7 +17,9 @@ use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
 use crate::spectrum::eval;
-use crate::study::{commit_shard, merge_table, prepare_shards, read_json, sync, write_json};
+use crate::study::{
+    commit_shard, lock_run, merge_table, prepare_shards, read_json, sync, table_hashes, write_json,
+};
 use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Grade, Problem, Task};
 use crate::{Error, Result};
@@ -128,6 +130,8 @@ pub fn run_campaign(
     check_positions(spec, model, &task)?;
     check_spectrum_budget(spec, model, &task)?;
     let out = &opts.out_dir;
+    // One process per run folder; held until this returns.
+    let _lock = lock_run(out)?;
     let manifest_path = out.join("manifest.json");
     let settings = opts
         .exec
@@ -212,6 +216,7 @@ pub fn run_campaign(
             spectrum: None,
             shard: opts.shard,
             merged_from: vec![],
+            files_sha256: BTreeMap::new(),
         }
     };
     write_json(&manifest_path, &manifest)?;
@@ -286,6 +291,7 @@ fn finish(manifest: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<(
     for name in TABLES {
         merge_table(&dirs, name, out)?;
     }
+    manifest.files_sha256 = table_hashes(out, &TABLES)?;
     manifest.finished_at = Some(now_rfc3339());
     write_json(&out.join("manifest.json"), manifest)
 }
@@ -434,6 +440,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     }
     // The output folder: new, or an earlier merge of the same spec.
     let out_manifest = out.join("manifest.json");
+    let _lock = lock_run(out)?;
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     if canon(out).is_some() && dirs.iter().any(|d| canon(d) == canon(out)) {
         return Err(Error::Spec(format!(

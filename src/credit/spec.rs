@@ -409,9 +409,18 @@ impl CampaignSpec {
         if !(0.0..=1.0).contains(&self.pivots.max_margin) {
             return bad("pivots.max_margin must lie in [0, 1]");
         }
-        if self.continuations.temperature < 0.0 || self.rollout.temperature < 0.0 {
-            return bad("temperatures must be non-negative");
+        for (key, t) in [
+            ("rollout.temperature", self.rollout.temperature),
+            ("continuations.temperature", self.continuations.temperature),
+        ] {
+            if !(t.is_finite() && t >= 0.0) {
+                return bad(&format!("{key} = {t} must be a finite number ≥ 0"));
+            }
         }
+        self.check_bounds().map_err(|e| match e {
+            Error::Spec(m) => Error::Spec(format!("campaign `{}`: {m}", self.name)),
+            other => other,
+        })?;
         if self.passes.run.first() != Some(&Pass::Exact) {
             return bad("passes.run must start with \"exact\"");
         }
@@ -501,6 +510,48 @@ impl CampaignSpec {
                 "passes.batch_size = 1 and passes.replica_batch_size = 1 run every continuation alone, so a shuffled replica would repeat exact's batches; set passes.replica_batch_size to 2 or more",
             );
         }
+        Ok(())
+    }
+
+    /// Every count and length within [`crate::study::bounds`], before anything is allocated.
+    fn check_bounds(&self) -> Result<()> {
+        use crate::study::bounds::{self, at_most};
+        let (p, c) = (&self.pivots, &self.continuations);
+        at_most("continuations.k", c.k, bounds::MAX_K)?;
+        at_most(
+            "pivots.alternatives",
+            p.alternatives,
+            bounds::MAX_ALTERNATIVES,
+        )?;
+        at_most(
+            "pivots.max_per_rollout",
+            p.max_per_rollout,
+            bounds::MAX_PIVOTS,
+        )?;
+        at_most(
+            "passes.batch_size",
+            self.passes.batch_size,
+            bounds::MAX_BATCH,
+        )?;
+        at_most(
+            "passes.replica_batch_size",
+            self.passes.effective_replica_batch_size(),
+            bounds::MAX_BATCH,
+        )?;
+        bounds::product_at_most(
+            "continuations per group (passes.pool_problems × pivots.max_per_rollout × (1 + pivots.alternatives) × continuations.k)",
+            &[
+                self.passes.pool_problems,
+                p.max_per_rollout,
+                p.alternatives.saturating_add(1),
+                c.k,
+            ],
+            bounds::MAX_GROUP_CONTINUATIONS,
+        )?;
+        bounds::tokens_at_most(
+            "rollout.max_new_tokens + continuations.max_new_tokens",
+            &[self.rollout.max_new_tokens, c.max_new_tokens],
+        )?;
         Ok(())
     }
 

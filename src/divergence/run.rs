@@ -16,7 +16,8 @@ use crate::io::schema::ExecRecord;
 use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
 use crate::sampling::{NoiseKey, Sampling};
 use crate::study::{
-    commit_shard, merge_table, now_rfc3339, prepare_shards, read_json, sync, write_json,
+    commit_shard, lock_run, merge_table, now_rfc3339, prepare_shards, read_json, sync,
+    table_hashes, write_json,
 };
 use crate::tasks::gsm8k::Gsm8k;
 use crate::tasks::{Problem, Task};
@@ -76,6 +77,10 @@ pub struct Manifest {
     /// and whose tables were merged (the others are missing from the tables).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_dtypes: Option<Vec<Dtype>>,
+    /// sha256 of each table merged (file name → hex digest), recorded with the tables and
+    /// verified by `analyze` before it reads them; empty before any merge.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files_sha256: BTreeMap<String, String>,
     /// Dtypes that stopped on non-finite logits, with the one-line error (the other dtypes
     /// still ran; a rerun retries these).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -138,6 +143,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         m
     });
     let batches: Vec<&[Problem]> = problems.chunks(spec.batch_size).collect();
+    let mut lock = None;
     for &dtype in &spec.dtypes {
         let pending: Vec<&[Problem]> = batches
             .iter()
@@ -161,8 +167,25 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         };
         // Prompts that cannot be encoded (no chat template for a chat format) fail here,
         // before anything is written.
+        let mut longest = (0, 0);
         for p in &problems {
-            model.encode_prompt(&task.prompt(p))?;
+            let n = model.encode_prompt(&task.prompt(p))?.len();
+            longest = longest.max((n, p.index));
+        }
+        // Refused before anything is written, like a campaign's positions.
+        let (n, which) = longest;
+        crate::study::bounds::check_positions(
+            &model.decoder,
+            n.saturating_add(spec.tokens_after_prompt()),
+            &format!(
+                "divergence `{}` (problem {which}: {n} prompt + {} tokens after it)",
+                spec.name,
+                spec.tokens_after_prompt()
+            ),
+        )?;
+        // One process per run folder, from its first write until this returns.
+        if lock.is_none() {
+            lock = Some(lock_run(out)?);
         }
         let m = manifest
             .get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems, record));
@@ -242,7 +265,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
             out.display()
         )));
     }
-    merge_tables(out, spec, &problems, &spec.dtypes)?;
+    m.files_sha256 = merge_tables(out, spec, &problems, &spec.dtypes)?;
     refresh(&mut m, out, spec, &problems)?;
     m.merged_dtypes = None;
     m.finished_at = Some(now_rfc3339());
@@ -250,21 +273,23 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     Ok(m)
 }
 
-/// The study's tables from the shards of `dtypes` (every problem of each).
+/// The study's tables from the shards of `dtypes` (every problem of each); returns their
+/// digests.
 fn merge_tables(
     out: &Path,
     spec: &DivergenceSpec,
     problems: &[Problem],
     dtypes: &[Dtype],
-) -> Result<()> {
+) -> Result<BTreeMap<String, String>> {
     let dirs: Vec<PathBuf> = dtypes
         .iter()
         .flat_map(|&d| problems.iter().map(move |p| shard_dir(out, d, p.index)))
         .collect();
-    for name in tables_of(spec) {
+    let names = tables_of(spec);
+    for name in &names {
         merge_table(&dirs, name, out)?;
     }
-    Ok(())
+    table_hashes(out, &names)
 }
 
 fn tables_of(spec: &DivergenceSpec) -> Vec<&'static str> {
@@ -307,6 +332,7 @@ fn new_manifest(
         shards_done: 0,
         seconds: BTreeMap::new(),
         merged_dtypes: None,
+        files_sha256: BTreeMap::new(),
         failed_dtypes: BTreeMap::new(),
     }
 }
@@ -342,7 +368,7 @@ pub fn merge_finished(out: &Path) -> Result<Manifest> {
             problems.len()
         )));
     }
-    merge_tables(out, &spec, &problems, &complete)?;
+    m.files_sha256 = merge_tables(out, &spec, &problems, &complete)?;
     refresh(&mut m, out, &spec, &problems)?;
     m.merged_dtypes = if complete.len() == spec.dtypes.len() {
         None

@@ -214,6 +214,7 @@ impl DivergenceSpec {
             ))
         })?;
         spec.validate()?;
+        spec.check_strategy_keys(&text)?;
         Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
     }
 
@@ -227,6 +228,15 @@ impl DivergenceSpec {
         if self.dtypes.is_empty() || self.strategies.is_empty() {
             return bad("dtypes and strategies must not be empty");
         }
+        for (i, d) in self.dtypes.iter().enumerate() {
+            if self.dtypes[..i].contains(d) {
+                return bad(&format!("dtypes lists {d} twice"));
+            }
+        }
+        self.check_bounds().map_err(|e| match e {
+            Error::Spec(m) => Error::Spec(format!("divergence `{}`: {m}", self.name)),
+            other => other,
+        })?;
         if self.problems.count == 0 || self.batch_size == 0 || self.max_new_tokens == 0 {
             return bad("problems.count, batch_size and max_new_tokens must be positive");
         }
@@ -236,12 +246,13 @@ impl DivergenceSpec {
                     return bad(&format!("strategies {j} and {i} are the same"));
                 }
             }
+            let positive = |t: f64| t.is_finite() && t > 0.0;
             match *s {
                 Sampling::Greedy => {}
-                Sampling::Temperature { temperature } if temperature > 0.0 => {}
+                Sampling::Temperature { temperature } if positive(temperature) => {}
                 Sampling::TopP { top_p, temperature }
-                    if temperature > 0.0 && top_p > 0.0 && top_p <= 1.0 => {}
-                _ => return bad("temperatures must be positive and top_p in (0, 1]"),
+                    if positive(temperature) && top_p > 0.0 && top_p <= 1.0 => {}
+                _ => return bad("temperatures must be finite and positive, and top_p in (0, 1]"),
             }
         }
         let st = &self.steps;
@@ -298,8 +309,81 @@ impl DivergenceSpec {
             if r.boundaries.is_empty() || r.boundaries.contains(&0) || r.continuation_tokens == 0 {
                 return bad("steps.replay needs boundaries ≥ 1 and continuation_tokens > 0");
             }
+            if let Some(b) = r.boundaries.iter().find(|&&b| b > self.max_new_tokens) {
+                return bad(&format!(
+                    "steps.replay.boundaries: {b} lies past the {} generated tokens (max_new_tokens)",
+                    self.max_new_tokens
+                ));
+            }
+            for (key, list) in [("boundaries", &r.boundaries), ("chunks", &r.chunks)] {
+                for (i, x) in list.iter().enumerate() {
+                    if list[..i].contains(x) {
+                        return bad(&format!("steps.replay.{key} lists {x} twice"));
+                    }
+                }
+            }
             if !self.strategies.contains(&Sampling::Greedy) {
                 return bad("steps.replay replays the greedy pairs: add the greedy strategy");
+            }
+        }
+        Ok(())
+    }
+
+    /// Tokens beyond the prompt that a problem's sequences may reach: the generated tokens
+    /// plus the longest replay continuation or patched trajectory after them.
+    pub fn tokens_after_prompt(&self) -> usize {
+        let replay = self
+            .steps
+            .replay
+            .as_ref()
+            .map_or(0, |r| r.continuation_tokens);
+        let patch = self.steps.patch.as_ref().map_or(0, |p| p.trajectory_tokens);
+        self.max_new_tokens.saturating_add(replay.max(patch))
+    }
+
+    /// Every count and length within [`crate::study::bounds`], before anything is allocated.
+    fn check_bounds(&self) -> Result<()> {
+        use crate::study::bounds::{self, at_most};
+        at_most("batch_size", self.batch_size, bounds::MAX_BATCH)?;
+        let mut terms = vec![self.max_new_tokens];
+        if let Some(r) = &self.steps.replay {
+            terms.push(r.continuation_tokens);
+            if let Some(c) = r.chunks.iter().max() {
+                at_most("steps.replay.chunks", *c, bounds::MAX_TOKENS)?;
+            }
+        }
+        if let Some(p) = &self.steps.patch {
+            terms.push(p.trajectory_tokens);
+        }
+        bounds::tokens_at_most(
+            "max_new_tokens + steps.replay.continuation_tokens + steps.patch.trajectory_tokens",
+            &terms,
+        )?;
+        Ok(())
+    }
+
+    /// Refuse keys a `[[strategies]]` entry does not use (serde reads the entries by their
+    /// `kind` and would drop the rest).
+    fn check_strategy_keys(&self, text: &str) -> Result<()> {
+        let raw: toml::Table = toml::from_str(text).map_err(|e| Error::Spec(e.to_string()))?;
+        let Some(list) = raw.get("strategies").and_then(|v| v.as_array()) else {
+            return Ok(());
+        };
+        for (i, (entry, s)) in list.iter().zip(&self.strategies).enumerate() {
+            let allowed: &[&str] = match s {
+                Sampling::Greedy => &["kind"],
+                Sampling::Temperature { .. } => &["kind", "temperature"],
+                Sampling::TopP { .. } => &["kind", "top_p", "temperature"],
+            };
+            if let Some(t) = entry.as_table()
+                && let Some(k) = t.keys().find(|k| !allowed.contains(&k.as_str()))
+            {
+                return Err(Error::Spec(format!(
+                    "divergence `{}`: strategies[{i}] ({}): unknown key `{k}` (expected {})",
+                    self.name,
+                    strategy_label(s),
+                    allowed.join(", ")
+                )));
             }
         }
         Ok(())

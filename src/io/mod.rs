@@ -1,4 +1,5 @@
 //! Output plumbing: atomic file writes, Parquet tables, and the shared record schema.
+pub mod integrity;
 pub mod parquet;
 pub mod schema;
 
@@ -141,7 +142,8 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Write `bytes` to `path` atomically (temporary file in the same folder, then rename).
+/// Write `bytes` to `path` atomically (temporary file `.<name>.tmp-<pid>` in the same folder,
+/// then rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -152,13 +154,46 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             .unwrap_or_default(),
         std::process::id()
     ));
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    let written = std::fs::write(&tmp, bytes)
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        // A failed write (a full disk) leaves no partial temporary file behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Whether `name` is a temporary file of [`write_atomic`] (`.<name>.tmp-<pid>`).
+pub fn is_atomic_tmp(name: &str) -> bool {
+    name.starts_with('.')
+        && name
+            .rsplit_once(".tmp-")
+            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::UtcTime;
+
+    #[test]
+    fn a_failed_atomic_write_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("kvcredit-io-atomic-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The target is a non-empty folder, so the final rename fails.
+        std::fs::create_dir_all(dir.join("table.parquet").join("x")).unwrap();
+        assert!(super::write_atomic(&dir.join("table.parquet"), b"bytes").is_err());
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["table.parquet"]);
+        assert!(super::is_atomic_tmp(".manifest.json.tmp-1234"));
+        assert!(!super::is_atomic_tmp("manifest.json"));
+        assert!(!super::is_atomic_tmp(".manifest.json.tmp-"));
+        assert!(!super::is_atomic_tmp(".tmp-problem-00001-12"));
+    }
 
     #[test]
     fn calendar_dates_of_known_unix_times() {

@@ -558,6 +558,11 @@ pub struct Manifest {
     /// (an unsharded input appears as `0/1`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged_from: Vec<ShardSpec>,
+    /// sha256 of each table the run finished (file name → hex digest), recorded as it
+    /// finished and verified by `check` and `analyze` before they read a table; empty while
+    /// unfinished and in runs written before digests were recorded.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files_sha256: BTreeMap<String, String>,
 }
 
 /// The numerical path of one pass, summed over problems: what decides a stock step's rounding

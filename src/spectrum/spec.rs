@@ -5,7 +5,9 @@ use super::allocate::{Policy, Protect};
 use super::eval::Variant;
 use super::importance::ImportanceSpec;
 use crate::exec::PolicyKind;
+use crate::model::Decoder;
 use crate::runtime::Dtype;
+use crate::study::bounds;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -137,10 +139,28 @@ fn bad(m: String) -> Error {
 }
 
 fn check_budgets(what: &str, b: &[f64]) -> Result<()> {
+    if b.is_empty() {
+        return Err(bad(format!("{what}: no budgets")));
+    }
     if let Some(x) = b.iter().find(|x| !(**x > 0.0 && **x <= 2.0)) {
         return Err(bad(format!("{what}: budget {x} outside (0, 2]")));
     }
+    no_repeats(what, "budgets", b)
+}
+
+/// Refuse a list that names an entry twice (it would run, and write, its rows twice).
+fn no_repeats<T: PartialEq + std::fmt::Debug>(what: &str, key: &str, items: &[T]) -> Result<()> {
+    for (i, x) in items.iter().enumerate() {
+        if items[..i].contains(x) {
+            return Err(bad(format!("{what}: {key} lists {x:?} twice")));
+        }
+    }
     Ok(())
+}
+
+/// `what`'s token count (`terms` summed) within [`bounds::MAX_TOKENS`].
+fn tokens(what: &str, terms: &[usize]) -> Result<usize> {
+    bounds::tokens_at_most(what, terms).map_err(|e| bad(e.to_string().replace("spec: ", "")))
 }
 
 fn policies(what: &str, names: &[String]) -> Result<Vec<Policy>> {
@@ -170,6 +190,21 @@ impl SpectrumSpec {
 
     /// Check every section; nothing runs before this passes.
     pub fn validate(&self) -> Result<()> {
+        // The name is the default output folder's last component.
+        let one_component = matches!(
+            Path::new(&self.name)
+                .components()
+                .collect::<Vec<_>>()
+                .as_slice(),
+            [std::path::Component::Normal(_)]
+        );
+        if !one_component || self.name.contains(['/', '\\']) {
+            return Err(bad(format!(
+                "name `{}` must be one path component (no `/`, `..` or empty)",
+                self.name
+            )));
+        }
+        self.check_bounds()?;
         let i = &self.importance;
         if i.window < 1 || i.kernel < 1 || i.kernel % 2 == 0 {
             return Err(bad(format!(
@@ -181,6 +216,8 @@ impl SpectrumSpec {
         if let Some(p) = &self.ppl {
             check_budgets("ppl", &p.budgets)?;
             policies("ppl", &p.policies)?;
+            no_repeats("ppl", "policies", &p.policies)?;
+            no_repeats("ppl", "quantizers", &p.quantizers)?;
             if p.context <= pinned + 1 || p.continuation == 0 || p.windows == 0 {
                 return Err(bad(format!(
                     "ppl: context {} must exceed the {pinned} pinned tokens + 1, continuation and windows ≥ 1",
@@ -194,6 +231,8 @@ impl SpectrumSpec {
         if let Some(n) = &self.niah {
             check_budgets("niah", &n.budgets)?;
             policies("niah", &n.policies)?;
+            no_repeats("niah", "policies", &n.policies)?;
+            no_repeats("niah", "quantizers", &n.quantizers)?;
             if n.context <= pinned + 1 || n.depths == 0 || n.seeds == 0 || n.max_new_tokens == 0 {
                 return Err(bad("niah: context must exceed the pinned tokens; depths, seeds, max_new_tokens ≥ 1".into()));
             }
@@ -208,7 +247,7 @@ impl SpectrumSpec {
                     "probe: needs quantizers and a context beyond the pinned tokens".into(),
                 ));
             }
-            if p.gate_max_ppl_ratio.is_nan()
+            if !p.gate_max_ppl_ratio.is_finite()
                 || p.gate_max_ppl_ratio < 1.0
                 || p.gate_windows == 0
                 || p.gate_continuation == 0
@@ -217,6 +256,77 @@ impl SpectrumSpec {
                     "probe: gate ratio ≥ 1, gate windows and continuation ≥ 1".into(),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Every context, continuation and window count within [`bounds::MAX_TOKENS`] (checked
+    /// arithmetic: no count can overflow later).
+    fn check_bounds(&self) -> Result<()> {
+        if let Some(p) = &self.ppl {
+            let span = tokens("ppl: context + continuation", &[p.context, p.continuation])?;
+            bounds::product_at_most(
+                "ppl: windows × (context + continuation)",
+                &[p.windows, span],
+                bounds::MAX_TOKENS,
+            )
+            .map_err(|e| bad(e.to_string().replace("spec: ", "")))?;
+        }
+        if let Some(n) = &self.niah {
+            tokens(
+                "niah: context + max_new_tokens",
+                &[n.context, n.max_new_tokens],
+            )?;
+            bounds::product_at_most(
+                "niah: depths × seeds",
+                &[n.depths, n.seeds],
+                bounds::MAX_TOKENS,
+            )
+            .map_err(|e| bad(e.to_string().replace("spec: ", "")))?;
+        }
+        if let Some(p) = &self.probe {
+            tokens(
+                "probe: context + max_new_tokens",
+                &[p.context, p.max_new_tokens],
+            )?;
+            let span = tokens(
+                "probe: gate_context + gate_continuation",
+                &[p.gate_context, p.gate_continuation],
+            )?;
+            bounds::product_at_most(
+                "probe: gate_windows × (gate_context + gate_continuation)",
+                &[p.gate_windows, span],
+                bounds::MAX_TOKENS,
+            )
+            .map_err(|e| bad(e.to_string().replace("spec: ", "")))?;
+        }
+        Ok(())
+    }
+
+    /// Refuse a section whose sequences need more positions than `model` has.
+    pub fn check_positions(&self, model: &Decoder) -> Result<()> {
+        let mut needs = Vec::new();
+        if let Some(p) = &self.ppl {
+            needs.push(("[ppl] context + continuation", p.context + p.continuation));
+        }
+        if let Some(n) = &self.niah {
+            needs.push((
+                "[niah] context + max_new_tokens",
+                n.context + n.max_new_tokens,
+            ));
+        }
+        if let Some(p) = &self.probe {
+            needs.push((
+                "[probe] context + max_new_tokens",
+                p.context + p.max_new_tokens,
+            ));
+            needs.push((
+                "[probe] gate_context + gate_continuation",
+                p.gate_context + p.gate_continuation,
+            ));
+        }
+        for (what, n) in needs {
+            bounds::check_positions(model, n, &format!("spectrum `{}` {what}", self.name))?;
         }
         Ok(())
     }

@@ -6,7 +6,9 @@
 //! count, u32 each), the worker's timings in nanoseconds (receive, unpack/dequantize, first
 //! decode step; u64 each) and the SHA-256 of the restored KV (32 bytes), or (error) a u32
 //! length and a one-line message. Frames above the worker's limit are refused before they are
-//! read; any bad request gets an error reply and a log line, and the worker keeps serving.
+//! read, and a frame's buffer grows only as its bytes arrive; any bad request gets an error
+//! reply and a log line, and the worker keeps serving. Connections are read concurrently (up
+//! to a cap), each request within a whole-request deadline.
 use super::tiers::TieredKv;
 use super::wire;
 use crate::exec::ExecPolicy;
@@ -14,6 +16,8 @@ use crate::model::{Decoder, LogitsAt};
 use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tch::Tensor;
 
@@ -74,72 +78,284 @@ pub struct ServeOptions {
     /// A connection that sends nothing for this long is dropped (a stalled or half-sent
     /// request cannot hold the worker).
     pub read_timeout: Duration,
+    /// Whole-request deadline: a request whose last byte has not arrived this long after its
+    /// first is refused (a client trickling bytes cannot hold its connection either).
+    pub request_timeout: Duration,
+    /// Most connections open at once; one more is refused with an error reply.
+    pub max_connections: usize,
     /// Execution policy of the decoder.
     pub policy: ExecPolicy,
 }
 
+impl ServeOptions {
+    /// Refuse settings under which the worker could not serve anyone: zero timeouts, no
+    /// connections, a zero frame limit.
+    pub fn check(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Spectrum(format!("serve: {m}")));
+        if self.read_timeout.is_zero() {
+            return bad("the read timeout must be positive");
+        }
+        if self.request_timeout.is_zero() {
+            return bad("the request timeout must be positive");
+        }
+        if self.max_connections == 0 {
+            return bad("max connections must be at least 1");
+        }
+        if self.max_frame == 0 {
+            return bad("the frame limit must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Bytes read per `read` call of a frame: the frame buffer grows as bytes arrive, never
+/// from the length a client claims.
+const FRAME_CHUNK: usize = 1 << 20;
+/// How often blocked reads and the accept loop look at the clock and the stop flag.
+const POLL: Duration = Duration::from_millis(50);
+
+/// What the connection threads pass to the decoding thread.
+enum Event {
+    /// A whole request, the connection to answer on, and where to say whether the
+    /// connection stays open.
+    Request(Received, TcpStream, mpsc::Sender<bool>),
+    /// A request refused while it was read (already answered); counted and logged.
+    Rejected(String),
+    /// A line for the log that is no request (a refused connection, a failed accept).
+    Note(String),
+}
+
+/// A request read off the wire, not yet decoded.
+struct Received {
+    first: u32,
+    steps: u32,
+    frame: Vec<u8>,
+    receive: Duration,
+}
+
+/// What a connection thread needs to read requests (everything but the model).
+#[derive(Clone, Copy)]
+struct Limits {
+    max_frame: u64,
+    read_timeout: Duration,
+    request_timeout: Duration,
+    vocab: usize,
+}
+
 /// Serve requests on `listener` until `max_requests`; `log` gets one line per request.
+///
+/// Each connection is read on its own thread, up to `max_connections` at once, and whole
+/// requests are decoded one at a time on the calling thread (which alone touches the model),
+/// so a slow or stalled client delays nobody else. The listener is polled non-blocking while
+/// serving and set back to blocking on return.
 pub fn serve(
     model: &Decoder,
     listener: &TcpListener,
     opts: &ServeOptions,
     log: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let mut served = 0usize;
-    for stream in listener.incoming() {
-        let mut stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                log(&format!("accept failed: {e}"));
-                continue;
-            }
-        };
-        if let Err(e) = stream.set_read_timeout(Some(opts.read_timeout)) {
-            log(&format!("rejected: read timeout: {e}"));
-            continue;
-        }
-        // Requests on one connection until it closes or a request fails.
-        loop {
-            if opts.max_requests.is_some_and(|m| served >= m) {
-                return Ok(());
-            }
-            match handle(model, &mut stream, opts) {
-                Ok(None) => break,
-                Ok(Some(line)) => {
-                    served += 1;
-                    log(&line);
-                }
-                Err(e) => {
-                    served += 1;
-                    let msg = e.to_string();
-                    log(&format!("rejected: {msg}"));
+    opts.check()?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| net("listener", e))?;
+    let limits = Limits {
+        max_frame: opts.max_frame,
+        read_timeout: opts.read_timeout,
+        request_timeout: opts.request_timeout,
+        vocab: model.config().vocab_size,
+    };
+    let stop = AtomicBool::new(false);
+    let open = AtomicUsize::new(0);
+    let result = std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<Event>();
+        let (stop, open) = (&stop, &open);
+        let max_connections = opts.max_connections;
+        scope.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let mut stream = match listener.accept() {
+                    Ok((s, _)) => s,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Event::Note(format!("accept failed: {e}")));
+                        std::thread::sleep(POLL);
+                        continue;
+                    }
+                };
+                let peer = stream
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                if open.load(Ordering::Relaxed) >= max_connections {
+                    let msg = format!("busy: {max_connections} connections open; try again");
                     let _ = reply_error(&mut stream, &msg);
-                    break;
+                    let _ = tx.send(Event::Note(format!("refused {peer}: {msg}")));
+                    continue;
+                }
+                if let Err(e) = stream.set_nonblocking(false) {
+                    let _ = tx.send(Event::Note(format!("refused {peer}: {e}")));
+                    continue;
+                }
+                open.fetch_add(1, Ordering::Relaxed);
+                let tx = tx.clone();
+                scope.spawn(move || {
+                    connection(stream, limits, stop, &tx);
+                    open.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        });
+        let r = decode_loop(model, opts, &rx, log);
+        stop.store(true, Ordering::Relaxed);
+        // Dropping `rx` here lets connection threads waiting on an answer end.
+        drop(rx);
+        r
+    });
+    let _ = listener.set_nonblocking(false);
+    result
+}
+
+/// Decode whole requests as they come until `max_requests` have been answered (or refused).
+fn decode_loop(
+    model: &Decoder,
+    opts: &ServeOptions,
+    rx: &mpsc::Receiver<Event>,
+    log: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let mut served = 0usize;
+    while opts.max_requests.is_none_or(|m| served < m) {
+        let Ok(event) = rx.recv() else {
+            return Err(Error::Spectrum("serve: the accept loop stopped".into()));
+        };
+        match event {
+            Event::Note(line) => log(&line),
+            Event::Rejected(msg) => {
+                served += 1;
+                log(&format!("rejected: {msg}"));
+            }
+            Event::Request(req, mut stream, keep) => {
+                served += 1;
+                match answer(model, &req, &mut stream, opts) {
+                    Ok(line) => {
+                        log(&line);
+                        let _ = keep.send(true);
+                    }
+                    Err(e) => {
+                        let msg = e.to_string();
+                        log(&format!("rejected: {msg}"));
+                        let _ = reply_error(&mut stream, &msg);
+                        let _ = keep.send(false);
+                    }
                 }
             }
-        }
-        if opts.max_requests.is_some_and(|m| served >= m) {
-            return Ok(());
         }
     }
     Ok(())
+}
+
+/// Read requests on one connection until it closes, a request fails or the worker stops;
+/// each whole request is handed to the decoding thread and answered before the next is read.
+fn connection(mut s: TcpStream, limits: Limits, stop: &AtomicBool, tx: &mpsc::Sender<Event>) {
+    loop {
+        match read_request(&mut s, &limits, stop) {
+            Ok(None) => return,
+            Ok(Some(req)) => {
+                let Ok(reply_to) = s.try_clone() else { return };
+                let (keep_tx, keep_rx) = mpsc::channel();
+                if tx.send(Event::Request(req, reply_to, keep_tx)).is_err() {
+                    return;
+                }
+                if keep_rx.recv() != Ok(true) {
+                    return;
+                }
+            }
+            Err(e) => {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let msg = e.to_string();
+                let _ = reply_error(&mut s, &msg);
+                let _ = tx.send(Event::Rejected(msg));
+                return;
+            }
+        }
+    }
 }
 
 fn net(what: &str, e: std::io::Error) -> Error {
     Error::Spectrum(format!("{what}: {e}"))
 }
 
-/// One request: `Ok(None)` when the peer closed before sending one.
-fn handle(model: &Decoder, s: &mut TcpStream, opts: &ServeOptions) -> Result<Option<String>> {
+/// Fill `buf` from `s`, failing when nothing arrives for `idle`, when `deadline` passes, or
+/// when the worker stops; reads wake every [`POLL`] to look.
+fn read_full(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    idle: Duration,
+    deadline: Instant,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    let mut got = 0;
+    let mut last = Instant::now();
+    while got < buf.len() {
+        let now = Instant::now();
+        if stop.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other("worker stopping"));
+        }
+        if now >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "request deadline passed",
+            ));
+        }
+        if now.duration_since(last) >= idle {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "read timed out",
+            ));
+        }
+        let wait = POLL.min(deadline - now).max(Duration::from_millis(1));
+        s.set_read_timeout(Some(wait))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed",
+                ));
+            }
+            Ok(k) => {
+                got += k;
+                last = Instant::now();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One request off the wire: `Ok(None)` when the peer closed before sending one. The
+/// envelope is checked before the frame is read, and the frame is read in chunks of at most
+/// [`FRAME_CHUNK`] bytes, all within the whole-request deadline.
+fn read_request(s: &mut TcpStream, limits: &Limits, stop: &AtomicBool) -> Result<Option<Received>> {
     let mut env = [0u8; ENVELOPE];
     // The first byte tells an idle close from a request.
-    match s.read(&mut env[..1]) {
-        Ok(0) => return Ok(None),
-        Ok(_) => {}
+    let far = Instant::now() + limits.read_timeout + POLL;
+    match read_full(s, &mut env[..1], limits.read_timeout, far, stop) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(net("read", e)),
     }
     let t0 = Instant::now();
-    s.read_exact(&mut env[1..])
+    let deadline = t0 + limits.request_timeout;
+    read_full(s, &mut env[1..], limits.read_timeout, deadline, stop)
         .map_err(|e| net("truncated request envelope", e))?;
     if &env[..4] != REQUEST || u16::from_le_bytes([env[4], env[5]]) != VERSION {
         return Err(Error::Spectrum("not a version-1 SpectrumKV request".into()));
@@ -147,26 +363,58 @@ fn handle(model: &Decoder, s: &mut TcpStream, opts: &ServeOptions) -> Result<Opt
     let first = u32::from_le_bytes(env[8..12].try_into().expect("4"));
     let steps = u32::from_le_bytes(env[12..16].try_into().expect("4"));
     let len = u64::from_le_bytes(env[16..24].try_into().expect("8"));
-    if len > opts.max_frame {
+    if len > limits.max_frame {
         return Err(Error::Spectrum(format!(
             "frame of {len} bytes exceeds the limit of {}",
-            opts.max_frame
+            limits.max_frame
         )));
     }
-    if steps == 0 || steps > MAX_STEPS || first as usize >= model.config().vocab_size {
+    if steps == 0 || steps > MAX_STEPS || first as usize >= limits.vocab {
         return Err(Error::Spectrum(format!(
             "bad request: token {first}, {steps} steps"
         )));
     }
-    let mut frame = vec![0u8; len as usize];
-    s.read_exact(&mut frame)
-        .map_err(|e| net(&format!("truncated frame (expected {len} bytes)"), e))?;
-    let receive = t0.elapsed();
+    let len = usize::try_from(len)
+        .map_err(|_| Error::Spectrum(format!("frame of {len} bytes is too large here")))?;
+    let mut frame = Vec::new();
+    while frame.len() < len {
+        let at = frame.len();
+        let k = (len - at).min(FRAME_CHUNK);
+        frame.resize(at + k, 0);
+        read_full(s, &mut frame[at..], limits.read_timeout, deadline, stop).map_err(|e| {
+            net(
+                &format!("truncated frame (expected {len} bytes, got {at}+)"),
+                e,
+            )
+        })?;
+    }
+    Ok(Some(Received {
+        first,
+        steps,
+        frame,
+        receive: t0.elapsed(),
+    }))
+}
+
+/// Decode one whole request and write the reply; the log line on success.
+fn answer(
+    model: &Decoder,
+    req: &Received,
+    s: &mut TcpStream,
+    opts: &ServeOptions,
+) -> Result<String> {
+    let len = req.frame.len();
+    let receive = req.receive;
     let t1 = Instant::now();
-    let tiered = wire::decode(&frame)?;
+    let tiered = wire::decode(&req.frame)?;
     let parse = t1.elapsed();
-    let (tokens, unpack, step, fingerprint) =
-        decode_greedy(model, &tiered, first as i64, steps as usize, &opts.policy)?;
+    let (tokens, unpack, step, fingerprint) = decode_greedy(
+        model,
+        &tiered,
+        req.first as i64,
+        req.steps as usize,
+        &opts.policy,
+    )?;
     let unpack = unpack + parse;
     let mut out = Vec::with_capacity(64 + 4 * tokens.len());
     out.extend_from_slice(REPLY);
@@ -180,7 +428,7 @@ fn handle(model: &Decoder, s: &mut TcpStream, opts: &ServeOptions) -> Result<Opt
     }
     out.extend_from_slice(&fingerprint);
     s.write_all(&out).map_err(|e| net("reply", e))?;
-    Ok(Some(format!(
+    Ok(format!(
         "served {len} bytes ({} tokens, {} dropped): first token {} [receive {:.1} ms, unpack {:.1} ms, step {:.1} ms]",
         tiered.len,
         tiered.dropped().len(),
@@ -188,7 +436,7 @@ fn handle(model: &Decoder, s: &mut TcpStream, opts: &ServeOptions) -> Result<Opt
         ms(receive),
         ms(unpack),
         ms(step)
-    )))
+    ))
 }
 
 fn reply_error(s: &mut TcpStream, msg: &str) -> std::io::Result<()> {

@@ -124,6 +124,19 @@ pub fn encode(t: &TieredKv) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Whether every little-endian 16-bit number in `bytes` (`BFloat16`, else `Half`) is finite
+/// (its exponent bits not all ones).
+fn all_finite16(bytes: &[u8], kind: Kind) -> bool {
+    let exp: u16 = if kind == Kind::BFloat16 {
+        0x7F80
+    } else {
+        0x7C00
+    };
+    bytes
+        .chunks_exact(2)
+        .all(|c| u16::from_le_bytes([c[0], c[1]]) & exp != exp)
+}
+
 /// Parse and verify a frame (bounds, sizes, fingerprint, index lists).
 pub fn decode(bytes: &[u8]) -> Result<TieredKv> {
     let bad = |m: String| Err(Error::Spectrum(format!("bad frame: {m}")));
@@ -202,7 +215,7 @@ pub fn decode(bytes: &[u8]) -> Result<TieredKv> {
         s
     };
     let mut out_layers = Vec::with_capacity(layers as usize);
-    for _ in 0..layers {
+    for layer in 0..layers {
         let mut blocks: [TierBlocks; 3] = Default::default();
         for (i, tier) in Tier::STORED.into_iter().enumerate() {
             if counts[i] == 0 {
@@ -220,6 +233,17 @@ pub fn decode(bytes: &[u8]) -> Result<TieredKv> {
                     scales: take(sc),
                     zeros: take(z),
                 };
+                // A signed frame can still carry NaN or infinite numbers; none is restored.
+                let fp16_payload = tier == Tier::Fp16;
+                if (fp16_payload && !all_finite16(&block.payload, wire16))
+                    || !all_finite16(&block.scales, Kind::Half)
+                    || !all_finite16(&block.zeros, Kind::Half)
+                {
+                    return bad(format!(
+                        "non-finite number in layer {layer}, {} {side:?} block",
+                        tier.name()
+                    ));
+                }
                 match side {
                     Side::Key => blocks[i].k = block,
                     Side::Value => blocks[i].v = block,
