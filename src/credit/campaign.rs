@@ -18,8 +18,7 @@ use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
 use crate::spectrum::eval;
 use crate::study::{commit_shard, merge_table, prepare_shards, read_json, sync, write_json};
-use crate::tasks::gsm8k::Gsm8k;
-use crate::tasks::{Grade, Problem, Task};
+use crate::tasks::{Grade, Problem, SpecTask, Task};
 use crate::{Error, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -115,7 +114,7 @@ pub fn run_campaign(
 ) -> Result<Manifest> {
     spec.validate()?;
     // Everything a spec can get wrong is found before the first write to the run folder.
-    let (task, all) = spec.problems.task()?;
+    let (task, all) = spec.task()?;
     let problems = match opts.shard {
         Some(shard) => shard_problems(shard, &all, spec.passes.pool_problems)?,
         None => all,
@@ -167,6 +166,9 @@ pub fn run_campaign(
             )));
         }
         m.exec.resume_with(&record, &out.display().to_string())?;
+        if let Some(was) = &m.task {
+            was.resume_with(&task.record(), &out.display().to_string())?;
+        }
         if is_finished(&m, out) {
             return Ok(m);
         }
@@ -178,6 +180,7 @@ pub fn run_campaign(
             name: spec.name.clone(),
             spec_sha256: spec_sha256.to_string(),
             spec: RecordedSpec::Full(Box::new(spec.clone())),
+            task: Some(task.record()),
             model: model.name.clone(),
             model_sha256: model.sha256.clone(),
             dtype: spec.dtype,
@@ -370,7 +373,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
             first_dir.display()
         )));
     };
-    let (_, problems) = spec.problems.task()?;
+    let (_, problems) = spec.task()?;
     let label = |m: &Manifest| m.shard.unwrap_or(ShardSpec::WHOLE);
     // Which folder holds each problem, refusing overlaps and unfinished problems.
     let mut holder: BTreeMap<usize, usize> = BTreeMap::new();
@@ -499,7 +502,7 @@ fn copy_shard(src: &Path, shards: &Path, problem: usize) -> Result<()> {
 
 /// Refuse, before anything is written, a campaign whose longest prompt plus the rollout and
 /// continuation token caps exceeds the model's positions.
-fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Result<()> {
+fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &SpecTask) -> Result<()> {
     if model.decoder.context_limit().is_none() {
         return Ok(());
     }
@@ -526,7 +529,7 @@ fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Re
 /// Refuse, before anything is written, a spectrum budget too small for the protected tokens
 /// at FP16 on the shortest context a pivot can have (the shortest prompt): the allocator
 /// would otherwise fail mid-run.
-fn check_spectrum_budget(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Result<()> {
+fn check_spectrum_budget(spec: &CampaignSpec, model: &LoadedModel, task: &SpecTask) -> Result<()> {
     let Some(sp) = spec.spectrum_pass() else {
         return Ok(());
     };
@@ -657,7 +660,7 @@ fn run_group(
     spec: &CampaignSpec,
     settings: &ExecSettings,
     model: &LoadedModel,
-    task: &Gsm8k,
+    task: &SpecTask,
     group: &[Problem],
     pb: &ProgressBar,
 ) -> Result<Vec<Shard>> {
@@ -950,7 +953,7 @@ fn run_group(
 fn finish_problem(
     spec: &CampaignSpec,
     model: &LoadedModel,
-    task: &Gsm8k,
+    task: &SpecTask,
     problem: &Problem,
     pr: &Prepared,
     info: ShardInfo,
