@@ -100,7 +100,12 @@ pub fn finished_run(
         && m.shard == shard
         && m.pool_problems.unwrap_or(1) == spec.passes.pool_problems
         && m.refill.unwrap_or(false) == spec.passes.refill;
-    Ok((same && is_finished(&m, out)).then_some(m))
+    // Same spec, other data: not this run (and `run_campaign` refuses to resume it).
+    let same_task = match &m.task {
+        Some(was) => *was == spec.task()?.0.record(),
+        None => true,
+    };
+    Ok((same && same_task && is_finished(&m, out)).then_some(m))
 }
 
 /// Run (or resume) a campaign; returns the final manifest. A finished run of this spec in

@@ -349,11 +349,6 @@ impl Grader {
             m.and_then(|m| m.as_str().chars().next())
                 .filter(|c| labels.contains(c))
         };
-        let last = |re: &Regex, text: &str| {
-            re.captures_iter(text)
-                .filter_map(|c| ok(c.get(1)))
-                .last()
-        };
         if let Some(l) = boxed_contents(output)
             .iter()
             .filter_map(|b| ok(CHOICE_BOXED_RE.captures(b).and_then(|c| c.get(1))))
@@ -361,7 +356,19 @@ impl Grader {
         {
             return Some(("boxed", l));
         }
-        if let Some(l) = last(&CHOICE_ANSWER_RE, output) {
+        // "The answer is A cat": a bare `A` or `I` followed by a lowercase word is a word.
+        let stated = CHOICE_ANSWER_RE
+            .captures_iter(output)
+            .filter(|c| {
+                let word = c.get(1).is_none()
+                    && matches!(&c[2], "A" | "I")
+                    && c[3].starts_with(char::is_whitespace)
+                    && c[3].trim_start().starts_with(|ch: char| ch.is_lowercase());
+                !word
+            })
+            .filter_map(|c| ok(c.get(2)))
+            .last();
+        if let Some(l) = stated {
             return Some(("answer_is", l));
         }
         let mut letters: Vec<(usize, char)> = CHOICE_LINE_RE
@@ -453,11 +460,12 @@ static ANSWER_PHRASE_RE: LazyLock<Regex> = LazyLock::new(|| {
         .expect("constant regex")
 });
 static CHOICE_BOXED_RE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^\s*(?:\\text\{|\\mathrm\{|\()?\s*([A-Z])\s*(?:\}|\))?\s*$").expect("constant regex")
+    Regex::new(r"^\s*(?:\\(?:text|mathrm|textbf)\{)?\s*\(?\s*([A-Z])\s*\)?\s*\}?\s*$")
+        .expect("constant regex")
 });
 static CHOICE_ANSWER_RE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i:\b(?:answer|option|choice)\b(?:\s+(?:is|would\s+be|should\s+be))?)[\s*_:]*(?:\$?\\boxed\{)?[\(\[]?([A-Z])(?:[\)\]\}.,:;!*]|\s*$|\s*\n|\s+[^a-z\s])",
+        r"(?i:\b(?:answer|option|choice)\b(?:\s+(?:is|would\s+be|should\s+be))?)[\s*_:]*(?:\$?\\boxed\{)?([\(\[])?([A-Z])\b([^\n]*)",
     )
     .expect("constant regex")
 });
@@ -518,7 +526,8 @@ fn extract_text(output: &str) -> Option<(&'static str, String)> {
     Some(("last_line", line.trim().to_string()))
 }
 
-/// A math answer: the last `\boxed{..}`, "the answer is X", or the last number.
+/// A math answer: the last `\boxed{..}`, "the answer is X", or else the GSM8K rules' number
+/// (`hashes`, `printed_output`, `last_number`).
 fn extract_math(output: &str) -> Option<(&'static str, String)> {
     if let Some(b) = boxed_contents(output).last() {
         return Some(("boxed", b.to_string()));
@@ -526,8 +535,8 @@ fn extract_math(output: &str) -> Option<(&'static str, String)> {
     if let Some(s) = answer_phrase(output) {
         return Some(("answer_is", s));
     }
-    let e = gsm8k::extract_answer(output).filter(|e| e.rule == gsm8k::Rule::LastNumber)?;
-    Some(("last_number", e.value.to_string()))
+    let e = gsm8k::extract_answer(output)?;
+    Some((e.rule.as_str(), e.value.to_string()))
 }
 
 static TEXT_RE: LazyLock<Regex> = LazyLock::new(|| {

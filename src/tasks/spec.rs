@@ -296,9 +296,9 @@ impl TaskSpec {
                         "task.format (zero-shot-chat or eight-shot-cot) is required with bundled \"gsm8k\"",
                     ));
                 };
-                format
-                    .parse::<PromptFormat>()
-                    .map_err(|e| self.err(format!("task.format: {e}")))?;
+                format.parse::<PromptFormat>().map_err(|e| {
+                    self.err(format!("task.format: {}", e.to_string().trim_start_matches("spec: ")))
+                })?;
                 let end = self.start.saturating_add(self.count.unwrap_or(0));
                 if self.start >= gsm8k::TEST_LEN || end > gsm8k::TEST_LEN {
                     return Err(self.err(format!(
@@ -582,7 +582,11 @@ fn to_problem(
     row: &Map<String, Value>,
     index: usize,
 ) -> std::result::Result<Problem, String> {
-    let known = || row.keys().cloned().collect::<Vec<_>>().join(", ");
+    let known = || {
+        let mut keys: Vec<&str> = row.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        keys.join(", ")
+    };
     let get = |key: &str, role: &str| {
         row.get(key).filter(|v| !v.is_null()).ok_or_else(|| {
             format!(
