@@ -56,7 +56,12 @@ fn the_guides_own_task_runs_through_eval_campaign_and_analyze() {
     let files = write_guide_files(&dir);
     assert_eq!(
         files,
-        ["capitals.jsonl", "shots.jsonl", "eval.toml", "campaign.toml"]
+        [
+            "capitals.jsonl",
+            "shots.jsonl",
+            "eval.toml",
+            "campaign.toml"
+        ]
     );
     let path = |p: &str| dir.join(p).to_string_lossy().into_owned();
     let data_sha =
@@ -64,18 +69,24 @@ fn the_guides_own_task_runs_through_eval_campaign_and_analyze() {
 
     // Eval.
     let rows = path("eval.parquet");
-    let (code, out, err) =
-        common::kvcredit(&["eval", "run", &path("eval.toml"), "--out", &rows]);
+    let (code, out, err) = common::kvcredit(&["eval", "run", &path("eval.toml"), "--out", &rows]);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("task `capitals`, grader `choice`, prompt chat, 1-shot"),
         "{out}"
     );
-    assert!(out.contains(&format!("data sha256 {}", &data_sha[..12])), "{out}");
+    assert!(
+        out.contains(&format!("data sha256 {}", &data_sha[..12])),
+        "{out}"
+    );
     let problems: Vec<u32> = read_batches(Path::new(&rows))
         .unwrap()
         .iter()
-        .flat_map(|b| common::column::<UInt32Array>(b, "problem").values().to_vec())
+        .flat_map(|b| {
+            common::column::<UInt32Array>(b, "problem")
+                .values()
+                .to_vec()
+        })
         .collect();
     assert_eq!(problems, [0, 1, 2]);
     for rule in strings(Path::new(&rows), "rule").into_iter().flatten() {
@@ -106,8 +117,7 @@ fn the_guides_own_task_runs_through_eval_campaign_and_analyze() {
     ]);
     assert_eq!(code, 0, "{err}");
     let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(run.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["task"]["name"], "capitals");
     assert_eq!(manifest["task"]["grader"], "choice");
     assert_eq!(manifest["task"]["file_sha256"], data_sha.as_str());
@@ -152,7 +162,9 @@ fn the_guides_own_task_runs_through_eval_campaign_and_analyze() {
     assert_eq!(code, 0, "{err}");
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
-        report.contains("- `capitals-smollm2`: task `capitals`, grader `choice`, prompt chat, 1-shot"),
+        report.contains(
+            "- `capitals-smollm2`: task `capitals`, grader `choice`, prompt chat, 1-shot"
+        ),
         "{report}"
     );
 
@@ -215,7 +227,13 @@ fn a_bad_mapping_is_refused_before_anything_is_written() {
         std::fs::write(&p, text).unwrap();
         let out = dir.join(format!("run-{case}"));
         for args in [
-            vec!["campaign", "run", p.to_str().unwrap(), "--out", out.to_str().unwrap()],
+            vec![
+                "campaign",
+                "run",
+                p.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
             vec!["campaign", "validate", p.to_str().unwrap()],
         ] {
             let (code, _, err) = common::kvcredit(&args);

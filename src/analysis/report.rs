@@ -851,10 +851,20 @@ fn inputs(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOptions) 
     }
     let tasks: Vec<String> = summaries
         .iter()
-        .filter_map(|s| Some(format!("- `{}`: task {}", s.meta.config, s.meta.task.as_ref()?)))
+        .filter_map(|s| {
+            Some(format!(
+                "- `{}`: task {}",
+                s.meta.config,
+                s.meta.task.as_ref()?
+            ))
+        })
         .collect();
     if !tasks.is_empty() {
-        let _ = write!(out, "\nTasks (from the manifests):\n\n{}\n", tasks.join("\n"));
+        let _ = write!(
+            out,
+            "\nTasks (from the manifests):\n\n{}\n",
+            tasks.join("\n")
+        );
     }
     let _ = write!(
         out,

@@ -192,9 +192,7 @@ fn merge(dirs: &[PathBuf], out: &Path) -> anyhow::Result<()> {
 fn validate(specs: &[PathBuf]) -> anyhow::Result<()> {
     for path in specs {
         let (spec, sha) = CampaignSpec::load(path)?;
-        let (task, problems) = spec
-            .task()
-            .with_context(|| format!("{}", path.display()))?;
+        let (task, problems) = spec.task().with_context(|| format!("{}", path.display()))?;
         if ModelSource::resolve(&spec.model).is_err() {
             kvcredit::registry::find(&spec.model)
                 .with_context(|| format!("{}: model `{}`", path.display(), spec.model))?;

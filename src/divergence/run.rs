@@ -170,8 +170,9 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         for p in &problems {
             model.encode_prompt(&task.prompt(p))?;
         }
-        let m = manifest
-            .get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems, record, &task));
+        let m = manifest.get_or_insert_with(|| {
+            new_manifest(spec, spec_sha256, &model, &problems, record, &task)
+        });
         write_json(&manifest_path, m)?;
         prepare_shards(out)?;
         m.failed_dtypes.remove(&dtype);

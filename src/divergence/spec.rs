@@ -2,9 +2,9 @@
 //! into the manifest). One spec drives every step of the study on one model.
 use crate::credit::spec::{ProblemSpec, load_task_choice, validate_task_choice};
 use crate::exec::PolicyKind;
-use crate::tasks::{Problem, SpecTask, TaskSpec};
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
+use crate::tasks::{Problem, SpecTask, TaskSpec};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;

@@ -143,7 +143,13 @@ impl GraderSpec {
                 let re = match Regex::new(pattern) {
                     Ok(re) => re,
                     Err(e) => {
-                        let first = e.to_string().lines().last().unwrap_or("").trim().to_string();
+                        let first = e
+                            .to_string()
+                            .lines()
+                            .last()
+                            .unwrap_or("")
+                            .trim()
+                            .to_string();
                         return bad(format!("pattern `{pattern}` does not compile: {first}"));
                     }
                 };
@@ -233,7 +239,8 @@ impl Grader {
                     let found = gsm8k::extract_answer(output).map(|e| e.value);
                     if let (Some(p), Some(gold)) = (found, gsm8k::parse_number(&problem.gold)) {
                         let (p, gold) = (to_f64(p), to_f64(gold));
-                        g.correct = (p - gold).abs() <= tolerance.max(relative_tolerance * gold.abs());
+                        g.correct =
+                            (p - gold).abs() <= tolerance.max(relative_tolerance * gold.abs());
                     }
                 }
                 g
@@ -549,9 +556,8 @@ static PLAIN_NUMBER_RE: LazyLock<Regex> =
 static SIMPLE_FRAC_RE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(-?)\\frac\{(-?\d+(?:\.\d+)?)\}\{(-?\d+(?:\.\d+)?)\}$").expect("constant regex")
 });
-static SLASH_FRAC_RE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(-?\d+(?:\.\d+)?)/(-?\d+(?:\.\d+)?)$").expect("constant regex")
-});
+static SLASH_FRAC_RE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^(-?\d+(?:\.\d+)?)/(-?\d+(?:\.\d+)?)$").expect("constant regex"));
 static TRAILING_WORDS_RE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(.*?[0-9}])\s+[A-Za-z]{2,}(?:\s+[A-Za-z]+)*\.?$").expect("constant regex")
 });
@@ -591,10 +597,16 @@ pub fn normalize_math(answer: &str, units: &[String]) -> String {
     }
     // Units: a trailing `\text{ cm}` after a value is dropped; other `\text{..}` keep their text.
     if let Some(m) = TEXT_RE.find_iter(&s).last() {
-        let inner = TEXT_RE.captures(m.as_str()).map(|c| c[1].trim().to_string());
+        let inner = TEXT_RE
+            .captures(m.as_str())
+            .map(|c| c[1].trim().to_string());
         let before = s[..m.start()].trim_end();
-        let unit = inner.is_some_and(|i| i.chars().all(|c| c.is_alphabetic() || c == ' ' || c == '.'));
-        if unit && s[m.end()..].trim().is_empty() && before.ends_with(|c: char| c.is_ascii_digit() || c == '}') {
+        let unit =
+            inner.is_some_and(|i| i.chars().all(|c| c.is_alphabetic() || c == ' ' || c == '.'));
+        if unit
+            && s[m.end()..].trim().is_empty()
+            && before.ends_with(|c: char| c.is_ascii_digit() || c == '}')
+        {
             s = before.to_string();
         }
     }

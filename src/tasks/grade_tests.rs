@@ -48,10 +48,20 @@ fn numeric_grader_keeps_the_gsm8k_rules_and_adds_tolerance() {
             ("The answer is $1,600.", "1600", true, Some("answer_is")),
             ("\\boxed{18.00}", "18", true, Some("boxed")),
             ("\\boxed{\\frac{3}{4}}", "0.75", true, Some("boxed")),
-            ("#### Step 1\nShe has 5 left", "5", true, Some("last_number")),
+            (
+                "#### Step 1\nShe has 5 left",
+                "5",
+                true,
+                Some("last_number"),
+            ),
             ("The answer is 3.14", "3.14159", false, Some("answer_is")),
             ("```python\nprint(16 - 3 - 4)\n```", "9", false, None),
-            ("21-15 = 6 so the answer is 6", "-6", false, Some("answer_is")),
+            (
+                "21-15 = 6 so the answer is 6",
+                "-6",
+                false,
+                Some("answer_is"),
+            ),
         ],
     );
     let tol = grader("kind = \"numeric\"\ntolerance = 0.01");
@@ -85,7 +95,12 @@ fn numeric_grader_keeps_the_gsm8k_rules_and_adds_tolerance() {
         &cm,
         &[],
         &[
-            ("It is 12 cm long. The answer is 12 cm.", "12 cm", true, Some("answer_is")),
+            (
+                "It is 12 cm long. The answer is 12 cm.",
+                "12 cm",
+                true,
+                Some("answer_is"),
+            ),
             ("The answer is 13 cm.", "12 cm", false, Some("answer_is")),
         ],
     );
@@ -103,13 +118,43 @@ fn exact_grader_normalizes_and_reads_the_final_answer() {
         &g,
         &[],
         &[
-            ("The capital of France is... The answer is **Paris**.", "Paris", true, Some("answer_is")),
-            ("Answer: the Eiffel Tower!", "Eiffel tower", true, Some("answer_is")),
-            ("I think it is\n\\boxed{\\text{Mount Everest}}", "mount everest", true, Some("boxed")),
+            (
+                "The capital of France is... The answer is **Paris**.",
+                "Paris",
+                true,
+                Some("answer_is"),
+            ),
+            (
+                "Answer: the Eiffel Tower!",
+                "Eiffel tower",
+                true,
+                Some("answer_is"),
+            ),
+            (
+                "I think it is\n\\boxed{\\text{Mount Everest}}",
+                "mount everest",
+                true,
+                Some("boxed"),
+            ),
             ("Let me think.\nparis", "Paris", true, Some("last_line")),
-            ("The answer is Parisian cuisine.", "Paris", false, Some("answer_is")),
-            ("It's not Paris, it's Lyon", "Paris", false, Some("last_line")),
-            ("The answer is: Lyon. Paris was wrong.", "Paris", false, Some("answer_is")),
+            (
+                "The answer is Parisian cuisine.",
+                "Paris",
+                false,
+                Some("answer_is"),
+            ),
+            (
+                "It's not Paris, it's Lyon",
+                "Paris",
+                false,
+                Some("last_line"),
+            ),
+            (
+                "The answer is: Lyon. Paris was wrong.",
+                "Paris",
+                false,
+                Some("answer_is"),
+            ),
             ("", "Paris", false, None),
             ("Answer: ...", "...", false, Some("answer_is")),
         ],
@@ -129,8 +174,18 @@ fn exact_grader_normalizes_and_reads_the_final_answer() {
         &alt,
         &[],
         &[
-            ("Answer: NYC", "New York City|NYC|New York", true, Some("answer_is")),
-            ("Answer: York", "New York City|NYC|New York", false, Some("answer_is")),
+            (
+                "Answer: NYC",
+                "New York City|NYC|New York",
+                true,
+                Some("answer_is"),
+            ),
+            (
+                "Answer: York",
+                "New York City|NYC|New York",
+                false,
+                Some("answer_is"),
+            ),
         ],
     );
     eprintln!(
@@ -151,18 +206,33 @@ fn choice_grader_reads_letters_and_ignores_words() {
             ("The answer is (A).", "A", true, Some("answer_is")),
             ("Answer: B", "1", true, Some("answer_is")),
             ("**Answer:** C", "Nice", true, Some("answer_is")),
-            ("The correct option is D because Lille is north.", "D", true, Some("answer_is")),
+            (
+                "The correct option is D because Lille is north.",
+                "D",
+                true,
+                Some("answer_is"),
+            ),
             ("The answer is A cat, clearly.", "A", false, None),
             ("Final: $\\boxed{B}$", "B", true, Some("boxed")),
             ("\\boxed{\\text{(C)}}", "C", true, Some("boxed")),
-            ("Looking at the options...\n(B)\n", "B", true, Some("letter")),
+            (
+                "Looking at the options...\n(B)\n",
+                "B",
+                true,
+                Some("letter"),
+            ),
             ("I think\nC.", "C", true, Some("letter")),
             ("I think it is Lille", "D", false, None),
             ("Let me think.\nLille", "D", true, Some("choice_text")),
             ("Because I know it, a city is nice.", "B", false, None),
             ("The answer is E.", "A", false, None),
             ("The answer is A.", "B", false, Some("answer_is")),
-            ("(A) is wrong, so the answer is (B)", "B", true, Some("answer_is")),
+            (
+                "(A) is wrong, so the answer is (B)",
+                "B",
+                true,
+                Some("answer_is"),
+            ),
             ("The answer is a city in France.", "A", false, None),
         ],
     );
@@ -186,11 +256,7 @@ fn choice_grader_reads_letters_and_ignores_words() {
             .build()
             .is_err()
     );
-    eprintln!(
-        "choice: {} cases, {} must not match",
-        n + n2,
-        neg + neg2
-    );
+    eprintln!("choice: {} cases, {} must not match", n + n2, neg + neg2);
 }
 
 #[test]
@@ -200,7 +266,12 @@ fn regex_grader_takes_the_last_capture() {
         &g,
         &[],
         &[
-            ("RESULT: blue\nwait\nRESULT: Red", "red", true, Some("regex")),
+            (
+                "RESULT: blue\nwait\nRESULT: Red",
+                "red",
+                true,
+                Some("regex"),
+            ),
             ("RESULT: blue", "red", false, Some("regex")),
             ("result: red", "red", false, None),
         ],
@@ -228,11 +299,7 @@ fn regex_grader_takes_the_last_capture() {
             .to_string();
         assert!(e.contains("pattern") && e.lines().count() == 1, "{e}");
     }
-    eprintln!(
-        "regex: {} cases, {} must not match",
-        n + n2,
-        neg + neg2
-    );
+    eprintln!("regex: {} cases, {} must not match", n + n2, neg + neg2);
 }
 
 #[test]
@@ -242,23 +309,53 @@ fn math_grader_normalizes_latex_answers() {
         &g,
         &[],
         &[
-            ("So $\\boxed{\\dfrac{1}{2}}$.", "\\frac12", true, Some("boxed")),
+            (
+                "So $\\boxed{\\dfrac{1}{2}}$.",
+                "\\frac12",
+                true,
+                Some("boxed"),
+            ),
             ("\\boxed{\\tfrac12}", "0.5", true, Some("boxed")),
             ("\\boxed{2\\sqrt{3}}", "2\\sqrt3", true, Some("boxed")),
             ("\\boxed{3\\sqrt{2}}", "2\\sqrt3", false, Some("boxed")),
-            ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\dfrac{\\sqrt3}{2}", true, Some("boxed")),
+            (
+                "\\boxed{\\frac{\\sqrt{3}}{2}}",
+                "\\dfrac{\\sqrt3}{2}",
+                true,
+                Some("boxed"),
+            ),
             ("\\boxed{1,000}", "1000", true, Some("boxed")),
             ("\\boxed{50\\%}", "50", true, Some("boxed")),
             ("\\boxed{5 \\text{ cm}}", "5", true, Some("boxed")),
             ("\\boxed{90^\\circ}", "90", true, Some("boxed")),
             ("\\boxed{x = -3}", "-3", true, Some("boxed")),
-            ("\\boxed{\\left( 1, 2 \\right)}", "(1,2)", true, Some("boxed")),
+            (
+                "\\boxed{\\left( 1, 2 \\right)}",
+                "(1,2)",
+                true,
+                Some("boxed"),
+            ),
             ("\\boxed{(2, 1)}", "(1,2)", false, Some("boxed")),
             ("\\boxed{\\frac{1}{3}}", "0.33", false, Some("boxed")),
             ("\\boxed{3x}", "3", false, Some("boxed")),
-            ("\\boxed{1} first, then \\boxed{\\frac{3}{4}}", "0.75", true, Some("boxed")),
-            ("The answer is $\\frac{3}{4}$.", "3/4", true, Some("answer_is")),
-            ("We get 7 and then 12 apples", "12", true, Some("last_number")),
+            (
+                "\\boxed{1} first, then \\boxed{\\frac{3}{4}}",
+                "0.75",
+                true,
+                Some("boxed"),
+            ),
+            (
+                "The answer is $\\frac{3}{4}$.",
+                "3/4",
+                true,
+                Some("answer_is"),
+            ),
+            (
+                "We get 7 and then 12 apples",
+                "12",
+                true,
+                Some("last_number"),
+            ),
             ("\\boxed{}", "0", false, Some("boxed")),
             ("no answer at all", "0", false, None),
         ],

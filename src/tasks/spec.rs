@@ -270,14 +270,13 @@ impl TaskSpec {
         }
         match (&self.bundled, &self.file) {
             (Some(_), Some(_)) => Err(self.err("set task.bundled or task.file, not both")),
-            (None, None) => Err(self.err(
-                "set task.bundled (\"gsm8k\") or task.file (a .jsonl or .parquet file)",
-            )),
+            (None, None) => {
+                Err(self
+                    .err("set task.bundled (\"gsm8k\") or task.file (a .jsonl or .parquet file)"))
+            }
             (Some(b), None) => {
                 if b != "gsm8k" {
-                    return Err(self.err(format!(
-                        "unknown bundled task `{b}` (bundled: gsm8k)"
-                    )));
+                    return Err(self.err(format!("unknown bundled task `{b}` (bundled: gsm8k)")));
                 }
                 for (set, key) in [
                     (self.name.is_some(), "name"),
@@ -297,7 +296,10 @@ impl TaskSpec {
                     ));
                 };
                 format.parse::<PromptFormat>().map_err(|e| {
-                    self.err(format!("task.format: {}", e.to_string().trim_start_matches("spec: ")))
+                    self.err(format!(
+                        "task.format: {}",
+                        e.to_string().trim_start_matches("spec: ")
+                    ))
                 })?;
                 let end = self.start.saturating_add(self.count.unwrap_or(0));
                 if self.start >= gsm8k::TEST_LEN || end > gsm8k::TEST_LEN {
@@ -319,13 +321,16 @@ impl TaskSpec {
                         "a file task needs [task.grader] with kind = numeric, exact, choice, regex or math",
                     ));
                 };
-                g.build().map_err(|e| self.err(e.to_string().trim_start_matches("spec: ")))?;
+                g.build()
+                    .map_err(|e| self.err(e.to_string().trim_start_matches("spec: ")))?;
                 let p = self.prompt.clone().unwrap_or_default();
                 if !p.template.contains("{question}") {
                     return Err(self.err("task.prompt.template has no {question}"));
                 }
                 if p.fewshot.is_none() && p.fewshot_count.is_some() {
-                    return Err(self.err("task.prompt.fewshot_count is set without task.prompt.fewshot"));
+                    return Err(
+                        self.err("task.prompt.fewshot_count is set without task.prompt.fewshot")
+                    );
                 }
                 if p.max_new_tokens == Some(0) {
                     return Err(self.err("task.prompt.max_new_tokens must be positive"));
@@ -351,7 +356,8 @@ impl TaskSpec {
         let grader = self.grader.as_ref().expect("validated").build()?;
         let fields = self.fields.clone().unwrap_or_default();
         let recipe = self.prompt.clone().unwrap_or_default();
-        let bytes = std::fs::read(file).map_err(|e| self.err(format!("{}: {e}", file.display())))?;
+        let bytes =
+            std::fs::read(file).map_err(|e| self.err(format!("{}: {e}", file.display())))?;
         let sha256 = crate::credit::sha256_hex(&bytes);
         let rows = read_rows(file, &bytes).map_err(|m| self.err(m))?;
         if rows.is_empty() {
@@ -378,14 +384,15 @@ impl TaskSpec {
         let mut ids = BTreeSet::new();
         for p in &problems {
             if !ids.insert(p.id.as_str()) {
-                return Err(self.err(format!(
-                    "{}: id `{}` appears twice",
-                    file.display(),
-                    p.id
-                )));
+                return Err(self.err(format!("{}: id `{}` appears twice", file.display(), p.id)));
             }
             grader.check_gold(p).map_err(|m| {
-                self.err(format!("{} row {} ({}): {m}", file.display(), p.index, p.id))
+                self.err(format!(
+                    "{} row {} ({}): {m}",
+                    file.display(),
+                    p.index,
+                    p.id
+                ))
             })?;
         }
         let examples = match &recipe.fewshot {
@@ -418,7 +425,9 @@ impl TaskSpec {
         };
         let uses = |s: &str, key: &str| s.contains(&format!("{{{key}}}"));
         if uses(&recipe.template, "choices") && fields.choices.is_none() {
-            return Err(self.err("task.prompt.template uses {choices} but task.fields.choices is not set"));
+            return Err(
+                self.err("task.prompt.template uses {choices} but task.fields.choices is not set")
+            );
         }
         if !examples.is_empty() {
             if uses(&recipe.example_answer, "solution") && fields.solution.is_none() {
@@ -644,7 +653,10 @@ fn to_problem(
             .collect::<std::result::Result<_, _>>()?,
     };
     if fields.choices.is_some() && choices.len() < 2 {
-        return Err(format!("row {index} has {} choices (at least 2)", choices.len()));
+        return Err(format!(
+            "row {index} has {} choices (at least 2)",
+            choices.len()
+        ));
     }
     Ok(Problem {
         id,
@@ -829,10 +841,7 @@ impl SpecTask {
                 None,
                 Some(crate::credit::sha256_hex(gsm8k::TEST_JSONL.as_bytes())),
             ),
-            SpecTask::File(t) => (
-                Some(t.file.display().to_string()),
-                Some(t.sha256.clone()),
-            ),
+            SpecTask::File(t) => (Some(t.file.display().to_string()), Some(t.sha256.clone())),
         };
         TaskRecord {
             name: self.name().to_string(),

@@ -119,7 +119,10 @@ fn prompts_follow_the_recipe() {
     let Prompt::Text { text: t } = text.prompt(&text.problems()[2]) else {
         panic!("text expected")
     };
-    assert_eq!(t, "Q: Capital of Spain?\nA: A\n\nQ: Capital of Germany?\nA:");
+    assert_eq!(
+        t,
+        "Q: Capital of Spain?\nA: A\n\nQ: Capital of Germany?\nA:"
+    );
     assert_eq!(text.max_new_tokens(), 5);
     assert_eq!(text.stop_sequences()[0], "Q:");
     assert!(text.stop_sequences().iter().any(|s| s == "<|im_end|>"));
@@ -176,29 +179,50 @@ fn bad_files_and_mappings_are_one_line_errors() {
         t
     };
     let cases: Vec<(TaskSpec, &str)> = vec![
-        (spec(&dir, "").tap(|t| t.file = Some(dir.join("none.jsonl"))), "none.jsonl"),
-        (with_file("x.csv", "q,gold\n"), "expected a .jsonl or .parquet"),
+        (
+            spec(&dir, "").tap(|t| t.file = Some(dir.join("none.jsonl"))),
+            "none.jsonl",
+        ),
+        (
+            with_file("x.csv", "q,gold\n"),
+            "expected a .jsonl or .parquet",
+        ),
         (with_file("empty.jsonl", "\n"), "has no rows"),
         (with_file("broken.jsonl", "{\"q\": \"x\",\n"), "line 1"),
         (with_file("array.jsonl", "[1, 2]\n"), "not a JSON object"),
         (
-            with_file("nogold.jsonl", "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\", \"b\"]}\n"),
+            with_file(
+                "nogold.jsonl",
+                "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\", \"b\"]}\n",
+            ),
             "row 0 has no field `gold` (task.fields.answer); its fields: id, options, q",
         ),
         (
-            with_file("badgold.jsonl", "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\", \"b\"], \"gold\": \"Z\"}\n"),
+            with_file(
+                "badgold.jsonl",
+                "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\", \"b\"], \"gold\": \"Z\"}\n",
+            ),
             "gold answer `Z` is not a label (AB)",
         ),
         (
-            with_file("dup.jsonl", "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\", \"b\"], \"gold\": \"A\"}\n{\"id\": 1, \"q\": \"y\", \"options\": [\"a\", \"b\"], \"gold\": \"A\"}\n"),
+            with_file(
+                "dup.jsonl",
+                "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\", \"b\"], \"gold\": \"A\"}\n{\"id\": 1, \"q\": \"y\", \"options\": [\"a\", \"b\"], \"gold\": \"A\"}\n",
+            ),
             "id `1` appears twice",
         ),
         (
-            with_file("qnum.jsonl", "{\"id\": 1, \"q\": 5, \"options\": [\"a\", \"b\"], \"gold\": \"A\"}\n"),
+            with_file(
+                "qnum.jsonl",
+                "{\"id\": 1, \"q\": 5, \"options\": [\"a\", \"b\"], \"gold\": \"A\"}\n",
+            ),
             "is not a string",
         ),
         (
-            with_file("onechoice.jsonl", "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\"], \"gold\": \"A\"}\n"),
+            with_file(
+                "onechoice.jsonl",
+                "{\"id\": 1, \"q\": \"x\", \"options\": [\"a\"], \"gold\": \"A\"}\n",
+            ),
             "at least 2",
         ),
         (spec(&dir, "count = 9"), "rows 0..9 requested but"),
@@ -217,14 +241,23 @@ fn bad_files_and_mappings_are_one_line_errors() {
             "missing-shots.jsonl",
         ),
         (
-            spec(&dir, "[prompt]\nfewshot = \"capitals.jsonl\"\nfewshot_count = 4\n"),
+            spec(
+                &dir,
+                "[prompt]\nfewshot = \"capitals.jsonl\"\nfewshot_count = 4\n",
+            ),
             "fewshot_count = 4 but",
         ),
         (
-            spec(&dir, "[prompt]\nfewshot = \"capitals.jsonl\"\nexample_answer = \"{solution}\"\n"),
+            spec(
+                &dir,
+                "[prompt]\nfewshot = \"capitals.jsonl\"\nexample_answer = \"{solution}\"\n",
+            ),
             "task.fields.solution is not set",
         ),
-        (spec(&dir, "format = \"zero-shot-chat\""), "task.format is for bundled"),
+        (
+            spec(&dir, "format = \"zero-shot-chat\""),
+            "task.format is for bundled",
+        ),
         (spec(&dir, "bundled = \"gsm8k\""), "not both"),
         (
             spec(&dir, "").tap(|t| t.grader = None),
@@ -278,18 +311,36 @@ fn bundled_gsm8k_is_the_problems_table_task() {
     assert_eq!(task.stop_sequences(), old.stop_sequences());
     assert_eq!((task.name(), task.grader()), ("gsm8k", "numeric"));
     let rec = task.record();
-    assert_eq!((rec.prompt.as_str(), rec.file.as_deref()), ("eight-shot-cot", None));
+    assert_eq!(
+        (rec.prompt.as_str(), rec.file.as_deref()),
+        ("eight-shot-cot", None)
+    );
     assert_eq!(
         rec.file_sha256,
         Some(crate::credit::sha256_hex(gsm8k::TEST_JSONL.as_bytes()))
     );
     for (text, needle) in [
         ("bundled = \"gsm8k\"\ncount = 2\n", "task.format"),
-        ("bundled = \"gsm8k\"\ncount = 2\nformat = \"five-shot\"\n", "five-shot"),
-        ("bundled = \"gsm8k\"\nstart = 1318\ncount = 2\nformat = \"chat\"\n", "exceeds the 1319"),
-        ("bundled = \"math\"\nformat = \"chat\"\n", "unknown bundled task `math`"),
-        ("bundled = \"gsm8k\"\nformat = \"chat\"\n[grader]\nkind = \"exact\"\n", "task.grader is not used"),
-        ("name = \"mine\"\nbundled = \"gsm8k\"\nformat = \"chat\"\n", "task.name is not used"),
+        (
+            "bundled = \"gsm8k\"\ncount = 2\nformat = \"five-shot\"\n",
+            "five-shot",
+        ),
+        (
+            "bundled = \"gsm8k\"\nstart = 1318\ncount = 2\nformat = \"chat\"\n",
+            "exceeds the 1319",
+        ),
+        (
+            "bundled = \"math\"\nformat = \"chat\"\n",
+            "unknown bundled task `math`",
+        ),
+        (
+            "bundled = \"gsm8k\"\nformat = \"chat\"\n[grader]\nkind = \"exact\"\n",
+            "task.grader is not used",
+        ),
+        (
+            "name = \"mine\"\nbundled = \"gsm8k\"\nformat = \"chat\"\n",
+            "task.name is not used",
+        ),
         ("count = 2\n", "set task.bundled"),
     ] {
         let t: TaskSpec = toml::from_str(text).unwrap();
@@ -307,3 +358,49 @@ trait Tap: Sized {
 }
 
 impl Tap for TaskSpec {}
+
+#[test]
+fn campaign_and_divergence_specs_take_a_task_table_relative_to_the_spec() {
+    use crate::credit::CampaignSpec;
+    use crate::divergence::spec::DivergenceSpec;
+    let dir = scratch("specs");
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(dir.join("data/capitals.jsonl"), CAPITALS).unwrap();
+    let task = "[task]\nfile = \"data/capitals.jsonl\"\nstart = 1\n[task.fields]\nquestion = \"q\"\nanswer = \"gold\"\nchoices = \"options\"\n[task.grader]\nkind = \"choice\"\n";
+    let div = format!(
+        "name = \"d\"\nmodel = \"m\"\ndtypes = [\"fp32\"]\nseed = 1\nbatch_size = 2\nmax_new_tokens = 4\n[[strategies]]\nkind = \"greedy\"\n{task}"
+    );
+    std::fs::write(dir.join("div.toml"), &div).unwrap();
+    let (spec, _) = DivergenceSpec::load(&dir.join("div.toml")).unwrap();
+    let (t, problems) = spec.task().unwrap();
+    assert_eq!((t.name(), problems.len(), spec.first_index()), ("capitals", 2, 1));
+    let both = div.replace(
+        "[task]\n",
+        "[problems]\ncount = 1\nformat = \"chat\"\n[task]\n",
+    );
+    std::fs::write(dir.join("both.toml"), both).unwrap();
+    let e = DivergenceSpec::load(&dir.join("both.toml")).unwrap_err().to_string();
+    assert!(e.contains("[problems] and [task] are both set"), "{e}");
+    let neither = div.replace(task, "");
+    std::fs::write(dir.join("neither.toml"), neither).unwrap();
+    let e = DivergenceSpec::load(&dir.join("neither.toml")).unwrap_err().to_string();
+    assert!(e.contains("no [task]"), "{e}");
+    let campaign = format!(
+        "name = \"c\"\nmodel = \"m\"\ndtype = \"fp32\"\nseed = 1\n[rollout]\nmax_new_tokens = 4\n[pivots]\nmax_margin = 0.5\nmax_per_rollout = 1\n[continuations]\nk = 1\nmax_new_tokens = 2\ntemperature = 1.0\n[passes]\nrun = [\"exact\"]\nbatch_size = 2\n{task}"
+    );
+    std::fs::write(dir.join("campaign.toml"), &campaign).unwrap();
+    let (spec, _) = CampaignSpec::load(&dir.join("campaign.toml")).unwrap();
+    assert_eq!(spec.task().unwrap().1.len(), 2);
+    // The recorded spec (manifest) round-trips without a `problems` key.
+    let json = serde_json::to_string(&spec).unwrap();
+    assert!(!json.contains("\"problems\""), "{json}");
+    let back: CampaignSpec = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, spec);
+    std::fs::write(
+        dir.join("bad.toml"),
+        campaign.replace("answer = \"gold\"", "answer = \"golden\""),
+    )
+    .unwrap();
+    let e = CampaignSpec::load(&dir.join("bad.toml")).unwrap_err().to_string();
+    assert!(e.contains("no field `golden`"), "{e}");
+}
