@@ -122,9 +122,10 @@ impl GraderSpec {
                 tolerance,
                 relative_tolerance,
                 ..
-            } if !(*tolerance >= 0.0 && *relative_tolerance >= 0.0)
-                || !tolerance.is_finite()
-                || !relative_tolerance.is_finite() =>
+            } if !(tolerance.is_finite()
+                && relative_tolerance.is_finite()
+                && *tolerance >= 0.0
+                && *relative_tolerance >= 0.0) =>
             {
                 bad("tolerance and relative_tolerance must be finite and non-negative".into())
             }
@@ -358,8 +359,8 @@ impl Grader {
         };
         if let Some(l) = boxed_contents(output)
             .iter()
-            .filter_map(|b| ok(CHOICE_BOXED_RE.captures(b).and_then(|c| c.get(1))))
-            .last()
+            .rev()
+            .find_map(|b| ok(CHOICE_BOXED_RE.captures(b).and_then(|c| c.get(1))))
         {
             return Some(("boxed", l));
         }

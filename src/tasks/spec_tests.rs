@@ -373,17 +373,24 @@ fn campaign_and_divergence_specs_take_a_task_table_relative_to_the_spec() {
     std::fs::write(dir.join("div.toml"), &div).unwrap();
     let (spec, _) = DivergenceSpec::load(&dir.join("div.toml")).unwrap();
     let (t, problems) = spec.task().unwrap();
-    assert_eq!((t.name(), problems.len(), spec.first_index()), ("capitals", 2, 1));
+    assert_eq!(
+        (t.name(), problems.len(), spec.first_index()),
+        ("capitals", 2, 1)
+    );
     let both = div.replace(
         "[task]\n",
         "[problems]\ncount = 1\nformat = \"chat\"\n[task]\n",
     );
     std::fs::write(dir.join("both.toml"), both).unwrap();
-    let e = DivergenceSpec::load(&dir.join("both.toml")).unwrap_err().to_string();
+    let e = DivergenceSpec::load(&dir.join("both.toml"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("[problems] and [task] are both set"), "{e}");
     let neither = div.replace(task, "");
     std::fs::write(dir.join("neither.toml"), neither).unwrap();
-    let e = DivergenceSpec::load(&dir.join("neither.toml")).unwrap_err().to_string();
+    let e = DivergenceSpec::load(&dir.join("neither.toml"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no [task]"), "{e}");
     let campaign = format!(
         "name = \"c\"\nmodel = \"m\"\ndtype = \"fp32\"\nseed = 1\n[rollout]\nmax_new_tokens = 4\n[pivots]\nmax_margin = 0.5\nmax_per_rollout = 1\n[continuations]\nk = 1\nmax_new_tokens = 2\ntemperature = 1.0\n[passes]\nrun = [\"exact\"]\nbatch_size = 2\n{task}"
@@ -401,6 +408,8 @@ fn campaign_and_divergence_specs_take_a_task_table_relative_to_the_spec() {
         campaign.replace("answer = \"gold\"", "answer = \"golden\""),
     )
     .unwrap();
-    let e = CampaignSpec::load(&dir.join("bad.toml")).unwrap_err().to_string();
+    let e = CampaignSpec::load(&dir.join("bad.toml"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no field `golden`"), "{e}");
 }
