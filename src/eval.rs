@@ -1,5 +1,6 @@
-//! Task accuracy: greedy (or sampled) answers to GSM8K problems, decoded in batches by the
-//! continuation engine, graded, and written as Parquet rows.
+//! Task accuracy: greedy (or sampled) answers to a task's problems (GSM8K, or a `[task]` of an
+//! eval spec), decoded in batches by the continuation engine, graded, and written as Parquet
+//! rows.
 use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Start};
 use crate::exec::ExecPolicy;
 use crate::io::parquet::{Column, Table};
@@ -7,9 +8,55 @@ use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
 use crate::sampling::{NoiseKey, Sampling};
-use crate::tasks::{Accuracy, Task};
+use crate::tasks::{Accuracy, SpecTask, Task, TaskSpec};
 use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
 use tch::Tensor;
+
+/// An eval spec (`kvcredit eval run SPEC`): a `[task]` and, optionally, the model and the
+/// decoding settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Model: a registry name, a GGUF file or a Hugging Face folder (`--model` overrides it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Token cap per answer (default: the task's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<usize>,
+    /// Problems decoded together (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    /// The task.
+    pub task: TaskSpec,
+}
+
+impl EvalSpec {
+    /// Parse a spec and load its task (file paths are relative to the spec's folder); returns
+    /// the spec, the task and the SHA-256 of the spec file's bytes.
+    pub fn load(path: &Path) -> Result<(EvalSpec, SpecTask, String)> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mut spec: EvalSpec = toml::from_str(&text).map_err(|e| {
+            Error::Spec(format!(
+                "{}: {}",
+                path.display(),
+                e.message().replace('\n', " ")
+            ))
+        })?;
+        if let Some(dir) = path.parent() {
+            spec.task.resolve_paths(dir);
+        }
+        if spec.max_new_tokens == Some(0) || spec.batch_size == Some(0) {
+            return Err(Error::Spec(format!(
+                "{}: max_new_tokens and batch_size must be positive",
+                path.display()
+            )));
+        }
+        let task = spec.task.load()?;
+        Ok((spec, task, crate::credit::sha256_hex(text.as_bytes())))
+    }
+}
 
 /// Settings of an evaluation.
 #[derive(Debug, Clone)]

@@ -95,6 +95,7 @@ fn meta() -> ConfigMeta {
         dtype: "fp16".into(),
         policy: "stock".into(),
         replica_schedule: "shuffled".into(),
+        task: None,
         k: 0,
         run_dirs: vec![PathBuf::from("hand")],
         n_problems: 0,

@@ -102,12 +102,13 @@ fn repro_specs_pass_campaign_validate_with_the_issue_settings() {
             p.display()
         );
         assert_eq!(spec.device, "cuda", "{}", p.display());
-        assert!(spec.problems.count >= 80, "{}", p.display());
+        let problems = spec.problems.as_ref().expect("GSM8K [problems]");
+        assert!(problems.count >= 80, "{}", p.display());
         assert!(spec.continuations.k >= 4, "{}", p.display());
         assert!(spec.pivots.max_per_rollout >= 4, "{}", p.display());
         let key = (
             spec.model.clone(),
-            spec.problems.format.clone(),
+            problems.format.clone(),
             spec.dtype.to_string(),
         );
         match spec.policy.to_string().as_str() {

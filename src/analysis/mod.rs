@@ -204,6 +204,7 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             dtype: first.dtype.clone(),
             policy: first.policy.clone(),
             replica_schedule: runs[0].manifest.replica_schedule.to_string(),
+            task: runs[0].manifest.task.as_ref().map(|t| t.describe()),
             k: first.k,
             run_dirs: Vec::new(),
             n_problems: 0,
@@ -228,6 +229,10 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
                 m.replica_schedule.as_str(),
             )?;
             same("policy", cfg, &meta.policy, &m.exec.policy.to_string())?;
+            let task = m.task.as_ref().map(|t| t.describe());
+            if let (Some(was), Some(now)) = (&meta.task, &task) {
+                same("task", cfg, was, now)?;
+            }
             for r in &run.estimates {
                 same("model", cfg, &meta.model, &r.model)?;
                 same("dtype", cfg, &meta.dtype, &r.dtype)?;

@@ -1293,6 +1293,23 @@ fn inputs(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOptions) 
             dirs.join(", "),
         );
     }
+    let tasks: Vec<String> = summaries
+        .iter()
+        .filter_map(|s| {
+            Some(format!(
+                "- `{}`: task {}",
+                s.meta.config,
+                s.meta.task.as_ref()?
+            ))
+        })
+        .collect();
+    if !tasks.is_empty() {
+        let _ = write!(
+            out,
+            "\nTasks (from the manifests):\n\n{}\n",
+            tasks.join("\n")
+        );
+    }
     let _ = write!(
         out,
         "\nBootstrap: {} replicates per statistic, seed {}, {:.0}% intervals.\n\n",

@@ -325,6 +325,8 @@ pub struct ConfigMeta {
     pub policy: String,
     /// Replica schedule from the manifest.
     pub replica_schedule: String,
+    /// The task (name, grader, prompt, data hash) from the manifest, when it records one.
+    pub task: Option<String>,
     /// Continuations per branch.
     pub k: u32,
     /// Run dirs the configuration was read from.

@@ -7,6 +7,7 @@ use kvcredit::credit::{
     CampaignSpec, RunOptions, ShardSpec, finished_run, merge_campaign, run_campaign,
 };
 use kvcredit::runtime::{self, LoadedModel, ModelSource};
+use kvcredit::tasks::{SpecTask, Task};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Subcommand)]
@@ -191,10 +192,7 @@ fn merge(dirs: &[PathBuf], out: &Path) -> anyhow::Result<()> {
 fn validate(specs: &[PathBuf]) -> anyhow::Result<()> {
     for path in specs {
         let (spec, sha) = CampaignSpec::load(path)?;
-        let (_, problems) = spec
-            .problems
-            .task()
-            .with_context(|| format!("{}", path.display()))?;
+        let (task, problems) = spec.task().with_context(|| format!("{}", path.display()))?;
         if ModelSource::resolve(&spec.model).is_err() {
             kvcredit::registry::find(&spec.model)
                 .with_context(|| format!("{}: model `{}`", path.display(), spec.model))?;
@@ -209,7 +207,15 @@ fn validate(specs: &[PathBuf]) -> anyhow::Result<()> {
             spec.policy,
             spec.device,
             problems.len(),
-            spec.problems.format,
+            match &task {
+                SpecTask::Gsm8k(_) => task.prompt_label(),
+                SpecTask::File(_) => format!(
+                    "task `{}`, grader {}, {}",
+                    task.name(),
+                    task.grader(),
+                    task.prompt_label()
+                ),
+            },
             spec.continuations.k,
             spec.pivots.max_per_rollout,
             passes.join("+"),

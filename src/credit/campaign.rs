@@ -20,8 +20,7 @@ use crate::spectrum::eval;
 use crate::study::{
     commit_shard, lock_run, merge_table, prepare_shards, read_json, sync, table_hashes, write_json,
 };
-use crate::tasks::gsm8k::Gsm8k;
-use crate::tasks::{Grade, Problem, Task};
+use crate::tasks::{Grade, Problem, SpecTask, Task};
 use crate::{Error, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -108,7 +107,12 @@ pub fn finished_run(
         && m.shard == shard
         && m.pool_problems.unwrap_or(1) == spec.passes.pool_problems
         && m.refill.unwrap_or(false) == spec.passes.refill;
-    Ok((same && is_finished(&m, out)).then_some(m))
+    // Same spec, other data: not this run (and `run_campaign` refuses to resume it).
+    let same_task = match &m.task {
+        Some(was) => *was == spec.task()?.0.record(),
+        None => true,
+    };
+    Ok((same && same_task && is_finished(&m, out)).then_some(m))
 }
 
 /// Run (or resume) a campaign; returns the final manifest. A finished run of this spec in
@@ -122,7 +126,7 @@ pub fn run_campaign(
 ) -> Result<Manifest> {
     spec.validate()?;
     // Everything a spec can get wrong is found before the first write to the run folder.
-    let (task, all) = spec.problems.task()?;
+    let (task, all) = spec.task()?;
     let problems = match opts.shard {
         Some(shard) => shard_problems(shard, &all, spec.passes.pool_problems)?,
         None => all,
@@ -176,6 +180,9 @@ pub fn run_campaign(
             )));
         }
         m.exec.resume_with(&record, &out.display().to_string())?;
+        if let Some(was) = &m.task {
+            was.resume_with(&task.record(), &out.display().to_string())?;
+        }
         if is_finished(&m, out) {
             return Ok(m);
         }
@@ -187,6 +194,7 @@ pub fn run_campaign(
             name: spec.name.clone(),
             spec_sha256: spec_sha256.to_string(),
             spec: RecordedSpec::Full(Box::new(spec.clone())),
+            task: Some(task.record()),
             model: model.name.clone(),
             model_sha256: model.sha256.clone(),
             dtype: spec.dtype,
@@ -382,7 +390,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
             first_dir.display()
         )));
     };
-    let (_, problems) = spec.problems.task()?;
+    let (_, problems) = spec.task()?;
     let label = |m: &Manifest| m.shard.unwrap_or(ShardSpec::WHOLE);
     // Which folder holds each problem, refusing overlaps and unfinished problems.
     let mut holder: BTreeMap<usize, usize> = BTreeMap::new();
@@ -512,7 +520,7 @@ fn copy_shard(src: &Path, shards: &Path, problem: usize) -> Result<()> {
 
 /// Refuse, before anything is written, a campaign whose longest prompt plus the rollout and
 /// continuation token caps exceeds the model's positions.
-fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Result<()> {
+fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &SpecTask) -> Result<()> {
     if model.decoder.context_limit().is_none() {
         return Ok(());
     }
@@ -539,7 +547,7 @@ fn check_positions(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Re
 /// Refuse, before anything is written, a spectrum budget too small for the protected tokens
 /// at FP16 on the shortest context a pivot can have (the shortest prompt): the allocator
 /// would otherwise fail mid-run.
-fn check_spectrum_budget(spec: &CampaignSpec, model: &LoadedModel, task: &Gsm8k) -> Result<()> {
+fn check_spectrum_budget(spec: &CampaignSpec, model: &LoadedModel, task: &SpecTask) -> Result<()> {
     let Some(sp) = spec.spectrum_pass() else {
         return Ok(());
     };
@@ -677,7 +685,7 @@ fn run_group(
     spec: &CampaignSpec,
     settings: &ExecSettings,
     model: &LoadedModel,
-    task: &Gsm8k,
+    task: &SpecTask,
     group: &[Problem],
     pb: &ProgressBar,
 ) -> Result<Vec<Shard>> {
@@ -1020,7 +1028,7 @@ fn pass_numerics(
 fn finish_problem(
     spec: &CampaignSpec,
     model: &LoadedModel,
-    task: &Gsm8k,
+    task: &SpecTask,
     problem: &Problem,
     pr: &Prepared,
     info: ShardInfo,

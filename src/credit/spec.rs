@@ -8,8 +8,8 @@ use crate::spectrum::Quantizer;
 use crate::spectrum::allocate::{Policy, Protect};
 use crate::spectrum::eval::Variant;
 use crate::spectrum::importance::ImportanceSpec;
-use crate::tasks::gsm8k::{self, PromptFormat, Rule};
-use crate::tasks::{Grade, Gsm8k, Problem, Task};
+use crate::tasks::gsm8k::{self, PromptFormat};
+use crate::tasks::{Grade, Problem, SpecTask, Task, TaskSpec, grade};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -34,8 +34,12 @@ pub struct CampaignSpec {
     pub policy: PolicyKind,
     /// Seed of all sampling noise.
     pub seed: u64,
-    /// Which GSM8K problems and how they are prompted.
-    pub problems: ProblemSpec,
+    /// Which GSM8K problems and how they are prompted (the older form of `[task]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<ProblemSpec>,
+    /// The task: bundled GSM8K or a file of problems, its prompt recipe and grader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskSpec>,
     /// How rollouts are generated.
     pub rollout: RolloutSpec,
     /// How pivots and alternatives are chosen.
@@ -65,9 +69,9 @@ pub struct ProblemSpec {
 
 impl ProblemSpec {
     /// The GSM8K task these settings select, and its problems (all of them, or an error).
-    pub fn task(&self) -> Result<(Gsm8k, Vec<Problem>)> {
+    pub fn task(&self) -> Result<(SpecTask, Vec<Problem>)> {
         let format: PromptFormat = self.format.parse()?;
-        let task = Gsm8k::bundled(self.start..self.start + self.count, format)?;
+        let task = crate::tasks::Gsm8k::bundled(self.start..self.start + self.count, format)?;
         let problems = task.problems().to_vec();
         if problems.len() < self.count {
             return Err(Error::Spec(format!(
@@ -76,7 +80,63 @@ impl ProblemSpec {
                 self.start
             )));
         }
-        Ok((task, problems))
+        Ok((SpecTask::Gsm8k(task), problems))
+    }
+
+    /// Reject settings that select no GSM8K problems; `what` names the spec in errors.
+    pub fn validate(&self, what: &str) -> Result<()> {
+        let bad = |m: String| Err(Error::Spec(format!("{what}: {m}")));
+        if self.count == 0 {
+            return bad("problems.count must be positive".into());
+        }
+        self.format.parse::<PromptFormat>().map_err(|e| match e {
+            Error::Spec(m) => Error::Spec(format!("{what}: problems.format: {m}")),
+            other => other,
+        })?;
+        let end = self.start.saturating_add(self.count);
+        if end > gsm8k::TEST_LEN {
+            return bad(format!(
+                "problems.start + problems.count = {end} exceeds the {} GSM8K test problems",
+                gsm8k::TEST_LEN
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[problems]` or `[task]` of a spec (exactly one): checked without reading a task file.
+pub fn validate_task_choice(
+    problems: Option<&ProblemSpec>,
+    task: Option<&TaskSpec>,
+    what: &str,
+) -> Result<()> {
+    match (problems, task) {
+        (Some(p), None) => p.validate(what),
+        (None, Some(t)) => t.validate(),
+        (Some(_), Some(_)) => Err(Error::Spec(format!(
+            "{what}: [problems] and [task] are both set; keep one ([task] is the newer form)"
+        ))),
+        (None, None) => Err(Error::Spec(format!(
+            "{what}: no [task] (or [problems]) section says what to run on"
+        ))),
+    }
+}
+
+/// The task of `[problems]` or `[task]` and its problems, loaded and checked.
+pub fn load_task_choice(
+    problems: Option<&ProblemSpec>,
+    task: Option<&TaskSpec>,
+    what: &str,
+) -> Result<(SpecTask, Vec<Problem>)> {
+    validate_task_choice(problems, task, what)?;
+    match (problems, task) {
+        (Some(p), _) => p.task(),
+        (None, Some(t)) => {
+            let task = t.load()?;
+            let problems = task.problems().to_vec();
+            Ok((task, problems))
+        }
+        (None, None) => Err(Error::Spec(format!("{what}: no [task] section"))),
     }
 }
 
@@ -148,7 +208,8 @@ pub enum Truncated {
     /// Always incorrect.
     Incorrect,
     /// Correct only when an explicit final-answer marker found the answer (`\boxed{}`,
-    /// `#### N`, "the answer is N"): the model had committed to it before the cap.
+    /// `#### N`, "the answer is N", a regex grader's pattern): the model had committed to it
+    /// before the cap.
     #[default]
     Explicit,
     /// Graded like a finished output, down to the last number in the text.
@@ -168,8 +229,7 @@ impl Truncated {
                     && grade
                         .rule
                         .as_deref()
-                        .and_then(Rule::from_name)
-                        .is_some_and(Rule::is_final_answer)
+                        .is_some_and(grade::is_final_answer_rule)
             }
             Truncated::LastNumber => grade.correct,
         }
@@ -343,11 +403,24 @@ impl CampaignSpec {
     /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
     pub fn load(path: &Path) -> Result<(CampaignSpec, String)> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let spec: CampaignSpec = toml::from_str(&text)
+        let mut spec: CampaignSpec = toml::from_str(&text)
             .map_err(|e| Error::Spec(format!("{}: {}", path.display(), e.message())))?;
+        if let (Some(t), Some(dir)) = (&mut spec.task, path.parent()) {
+            t.resolve_paths(dir);
+        }
         spec.validate()?;
         spec.validate_explicit_keys(&text)?;
+        spec.task()?;
         Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+    }
+
+    /// The task (`[task]`, or GSM8K from `[problems]`) and its problems, loaded and checked.
+    pub fn task(&self) -> Result<(SpecTask, Vec<Problem>)> {
+        load_task_choice(
+            self.problems.as_ref(),
+            self.task.as_ref(),
+            &format!("campaign `{}`", self.name),
+        )
     }
 
     /// Keys that have defaults but only make sense with another setting: a replica schedule or
@@ -391,9 +464,11 @@ impl CampaignSpec {
         if self.name.is_empty() || self.name.contains('/') {
             return bad("name must be non-empty and contain no `/`");
         }
-        if self.problems.count == 0 {
-            return bad("problems.count must be positive");
-        }
+        validate_task_choice(
+            self.problems.as_ref(),
+            self.task.as_ref(),
+            &format!("campaign `{}`", self.name),
+        )?;
         if self.continuations.k == 0 || self.passes.batch_size == 0 {
             return bad("continuations.k and passes.batch_size must be positive");
         }
@@ -453,22 +528,6 @@ impl CampaignSpec {
         }
         if self.rollout.max_new_tokens == 0 || self.continuations.max_new_tokens == 0 {
             return bad("rollout.max_new_tokens and continuations.max_new_tokens must be positive");
-        }
-        self.problems
-            .format
-            .parse::<PromptFormat>()
-            .map_err(|e| match e {
-                Error::Spec(m) => {
-                    Error::Spec(format!("campaign `{}`: problems.format: {m}", self.name))
-                }
-                other => other,
-            })?;
-        let end = self.problems.start.saturating_add(self.problems.count);
-        if end > gsm8k::TEST_LEN {
-            return bad(&format!(
-                "problems.start + problems.count = {end} exceeds the {} GSM8K test problems",
-                gsm8k::TEST_LEN
-            ));
         }
         let pad = self.passes.effective_replica_key_pad();
         let align = crate::decode::stepper::CAPACITY_ALIGN;

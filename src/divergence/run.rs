@@ -19,8 +19,7 @@ use crate::study::{
     commit_shard, lock_run, merge_table, now_rfc3339, prepare_shards, read_json, sync,
     table_hashes, write_json,
 };
-use crate::tasks::gsm8k::Gsm8k;
-use crate::tasks::{Problem, Task};
+use crate::tasks::{Problem, SpecTask, Task};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,6 +38,10 @@ pub struct Manifest {
     pub spec_sha256: String,
     /// The spec as parsed.
     pub spec: DivergenceSpec,
+    /// The task: name, grader, prompt and data hash (absent in runs written before it was
+    /// recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<crate::io::schema::TaskRecord>,
     /// Model name.
     pub model: String,
     /// SHA-256 of the model file, when known.
@@ -119,7 +122,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     let out = &opts.out_dir;
     let device = runtime::parse_device(&spec.device)?;
     let source = ModelSource::resolve(&spec.model)?;
-    let (task, problems) = spec.problems.task()?;
+    let (task, problems) = spec.task()?;
     let settings = opts.exec.unwrap_or_else(|| ExecSettings::defaults(device));
     let policy = settings.policy(spec.policy);
     let record = settings.record(spec.policy, Some(EngineMode::Eager));
@@ -134,6 +137,9 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
             )));
         }
         m.exec.resume_with(&record, &out.display().to_string())?;
+        if let Some(was) = &m.task {
+            was.resume_with(&task.record(), &out.display().to_string())?;
+        }
         Some(m)
     } else {
         None
@@ -187,8 +193,9 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         if lock.is_none() {
             lock = Some(lock_run(out)?);
         }
-        let m = manifest
-            .get_or_insert_with(|| new_manifest(spec, spec_sha256, &model, &problems, record));
+        let m = manifest.get_or_insert_with(|| {
+            new_manifest(spec, spec_sha256, &model, &problems, record, &task)
+        });
         write_json(&manifest_path, m)?;
         prepare_shards(out)?;
         m.failed_dtypes.remove(&dtype);
@@ -311,11 +318,13 @@ fn new_manifest(
     model: &LoadedModel,
     problems: &[Problem],
     exec: ExecRecord,
+    task: &SpecTask,
 ) -> Manifest {
     Manifest {
         name: spec.name.clone(),
         spec_sha256: sha.to_string(),
         spec: spec.clone(),
+        task: Some(task.record()),
         model: model.name.clone(),
         model_sha256: model.sha256.clone(),
         device: spec.device.clone(),
@@ -350,7 +359,7 @@ pub fn merge_finished(out: &Path) -> Result<Manifest> {
     }
     let mut m: Manifest = read_json(&manifest_path)?;
     let spec = m.spec.clone();
-    let (_, problems) = spec.problems.task()?;
+    let (_, problems) = spec.task()?;
     let complete: Vec<Dtype> = spec
         .dtypes
         .iter()
@@ -412,7 +421,7 @@ fn run_batch(
     policy: ExecPolicy,
     dtype: Dtype,
     model: &LoadedModel,
-    task: &Gsm8k,
+    task: &SpecTask,
     batch: &[Problem],
     sets: &[LayerSet],
     fp32: Option<&LoadedModel>,
@@ -439,7 +448,7 @@ fn run_batch(
         text_stop: Some(&text_stop),
     };
     let mut seconds: BTreeMap<String, f64> = BTreeMap::new();
-    let first = batch[0].index - spec.problems.start;
+    let first = batch[0].index - spec.first_index();
     let mut timed = |name: String, t: Instant| {
         sync(dec.device());
         let took = t.elapsed().as_secs_f64();
@@ -629,7 +638,7 @@ fn pairs_table(
     c: &Ctx,
     spec: &DivergenceSpec,
     model: &LoadedModel,
-    task: &Gsm8k,
+    task: &SpecTask,
     problem: &Problem,
     prompt: &[i64],
     free: &[(usize, Vec<Option<PairOutcome>>)],

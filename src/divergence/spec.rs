@@ -1,8 +1,10 @@
 //! Divergence study specification: a TOML file fixed before anything runs (its SHA-256 goes
 //! into the manifest). One spec drives every step of the study on one model.
+use crate::credit::spec::{ProblemSpec, load_task_choice, validate_task_choice};
 use crate::exec::PolicyKind;
 use crate::runtime::Dtype;
 use crate::sampling::Sampling;
+use crate::tasks::{Problem, SpecTask, TaskSpec};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -28,8 +30,12 @@ pub struct DivergenceSpec {
     pub seed: u64,
     /// Problems decoded together (rows of one batch) in every step.
     pub batch_size: usize,
-    /// Which GSM8K problems and how they are prompted.
-    pub problems: super::super::credit::spec::ProblemSpec,
+    /// Which GSM8K problems and how they are prompted (the older form of `[task]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<ProblemSpec>,
+    /// The task: bundled GSM8K or a file of problems, its prompt recipe and grader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskSpec>,
     /// Token cap of every generation.
     pub max_new_tokens: usize,
     /// Sampling strategies of the free-running pairs (`greedy`, `temperature`, `top_p`).
@@ -206,16 +212,39 @@ impl DivergenceSpec {
     /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
     pub fn load(path: &Path) -> Result<(DivergenceSpec, String)> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let spec: DivergenceSpec = toml::from_str(&text).map_err(|e| {
+        let mut spec: DivergenceSpec = toml::from_str(&text).map_err(|e| {
             Error::Spec(format!(
                 "{}: {}",
                 path.display(),
                 e.message().replace('\n', " ")
             ))
         })?;
+        if let (Some(t), Some(dir)) = (&mut spec.task, path.parent()) {
+            t.resolve_paths(dir);
+        }
         spec.validate()?;
         spec.check_strategy_keys(&text)?;
+        spec.task()?;
         Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+    }
+
+    /// The task (`[task]`, or GSM8K from `[problems]`) and its problems, loaded and checked.
+    pub fn task(&self) -> Result<(SpecTask, Vec<Problem>)> {
+        load_task_choice(
+            self.problems.as_ref(),
+            self.task.as_ref(),
+            &format!("divergence `{}`", self.name),
+        )
+    }
+
+    /// The data-set index of the study's first problem (problem `i` of the study is at
+    /// `first_index() + i`).
+    pub fn first_index(&self) -> usize {
+        match (&self.problems, &self.task) {
+            (Some(p), _) => p.start,
+            (None, Some(t)) => t.start,
+            (None, None) => 0,
+        }
     }
 
     /// Reject specs that cannot run (what needs the model, such as layer ranges, is checked
@@ -237,8 +266,13 @@ impl DivergenceSpec {
             Error::Spec(m) => Error::Spec(format!("divergence `{}`: {m}", self.name)),
             other => other,
         })?;
-        if self.problems.count == 0 || self.batch_size == 0 || self.max_new_tokens == 0 {
-            return bad("problems.count, batch_size and max_new_tokens must be positive");
+        validate_task_choice(
+            self.problems.as_ref(),
+            self.task.as_ref(),
+            &format!("divergence `{}`", self.name),
+        )?;
+        if self.batch_size == 0 || self.max_new_tokens == 0 {
+            return bad("batch_size and max_new_tokens must be positive");
         }
         for (i, s) in self.strategies.iter().enumerate() {
             for (j, t) in self.strategies.iter().enumerate().take(i) {

@@ -45,6 +45,7 @@
 //! (the percent sign is dropped; GSM8K golds are plain numbers), and in answer contexts the
 //! fractions `3/4` and `\frac{3}{4}`. A `-` directly after a letter, digit or closing bracket is
 //! subtraction (`21-15`), not a sign. Values are exact rationals, so grading is exact equality.
+use super::grade::{Grader, GraderSpec};
 use super::{Grade, Message, Problem, Prompt, Task, truncate_at_stops};
 use crate::{Error, Result};
 use regex::Regex;
@@ -259,6 +260,7 @@ pub fn parse_problems(
             gold: gold.to_string(),
             question: raw.question,
             solution: raw.answer,
+            choices: vec![],
         });
     }
     Ok(out)
@@ -281,6 +283,8 @@ pub struct Gsm8k {
     problems: Vec<Problem>,
     format: PromptFormat,
     exemplars: Vec<Exemplar>,
+    stops: Vec<String>,
+    grader: Grader,
 }
 
 impl Gsm8k {
@@ -290,6 +294,12 @@ impl Gsm8k {
             problems,
             format,
             exemplars: cot_exemplars()?,
+            stops: format
+                .stop_sequences()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            grader: GraderSpec::gsm8k().build()?,
         })
     }
 
@@ -309,6 +319,10 @@ impl Task for Gsm8k {
         "gsm8k"
     }
 
+    fn grader(&self) -> &str {
+        self.grader.name()
+    }
+
     fn problems(&self) -> &[Problem] {
         &self.problems
     }
@@ -324,8 +338,8 @@ impl Task for Gsm8k {
         }
     }
 
-    fn stop_sequences(&self) -> &[&'static str] {
-        self.format.stop_sequences()
+    fn stop_sequences(&self) -> &[String] {
+        &self.stops
     }
 
     fn max_new_tokens(&self) -> usize {
@@ -571,7 +585,7 @@ static LATEX_CMD_RE: LazyLock<Regex> =
 
 /// Drop LaTeX markup that hides numbers: `\frac{a}{b}` → `a/b`, `\$` → `$`, `1{,}234` → `1,234`,
 /// thin spaces, command names (`\text`, `\boxed`, ...) and braces.
-fn delatex(s: &str) -> String {
+pub(crate) fn delatex(s: &str) -> String {
     if !s.contains('\\') && !s.contains('{') {
         return s.to_string();
     }
@@ -829,7 +843,7 @@ fn value_in_window(window: &str) -> Option<Number> {
 }
 
 /// The content of the brace group opening at `s[open]`.
-fn braced(s: &str, open: usize) -> Option<&str> {
+pub(crate) fn braced(s: &str, open: usize) -> Option<&str> {
     let mut depth = 0usize;
     for (i, c) in s[open..].char_indices() {
         match c {

@@ -4,13 +4,21 @@
 //! A [`Task`] owns its problems and one prompt format (fixed per campaign, see
 //! `docs/concepts.md`). Prompts come out either as chat [`Message`]s, which the caller renders
 //! with the model's own chat template, or as raw [`Prompt::Text`]. Grading is pure: it never
-//! runs model output (see [`gsm8k`] for the extraction rules).
+//! runs model output (see [`gsm8k`] for the GSM8K extraction rules and [`grade`] for the
+//! graders a spec chooses from).
+//!
+//! A `[task]` spec ([`TaskSpec`]) names the bundled GSM8K or a JSONL/Parquet file with a field
+//! mapping, a prompt recipe and a grader, and loads into a [`SpecTask`].
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub mod grade;
 pub mod gsm8k;
+pub mod spec;
 
+pub use grade::{Grader, GraderSpec};
 pub use gsm8k::Gsm8k;
+pub use spec::{SpecTask, TaskSpec};
 
 /// One item of a task's data set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +33,9 @@ pub struct Problem {
     pub solution: String,
     /// The gold final answer as written in the source (`1,600`), before normalization.
     pub gold: String,
+    /// The choices of a multiple-choice item, in label order (empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
 }
 
 /// One chat message, to be rendered by the model's chat template.
@@ -37,12 +48,17 @@ pub struct Message {
 }
 
 impl Message {
-    /// A `user` message.
-    pub fn user(content: impl Into<String>) -> Message {
+    /// A message with `role`.
+    pub fn new(role: &str, content: impl Into<String>) -> Message {
         Message {
-            role: "user".to_string(),
+            role: role.to_string(),
             content: content.into(),
         }
+    }
+
+    /// A `user` message.
+    pub fn user(content: impl Into<String>) -> Message {
+        Message::new("user", content)
     }
 }
 
@@ -78,12 +94,14 @@ pub struct Grade {
 pub trait Task {
     /// Short name for records (`gsm8k`).
     fn name(&self) -> &str;
+    /// The grader's name for records (`numeric`, `exact`, `choice`, `regex`, `math`).
+    fn grader(&self) -> &str;
     /// The selected problems, in order.
     fn problems(&self) -> &[Problem];
     /// The prompt for one problem.
     fn prompt(&self, problem: &Problem) -> Prompt;
     /// Text stop sequences for generation, on top of the model's end-of-sequence tokens.
-    fn stop_sequences(&self) -> &[&'static str];
+    fn stop_sequences(&self) -> &[String];
     /// A default generation budget in new tokens.
     fn max_new_tokens(&self) -> usize;
     /// Grade one output (the generated text only, without the prompt).
@@ -92,9 +110,10 @@ pub trait Task {
 
 /// Cut `output` at the first occurrence of any stop sequence (what a generator that honours
 /// the stops would have returned).
-pub fn truncate_at_stops<'a>(output: &'a str, stops: &[&str]) -> &'a str {
+pub fn truncate_at_stops<'a>(output: &'a str, stops: &[impl AsRef<str>]) -> &'a str {
     let cut = stops
         .iter()
+        .map(AsRef::as_ref)
         .filter(|s| !s.is_empty())
         .filter_map(|s| output.find(s))
         .min()
