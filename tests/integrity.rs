@@ -679,6 +679,12 @@ mod specs {
             &set(&set(&base, "k", "65536"), "max_per_rollout", "4096"),
             "continuations per group (passes.pool_problems × pivots.max_per_rollout × (1 + pivots.alternatives) × continuations.k) = 1 × 4096 × 2 × 65536 exceeds",
         );
+        refused(
+            load,
+            &dir,
+            &set(&base, "name", "\"..\""),
+            "one path component",
+        );
         for t in ["nan", "inf", "-inf", "-0.5"] {
             refused(load, &dir, &set(&base, "temperature", t), "temperature");
         }
@@ -818,6 +824,7 @@ mod specs {
                 "boundaries lists 4 twice",
             ),
             (set(&base, "chunks", "[16, 16, 0]"), "chunks lists 16 twice"),
+            (set(&base, "name", "\"..\""), "one path component"),
             (set(&base, "temperature", "inf"), "finite and positive"),
             (set(&base, "temperature", "nan"), "finite and positive"),
             (

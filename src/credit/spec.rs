@@ -461,8 +461,10 @@ impl CampaignSpec {
     /// Reject specs that cannot run.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Spec(format!("campaign `{}`: {m}", self.name)));
-        if self.name.is_empty() || self.name.contains('/') {
-            return bad("name must be non-empty and contain no `/`");
+        // The name is the default output folder's last component.
+        if self.name.is_empty() || self.name.contains('/') || self.name == "." || self.name == ".."
+        {
+            return bad("name must be one path component (non-empty, no `/`, not `.` or `..`)");
         }
         validate_task_choice(
             self.problems.as_ref(),

@@ -251,8 +251,10 @@ impl DivergenceSpec {
     /// by [`PatchSpec::layer_sets`] once it is loaded, before anything is written).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Spec(format!("divergence `{}`: {m}", self.name)));
-        if self.name.is_empty() || self.name.contains('/') {
-            return bad("name must be non-empty and contain no `/`");
+        // The name is the default output folder's last component.
+        if self.name.is_empty() || self.name.contains('/') || self.name == "." || self.name == ".."
+        {
+            return bad("name must be one path component (non-empty, no `/`, not `.` or `..`)");
         }
         if self.dtypes.is_empty() || self.strategies.is_empty() {
             return bad("dtypes and strategies must not be empty");
