@@ -130,7 +130,10 @@ fn the_report_is_the_manifests_cost_and_its_sum() {
     assert_eq!(report["spec_name"], "bench-campaign");
     assert_eq!(report["pool_problems"], 1);
     assert_eq!(report["batch_size"], 4);
-    assert_eq!(report["replica_batch_size"], 3);
+    assert_eq!(
+        report["replica_batch_size"], 4,
+        "the same schedule: exact's batches"
+    );
     assert_eq!(report["problems"], 2);
     assert_eq!(report["kvcredit_version"], manifest["kvcredit_version"]);
     assert_eq!(report["libtorch_version"], manifest["libtorch_version"]);

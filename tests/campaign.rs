@@ -698,7 +698,7 @@ fn sigkill_and_resume(
 
 /// Every table's rows with the placement columns (chunk, row, batch_rows, fill) left out.
 fn tables_without_placement(run: &Path) -> Vec<(String, Vec<arrow_array::RecordBatch>)> {
-    let placement = ["chunk", "row", "batch_rows", "fill"];
+    let placement = kvcredit::io::schema::SCHEDULE_COLUMNS;
     ["rollouts", "pivots", "continuations", "estimates"]
         .iter()
         .map(|t| {
@@ -717,8 +717,8 @@ fn tables_without_placement(run: &Path) -> Vec<(String, Vec<arrow_array::RecordB
         .collect()
 }
 
-/// Assert that two runs' four tables are non-empty and bitwise equal, all but the placement
-/// columns (`what` names the two schedules in the message).
+/// Assert that two runs' four tables are non-empty and bitwise equal, all but the schedule
+/// columns (placement and numerical path; `what` names the two schedules in the message).
 fn assert_same_tables_but_placement(a: &Path, b: &Path, what: &str) {
     let (a, b) = (tables_without_placement(a), tables_without_placement(b));
     for ((name, x), (_, y)) in a.iter().zip(&b) {

@@ -138,3 +138,54 @@ fn a_missing_spec_file_is_an_error_not_a_violation() {
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// The replica's key padding: a multiple of 8 (0 included) keeps exact's aligned key axis and is
+/// refused under the shuffled schedule; under `same` only 0 is allowed, and the
+/// replica-schedule treatments need the shuffled schedule.
+#[test]
+fn replica_key_padding_that_cannot_move_the_numerics_is_refused() {
+    let dir = common::scratch("spec", "key-pad");
+    let shuffled = "replica_batch_size = 3\n";
+    for pad in [0, 8, 64] {
+        assert_refused(
+            &dir,
+            &format!("pad{pad}"),
+            &spec_with(
+                shuffled,
+                &format!("replica_batch_size = 3\nreplica_key_pad = {pad}\n"),
+            ),
+            "not a multiple of 8",
+        );
+    }
+    assert_refused(
+        &dir,
+        "same-pad",
+        &spec_with(
+            "replica_schedule = \"shuffled\"\nbatch_size = 8\nreplica_batch_size = 3\n",
+            "replica_schedule = \"same\"\nbatch_size = 8\nreplica_key_pad = 3\n",
+        ),
+        "must be 0 with replica_schedule",
+    );
+    assert_refused(
+        &dir,
+        "same-twin",
+        &spec_with(
+            "run = [\"exact\", \"replica\", \"refeed\"]\nreplica_schedule = \"shuffled\"\nbatch_size = 8\nreplica_batch_size = 3\n",
+            "run = [\"exact\", \"replica\", \"refeed\", \"refeed_replica\"]\nreplica_schedule = \"same\"\nbatch_size = 8\n",
+        ),
+        "need replica_schedule = \"shuffled\"",
+    );
+    // the accepted settings validate
+    for ok in [
+        spec_with(shuffled, "replica_batch_size = 3\nreplica_key_pad = 3\n"),
+        spec_with(
+            "run = [\"exact\", \"replica\", \"refeed\"]",
+            "run = [\"exact\", \"replica\", \"refeed\", \"refeed_replica\"]",
+        ),
+    ] {
+        let p = dir.join("ok.toml");
+        std::fs::write(&p, ok).unwrap();
+        let (code, out, err) = common::kvcredit(&["campaign", "validate", p.to_str().unwrap()]);
+        assert_eq!(code, 0, "{out}{err}");
+    }
+}

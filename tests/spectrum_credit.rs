@@ -145,7 +145,7 @@ fn all_fp16_tiers_resume_exactly_and_a_low_budget_does_not() {
             "sc-low",
             1,
             r#""exact", "replica", "spectrum""#,
-            "replica_batch_size = 3\n[passes.spectrum]\nb = 0.3\npolicy = \"spectrum\"\n\
+            "replica_schedule = \"same\"\n[passes.spectrum]\nb = 0.3\npolicy = \"spectrum\"\n\
              [passes.spectrum.protect]\nrecent = 16",
         ),
     );
@@ -229,7 +229,7 @@ fn bad_spectrum_settings_are_refused_before_anything_is_written() {
         (
             "no-pass",
             spec_text("bad", r#""exact", "replica""#, "[passes.spectrum]\nb = 0.5"),
-            "no \"spectrum\" pass",
+            "no spectrum pass",
         ),
         (
             "quantizer",

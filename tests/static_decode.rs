@@ -158,28 +158,18 @@ fn run_engine(
     mode: EngineMode,
     policy: ExecPolicy,
 ) -> Result<Vec<engine::Outcome>> {
-    // Rows stop on a text rule that fires for some of them, so batches get compacted.
-    let jobs = pivot_jobs(src);
-    let stop = |seq: &[i64]| seq.iter().sum::<i64>() % 3 == 0;
-    let dec = Decoding {
+    let order: Vec<usize> = (0..pivot_jobs(src).len()).rev().collect();
+    let run = run_pass(
         model,
+        src,
+        mode,
         policy,
-        sampling: Sampling::Temperature { temperature: 1.0 },
-        max_new_tokens: 20,
-        stop_tokens: &[],
-        text_stop: Some(&stop),
-    };
-    let order: Vec<usize> = (0..jobs.len()).rev().collect();
-    let (outs, _, stats) = engine::run_with(
-        &dec,
-        &jobs,
-        &order,
-        5,
-        &EngineOptions::mode(mode),
-        &mut |_| {},
+        &schedule::chunked(&order, 5),
+        0,
+        20,
     )?;
-    println!("{mode}: {}", stats.describe());
-    Ok(outs)
+    println!("{mode}: {}", run.stats.describe());
+    Ok(run.outcomes)
 }
 
 #[test]
@@ -262,7 +252,9 @@ fn static_capacity_is_aligned_and_eager_capacity_is_exact() -> Result<()> {
     Ok(())
 }
 
-/// The pivot jobs under `batches` with `key_pad`, as a pass of the campaign runs them.
+/// The pivot jobs under `batches` with `key_pad`, up to `max_new_tokens` each, as a pass of
+/// the campaign runs them; rows stop on a text rule that fires for some of them, so batches
+/// get compacted.
 fn run_pass(
     model: &Decoder,
     src: &KvCache,
@@ -270,6 +262,7 @@ fn run_pass(
     policy: ExecPolicy,
     batches: &[Vec<usize>],
     key_pad: i64,
+    max_new_tokens: usize,
 ) -> Result<engine::PassRun> {
     let jobs = pivot_jobs(src);
     let stop = |seq: &[i64]| seq.iter().sum::<i64>() % 3 == 0;
@@ -277,7 +270,7 @@ fn run_pass(
         model,
         policy,
         sampling: Sampling::Temperature { temperature: 1.0 },
-        max_new_tokens: 12,
+        max_new_tokens,
         stop_tokens: &[],
         text_stop: Some(&stop),
     };
@@ -311,7 +304,7 @@ fn key_padding_moves_every_replica_step_off_exacts_key_axis() -> Result<()> {
     let replica_batches = schedule::shuffled(n, 5, 3);
     let bi = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
     for mode in [EngineMode::Eager, EngineMode::Static] {
-        let exact = run_pass(&model, &src, mode, ExecPolicy::Stock, &exact_batches, 0)?;
+        let exact = run_pass(&model, &src, mode, ExecPolicy::Stock, &exact_batches, 0, 12)?;
         for (o, p) in exact.outcomes.iter().zip(&exact.paths) {
             assert_eq!(
                 o.tokens.len(),
@@ -319,14 +312,30 @@ fn key_padding_moves_every_replica_step_off_exacts_key_axis() -> Result<()> {
                 "{mode}: one path step per token"
             );
         }
-        let padded = run_pass(&model, &src, mode, ExecPolicy::Stock, &replica_batches, 3)?;
+        let padded = run_pass(
+            &model,
+            &src,
+            mode,
+            ExecPolicy::Stock,
+            &replica_batches,
+            3,
+            12,
+        )?;
         let (same, steps) = steps_on_exacts_axis(&exact, &padded);
         assert!(steps > 0);
         assert_eq!(
             same, 0,
             "{mode}: {same} of {steps} padded steps on exact's key axis"
         );
-        let bare = run_pass(&model, &src, mode, ExecPolicy::Stock, &replica_batches, 0)?;
+        let bare = run_pass(
+            &model,
+            &src,
+            mode,
+            ExecPolicy::Stock,
+            &replica_batches,
+            0,
+            12,
+        )?;
         let (same, steps) = steps_on_exacts_axis(&exact, &bare);
         if mode == EngineMode::Static {
             assert_eq!(
@@ -334,8 +343,8 @@ fn key_padding_moves_every_replica_step_off_exacts_key_axis() -> Result<()> {
                 "static: an unpadded replica runs exact's capacity"
             );
         }
-        let bi_exact = run_pass(&model, &src, mode, bi, &exact_batches, 0)?;
-        let bi_padded = run_pass(&model, &src, mode, bi, &replica_batches, 3)?;
+        let bi_exact = run_pass(&model, &src, mode, bi, &exact_batches, 0, 12)?;
+        let bi_padded = run_pass(&model, &src, mode, bi, &replica_batches, 3, 12)?;
         assert_eq!(bi_exact.outcomes, bi_padded.outcomes, "{mode}");
     }
     Ok(())

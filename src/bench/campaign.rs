@@ -193,9 +193,13 @@ impl CampaignBench {
             RecordedSpec::Full(s) => (
                 s.passes.pool_problems,
                 Some(s.passes.batch_size),
-                passes_run
-                    .contains(&Pass::Replica)
-                    .then(|| s.passes.effective_replica_batch_size()),
+                passes_run.contains(&Pass::Replica).then(|| {
+                    if s.passes.replica_schedule == crate::io::schema::ReplicaSchedule::Same {
+                        s.passes.batch_size
+                    } else {
+                        s.passes.effective_replica_batch_size()
+                    }
+                }),
             ),
             RecordedSpec::Passes { passes } => {
                 let get = |k: &str| {

@@ -169,6 +169,23 @@ pub const PIVOT_COLUMNS: [&str; 11] = [
     col::FINGERPRINT,
 ];
 
+/// Columns of `continuations` that record where and how a continuation ran (its batch placement
+/// and numerical path) rather than what it produced: two schedules of the same jobs differ there
+/// and, where the numerics are batch-invariant, nowhere else.
+pub const SCHEDULE_COLUMNS: [&str; 11] = [
+    col::CHUNK,
+    col::ROW,
+    col::BATCH_ROWS,
+    col::FILL,
+    col::PATH_ROWS_MIN,
+    col::PATH_ROWS_MAX,
+    col::PATH_KEYS_MIN,
+    col::PATH_KEYS_MAX,
+    col::PATH_ROWS_DIGEST,
+    col::PATH_KEYS_DIGEST,
+    col::KEYS_AS_EXACT,
+];
+
 /// Columns of `continuations` (one row per continuation) after [`COMMON_COLUMNS`], in file order.
 pub const CONTINUATION_COLUMNS: [&str; 23] = [
     col::PIVOT_POS,
