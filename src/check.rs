@@ -47,6 +47,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::Result;
+use crate::analysis::identity::{FloorStatus, TokenIdentity};
 use crate::analysis::read::{
     self, ContinuationRow, EstimateRow, Key, Manifest, Pass, PivotRow, RolloutRow,
     read_continuations, read_estimates, read_manifest, read_pivots, read_rollouts,
@@ -718,10 +719,11 @@ impl Checker<'_> {
         }
     }
 
-    /// Replica continuations paired with exact's: `(token-identical, total)`, and of those
-    /// with a recorded path and at least one step, `(on exact's key axis at every step, total)`.
-    fn replica_identity(&self) -> ((usize, usize), (usize, usize)) {
-        let (mut same, mut n, mut on_axis, mut pathed) = (0, 0, 0, 0);
+    /// Replica continuations paired with exact's: their token identity, and of those with a
+    /// recorded path and at least one step, `(on exact's key axis at every step, total)`.
+    fn replica_identity(&self) -> (TokenIdentity, (usize, usize)) {
+        let mut tokens = TokenIdentity::default();
+        let (mut on_axis, mut pathed) = (0, 0);
         for by_pass in self.cont.values() {
             let (Some(e), Some(r)) = (
                 by_pass[Pass::Exact as usize].first(),
@@ -729,20 +731,27 @@ impl Checker<'_> {
             ) else {
                 continue;
             };
-            n += 1;
-            same += usize::from(e.tokens == r.tokens);
+            tokens.total += 1;
+            tokens.identical += u64::from(e.tokens == r.tokens);
             if let Some(p) = r.path.filter(|p| p.steps > 0) {
                 pathed += 1;
                 on_axis += usize::from(p.keys_as_exact == Some(i64::from(p.steps)));
             }
         }
-        ((same, n), (on_axis, pathed))
+        (tokens, (on_axis, pathed))
     }
 
-    /// `replica-floor` and `replica-path` (see the module docs).
-    fn replica_floor(&mut self, stock: bool) {
-        let ((same, n), (on_axis, pathed)) = self.replica_identity();
-        if stock && n > 0 && same == n {
+    /// `replica-floor` (judged as the report judges the floor, [`FloorStatus::of`]) and
+    /// `replica-path` (see the module docs).
+    fn replica_floor(&mut self) {
+        let (tokens, (on_axis, pathed)) = self.replica_identity();
+        let status = FloorStatus::of(
+            Some(tokens),
+            self.manifest.replica_schedule.as_str(),
+            &self.manifest.exec.policy.to_string(),
+        );
+        if status == FloorStatus::StructuralZero {
+            let n = tokens.total;
             self.push(
                 Rule::ReplicaFloor,
                 "manifest".into(),
@@ -896,7 +905,7 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
             rules.push(Rule::ReplicaFloor);
         }
         rules.push(Rule::ReplicaPath);
-        ck.replica_floor(stock);
+        ck.replica_floor();
     }
     if manifest.exec.policy == PolicyKind::BatchInvariant {
         rules.push(Rule::BatchInvariant);

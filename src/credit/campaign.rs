@@ -1003,21 +1003,8 @@ fn pass_numerics(
     base: &PassNumerics,
 ) -> PassNumerics {
     let mut n = base.clone();
-    let stepped: Vec<_> = paths.iter().filter(|p| !p.steps.is_empty()).collect();
-    n.steps = stepped.iter().map(|p| p.steps.len() as u64).sum();
-    let lo_hi = |f: &dyn Fn(&crate::decode::engine::NumericalPath) -> (u32, u32)| {
-        stepped
-            .iter()
-            .map(|p| f(p))
-            .fold(None, |acc: Option<(u32, u32)>, (a, b)| {
-                Some(acc.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
-            })
-    };
-    if let Some((a, b)) = lo_hi(&|p| p.rows_range()) {
-        (n.rows_min, n.rows_max) = (a, b);
-    }
-    if let Some((a, b)) = lo_hi(&|p| p.keys_range()) {
-        (n.keys_min, n.keys_max) = (a, b);
+    for p in paths {
+        n.widen(p.rows_range(), p.keys_range(), p.steps.len() as u64);
     }
     n
 }

@@ -122,7 +122,8 @@ impl<'m> Stepper<'m> {
             mode,
             parts,
             extra,
-            (min_capacity, key_pad),
+            min_capacity,
+            key_pad,
             false,
         )
     }
@@ -143,14 +144,7 @@ impl<'m> Stepper<'m> {
         key_pad: i64,
     ) -> Result<Stepper<'m>> {
         Stepper::build(
-            model,
-            policy,
-            sampling,
-            mode,
-            parts,
-            extra,
-            (capacity, key_pad),
-            true,
+            model, policy, sampling, mode, parts, extra, capacity, key_pad, true,
         )
     }
 
@@ -162,7 +156,8 @@ impl<'m> Stepper<'m> {
         mode: EngineMode,
         parts: &[(&KvCache, Snapshot)],
         extra: usize,
-        (min_capacity, key_pad): (i64, i64),
+        min_capacity: i64,
+        key_pad: i64,
         eager_capacity: bool,
     ) -> Result<Stepper<'m>> {
         if key_pad < 0 {

@@ -675,18 +675,29 @@ pub struct PassNumerics {
 impl PassNumerics {
     /// Widen `self` by another problem's summary of the same pass.
     pub fn add(&mut self, o: &PassNumerics) {
-        if o.steps == 0 {
-            return;
-        }
-        if self.steps == 0 {
+        if self.steps == 0 && o.steps > 0 {
             *self = o.clone();
             return;
         }
-        self.rows_min = self.rows_min.min(o.rows_min);
-        self.rows_max = self.rows_max.max(o.rows_max);
-        self.keys_min = self.keys_min.min(o.keys_min);
-        self.keys_max = self.keys_max.max(o.keys_max);
-        self.steps += o.steps;
+        self.widen((o.rows_min, o.rows_max), (o.keys_min, o.keys_max), o.steps);
+    }
+
+    /// Widen the row and key-axis ranges by `steps` continuation-steps spanning `rows` and
+    /// `keys` (nothing when `steps` is 0).
+    pub fn widen(&mut self, rows: (u32, u32), keys: (u32, u32), steps: u64) {
+        if steps == 0 {
+            return;
+        }
+        if self.steps == 0 {
+            (self.rows_min, self.rows_max) = rows;
+            (self.keys_min, self.keys_max) = keys;
+        } else {
+            self.rows_min = self.rows_min.min(rows.0);
+            self.rows_max = self.rows_max.max(rows.1);
+            self.keys_min = self.keys_min.min(keys.0);
+            self.keys_max = self.keys_max.max(keys.1);
+        }
+        self.steps += steps;
     }
 }
 
