@@ -13,9 +13,15 @@ use kvcredit::spectrum::quant::{self, Block, BlockShape, GROUP, Side};
 use kvcredit::spectrum::tiers::{TierPlan, TieredKv};
 use kvcredit::spectrum::{Quantizer, Tier, wire};
 use kvcredit::{Decoder, KvCache, Result};
+use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 const POLICY: ExecPolicy = ExecPolicy::Stock;
+const QUANTIZERS: [Quantizer; 3] = [
+    Quantizer::Kivi,
+    Quantizer::LabCompat,
+    Quantizer::LabCompatToken,
+];
 
 fn model(name: &str, kind: Kind) -> Decoder {
     common::load(&common::hf_fixtures().join(name), kind).unwrap()
@@ -51,7 +57,7 @@ fn all_fp16_tier_restores_the_dense_cache_bitwise() -> Result<()> {
         let ids = prompt(40, 1);
         let cache = prefilled(&m, &ids);
         let snap = cache.snapshot(0);
-        for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+        for q in QUANTIZERS {
             let t = TieredKv::build(&cache, 0, &TierPlan::uniform(40, Tier::Fp16), q)?;
             let back = wire::decode(&wire::encode(&t)?)?;
             let r = back.restore(kind, Device::Cpu, 4)?;
@@ -130,6 +136,12 @@ fn reference_dequant(b: &Block, tier: Tier, q: Quantizer, side: Side, s: BlockSh
                         code(i) * f16(&b.scales, gi) + f16(&b.zeros, gi)
                     }
                     (Quantizer::LabCompat, _) => {
+                        // Scales [h, m].
+                        let offset = if tier == Tier::Int8 { 128.0 } else { 8.0 };
+                        (code(i) - offset) * f16(&b.scales, hh * m + t)
+                    }
+                    (Quantizer::LabCompatToken, _) => {
+                        // Scales [m].
                         let offset = if tier == Tier::Int8 { 128.0 } else { 8.0 };
                         (code(i) - offset) * f16(&b.scales, t)
                     }
@@ -153,7 +165,8 @@ fn bound(x: &[f64], tier: Tier, q: Quantizer, side: Side, s: BlockShape, i: usiz
         (Quantizer::Kivi, Side::Value) => (c / g * g..((c / g + 1) * g).min(d))
             .map(|cc| (hh * m + t) * d + cc)
             .collect(),
-        (Quantizer::LabCompat, _) => (0..s.heads as usize)
+        (Quantizer::LabCompat, _) => (0..d).map(|cc| (hh * m + t) * d + cc).collect(),
+        (Quantizer::LabCompatToken, _) => (0..s.heads as usize)
             .flat_map(|h2| (0..d).map(move |cc| (h2 * m + t) * d + cc))
             .collect(),
     };
@@ -165,11 +178,13 @@ fn bound(x: &[f64], tier: Tier, q: Quantizer, side: Side, s: BlockShape, i: usiz
     let amax = lo.abs().max(hi.abs());
     let levels = match q {
         Quantizer::Kivi => ((1u32 << tier.bits()) - 1) as f64,
-        Quantizer::LabCompat => ((1u32 << (tier.bits() - 1)) - 1) as f64,
+        Quantizer::LabCompat | Quantizer::LabCompatToken => {
+            ((1u32 << (tier.bits() - 1)) - 1) as f64
+        }
     };
     let step = match q {
         Quantizer::Kivi => (hi - lo) / levels,
-        Quantizer::LabCompat => amax / levels,
+        Quantizer::LabCompat | Quantizer::LabCompatToken => amax / levels,
     };
     // fp16 rounding (relative 2^-11) of the scale, times the largest code, and of the zero.
     let fp16 = 2f64.powi(-11);
@@ -194,7 +209,7 @@ fn quantized_tiers_match_an_independent_reference_within_their_bounds() -> Resul
     };
     let x = random_block(s.heads, s.tokens, s.head_dim, 3);
     let xs: Vec<f64> = Vec::<f64>::try_from(x.to_kind(Kind::Double).view([-1])).unwrap();
-    for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+    for q in QUANTIZERS {
         for side in [Side::Key, Side::Value] {
             for tier in [Tier::Int8, Tier::Int4] {
                 let b = quant::encode(&x, tier, q, side)?;
@@ -274,6 +289,136 @@ fn quantized_tiers_match_an_independent_reference_within_their_bounds() -> Resul
     Ok(())
 }
 
+/// `[2, m, d]` whose head 0 spans ±0.01 and head 1 ±10: one scale over both heads wastes
+/// head 0's codes.
+fn two_range_block(m: i64, d: i64) -> Tensor {
+    tch::manual_seed(11);
+    let x = Tensor::rand([2, m, d], (Kind::Float, Device::Cpu)) * 2.0 - 1.0;
+    x * Tensor::from_slice(&[0.01f32, 10.0]).view([2, 1, 1])
+}
+
+#[test]
+fn lab_compat_scales_per_kv_head_and_lab_compat_token_per_token() -> Result<()> {
+    let s = BlockShape {
+        heads: 2,
+        tokens: 40,
+        head_dim: 64,
+    };
+    let x = two_range_block(s.tokens, s.head_dim);
+    let head0_err = |q: Quantizer| -> Result<f64> {
+        let b = quant::encode(&x, Tier::Int8, q, Side::Value)?;
+        // One fp16 scale per token and head (per head), or per token (over heads).
+        let per = if q == Quantizer::LabCompat { 2 } else { 1 };
+        assert_eq!(b.scales.len(), 2 * per * s.tokens as usize);
+        assert!(b.zeros.is_empty());
+        let r = quant::decode(
+            &b,
+            Tier::Int8,
+            q,
+            Side::Value,
+            s,
+            Kind::Float,
+            Kind::Float,
+            Device::Cpu,
+        )?;
+        Ok((r - &x).select(0, 0).abs().max().double_value(&[]))
+    };
+    let (head, token) = (
+        head0_err(Quantizer::LabCompat)?,
+        head0_err(Quantizer::LabCompatToken)?,
+    );
+    // Per head: half a step of 0.01/127; over heads: half a step of 10/127 swamps head 0.
+    assert!(head <= 0.6 * 0.01 / 127.0, "per-head error {head}");
+    assert!(token > 100.0 * head, "per-token {token} vs per-head {head}");
+    // Negative control: with equal ranges in both heads the two agree bitwise.
+    let same = Tensor::cat(&[x.narrow(0, 1, 1), x.narrow(0, 1, 1)], 0);
+    let dq = |q: Quantizer| -> Result<Tensor> {
+        let b = quant::encode(&same, Tier::Int4, q, Side::Key)?;
+        quant::decode(
+            &b,
+            Tier::Int4,
+            q,
+            Side::Key,
+            s,
+            Kind::Float,
+            Kind::Float,
+            Device::Cpu,
+        )
+    };
+    assert!(dq(Quantizer::LabCompat)?.equal(&dq(Quantizer::LabCompatToken)?));
+    Ok(())
+}
+
+#[test]
+fn lab_compat_names_and_wire_codes_are_distinct_and_stable() -> Result<()> {
+    use clap::ValueEnum;
+    #[derive(serde::Deserialize)]
+    struct Q {
+        q: Quantizer,
+    }
+    for (name, q) in [
+        ("kivi", Quantizer::Kivi),
+        ("lab-compat", Quantizer::LabCompat),
+        ("lab-compat-token", Quantizer::LabCompatToken),
+    ] {
+        assert_eq!(q.name(), name);
+        assert_eq!(Quantizer::from_str(name, false).unwrap(), q);
+        let parsed: Q = toml::from_str(&format!("q = \"{name}\"")).unwrap();
+        assert_eq!(parsed.q, q);
+    }
+    assert!(toml::from_str::<Q>("q = \"lab-compat-head\"").is_err());
+    // Header byte 6: 1 is the per-token scheme, 2 per head; each decodes to its own.
+    let m = model("qwen2", Kind::Float);
+    let cache = prefilled(&m, &prompt(40, 12));
+    for (q, code) in [
+        (Quantizer::Kivi, 0u8),
+        (Quantizer::LabCompatToken, 1),
+        (Quantizer::LabCompat, 2),
+    ] {
+        let bytes = wire::encode(&TieredKv::build(&cache, 0, &mixed_plan(40), q)?)?;
+        assert_eq!(bytes[6], code, "{q}");
+        assert_eq!(wire::decode(&bytes)?.quantizer, q);
+    }
+    Ok(())
+}
+
+#[test]
+fn lab_compat_per_head_scales_are_counted_in_the_budget() -> Result<()> {
+    let shape = KvShape {
+        layers: 4,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let n = 600;
+    let scores: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64).collect();
+    let plan = |q: Quantizer, b: f64| -> Result<(TierPlan, f64)> {
+        let budget = Budget {
+            b,
+            shape,
+            quantizer: q,
+            protect: Protect::default(),
+        };
+        let p = allocate::allocate(Policy::Spectrum { int4: true }, &scores, &budget)?;
+        let real = budget.real_b(&p);
+        Ok((p, real))
+    };
+    for b in [0.3, 0.5] {
+        for q in QUANTIZERS {
+            let (_, real) = plan(q, b)?;
+            assert!(real <= b, "{q} at b={b}: real {real}");
+        }
+        // Twice the scales: the same INT plan costs more per head than per token.
+        let (p, _) = plan(Quantizer::LabCompatToken, b)?;
+        assert!(p.counts()[1] + p.counts()[2] > 0);
+        let cost = |q| wire::frame_len(shape, n as i64, p.counts(), q);
+        assert_eq!(
+            cost(Quantizer::LabCompat) - cost(Quantizer::LabCompatToken),
+            shape.layers * 2 * 2 * (p.counts()[1] + p.counts()[2])
+        );
+    }
+    Ok(())
+}
+
 fn mixed_plan(n: usize) -> TierPlan {
     plan_of(n, |i| match i % 7 {
         0 | 1 => Tier::Fp16,
@@ -289,7 +434,7 @@ fn frame_bytes_equal_the_accounting() -> Result<()> {
     let shape = m.kv_shape();
     for n in [9usize, 40, 75] {
         let cache = prefilled(&m, &prompt(n, 4));
-        for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+        for q in QUANTIZERS {
             let plan = mixed_plan(n);
             let t = TieredKv::build(&cache, 0, &plan, q)?;
             let bytes = wire::encode(&t)?;
@@ -315,7 +460,8 @@ fn frame_bytes_equal_the_accounting() -> Result<()> {
             let groups = |x: usize| x.div_ceil(GROUP as usize);
             let scales = |mt: usize| match q {
                 Quantizer::Kivi => 2 * 2 * (h * d * groups(mt) + h * mt * groups(d)),
-                Quantizer::LabCompat => 2 * 2 * mt,
+                Quantizer::LabCompat => 2 * 2 * h * mt,
+                Quantizer::LabCompatToken => 2 * 2 * mt,
             };
             let per_layer =
                 2 * h * d * (2 * c[0] + c[1]) + h * d * c[2] + scales(c[1]) + scales(c[2]);
@@ -333,7 +479,7 @@ fn frame_bytes_equal_the_accounting() -> Result<()> {
 fn wire_round_trips_bitwise() -> Result<()> {
     let m = model("qwen2", Kind::Float);
     let cache = prefilled(&m, &prompt(75, 5));
-    for q in [Quantizer::Kivi, Quantizer::LabCompat] {
+    for q in QUANTIZERS {
         let t = TieredKv::build(&cache, 0, &mixed_plan(75), q)?;
         let bytes = wire::encode(&t)?;
         let back = wire::decode(&bytes)?;
@@ -787,6 +933,10 @@ fn bad_specs_fail_with_one_line_before_anything_runs() {
             ),
             "pinned",
         ),
+        (
+            format!("{base}{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\ntext = \"crlf\"\n"),
+            "crlf",
+        ),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
         let spec = dir.join(format!("spec{i}.toml"));
@@ -831,6 +981,7 @@ fn variants_with_one_plan_are_measured_once_and_sharing_is_exact() -> Result<()>
         importance: ImportanceSpec::default(),
         protect: Protect::default(),
         policy: POLICY,
+        text: eval::TextNorm::Lf,
     };
     let rows = eval::perplexity_window(&m, &ids, &o, 0)?;
     assert_eq!(rows[0].shared_with, None);
@@ -1019,4 +1170,104 @@ fn report_pairs_every_number_with_an_interval_and_draws_the_figures_it_has_data_
     assert!(exists("niah-depth.png"));
     std::fs::remove_dir_all(&root).unwrap();
     Ok(())
+}
+
+#[test]
+fn wikitext_is_tokenized_with_lf_line_ends_unless_raw_is_asked() -> Result<()> {
+    use kvcredit::runtime::{self, Dtype, ModelSource};
+    use kvcredit::spectrum::eval::{self, TextNorm, WIKITEXT2_TEST};
+    assert!(WIKITEXT2_TEST.contains("\r\n"));
+    let lf_text = TextNorm::Lf.apply(WIKITEXT2_TEST);
+    assert!(!lf_text.contains('\r') && lf_text.contains('\n'));
+    assert_eq!(TextNorm::Raw.apply(WIKITEXT2_TEST), WIKITEXT2_TEST);
+    assert_eq!(TextNorm::default(), TextNorm::Lf);
+    // A character-level tokenizer: `\r` is `<unk>` (0), `\n` id 96.
+    let dir = common::scratch("spectrum", "wikitext-lf");
+    let src = ModelSource::HfDir(common::chat_fixture(&dir.join("model"), 4096));
+    let model = runtime::load(&src, Dtype::Fp32, Device::Cpu)?;
+    let (lf, raw) = (
+        eval::wikitext_ids(&model, 3000, TextNorm::Lf)?,
+        eval::wikitext_ids(&model, 3000, TextNorm::Raw)?,
+    );
+    assert_eq!(lf.len(), 3000);
+    let nl = 96;
+    let crlf = raw.windows(2).filter(|w| w == &[0, nl]).count();
+    assert!(crlf >= 3, "raw text has {crlf} CRLF pairs");
+    // Negative control: the two streams differ, and only by the `\r` before each `\n`.
+    assert_ne!(lf, raw);
+    let stripped: Vec<i64> = (0..raw.len())
+        .filter(|&i| !(raw[i] == 0 && raw.get(i + 1) == Some(&nl)))
+        .map(|i| raw[i])
+        .collect();
+    assert_eq!(stripped[..], lf[..stripped.len()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn ppl_records_its_text_and_refuses_a_journal_of_other_settings() {
+    let dir = common::scratch("spectrum", "ppl-text");
+    let model = common::chat_fixture(&dir.join("model"), 4096);
+    let spec = |text: &str| {
+        let p = dir.join(format!("spec-{text}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "name = \"t\"\nmodel = \"{}\"\ndtype = \"fp32\"\n[protect]\nsinks = 2\nrecent = 8\n[ppl]\ncontext = 64\ncontinuation = 8\nwindows = 1\nbudgets = [0.5]\npolicies = [\"pdtrim\", \"uniform-int8\"]\nquantizers = [\"lab-compat\"]\n{text}",
+                model.display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let run = |spec: &Path, out: &Path| {
+        common::kvcredit(&[
+            "spectrum",
+            "ppl",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ])
+    };
+    let nll_base = |out: &Path| {
+        let b = common::read_batch(&out.join("ppl.parquet"));
+        let text = common::column::<arrow_array::StringArray>(&b, "text");
+        let nll = common::column::<arrow_array::Float64Array>(&b, "nll_base");
+        (text.value(0).to_string(), nll.value(0))
+    };
+    let (lf, raw) = (dir.join("lf"), dir.join("raw"));
+    let (code, _, err) = run(&spec(""), &lf);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&spec("text = \"raw\"\n"), &raw);
+    assert_eq!(code, 0, "{err}");
+    let ((t_lf, base_lf), (t_raw, base_raw)) = (nll_base(&lf), nll_base(&raw));
+    assert_eq!((t_lf.as_str(), t_raw.as_str()), ("lf", "raw"));
+    // The first window's text holds a line end: the uncompressed NLLs differ.
+    assert_ne!(base_lf.to_bits(), base_raw.to_bits());
+    // The journal header records the text and the protocol.
+    let journal = lf.join("ppl.rows.jsonl");
+    let written = std::fs::read_to_string(&journal).unwrap();
+    let (head, rest) = written.split_once('\n').unwrap();
+    let header: serde_json::Value = serde_json::from_str(head).unwrap();
+    assert_eq!(header["grid"]["text"], "lf");
+    assert_eq!(
+        header["protocol"],
+        kvcredit::spectrum::eval::PROTOCOL,
+        "{head}"
+    );
+    // A journal whose header lacks them (written before either existed) is refused.
+    let mut old = header.clone();
+    old.as_object_mut().unwrap().remove("protocol");
+    old["grid"].as_object_mut().unwrap().remove("text");
+    std::fs::write(&journal, format!("{old}\n{rest}")).unwrap();
+    let (code, _, err) = run(&spec(""), &lf);
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("ppl.rows.jsonl"), "{err}");
+    // Negative control: the journal as written resumes.
+    std::fs::write(&journal, &written).unwrap();
+    let (code, _, err) = run(&spec(""), &lf);
+    assert_eq!(code, 0, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

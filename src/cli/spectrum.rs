@@ -8,7 +8,7 @@ use kvcredit::decode::engine::EngineMode;
 use kvcredit::io::parquet::{Column, Table};
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
 use kvcredit::spectrum::allocate::{Policy, Protect};
-use kvcredit::spectrum::eval::{self, PplOptions, Variant};
+use kvcredit::spectrum::eval::{self, PplOptions, TextNorm, Variant};
 use kvcredit::spectrum::importance::ImportanceSpec;
 use kvcredit::spectrum::spec::SpectrumSpec;
 use kvcredit::spectrum::transport::{self, ServeOptions};
@@ -185,6 +185,9 @@ pub struct SendArgs {
     /// Quantizer of the INT tiers.
     #[arg(long, value_enum, default_value_t = Quantizer::Kivi)]
     quantizer: Quantizer,
+    /// WikiText-2 normalization before tokenization: `lf` (CRLF → LF) or `raw` (bytes kept).
+    #[arg(long, value_enum, default_value_t = TextNorm::Lf)]
+    text: TextNorm,
     /// Link limit in megabits per second (paced writes); unlimited if absent.
     #[arg(long)]
     bandwidth_mbps: Option<f64>,
@@ -269,7 +272,7 @@ impl Journal {
             if let Some(first) = lines.next() {
                 if first != head {
                     bail!(
-                        "{}: written under other settings (model, section, importance or protect); remove it or use another --out",
+                        "{}: written under other settings (model, section, grid, importance, protect or protocol); remove it or use another --out",
                         path.display()
                     );
                 }
@@ -331,6 +334,7 @@ fn journal_header(
         "device": spec.device,
         "importance": spec.importance,
         "protect": spec.protect,
+        "protocol": eval::PROTOCOL,
         "grid": body,
     });
     let exec = cfg.exec.record(spec.policy, Some(EngineMode::Eager));
@@ -353,8 +357,9 @@ fn ppl(a: SpecArgs) -> anyhow::Result<()> {
         importance: spec.importance,
         protect: spec.protect,
         policy: cfg.policy,
+        text: p.text,
     };
-    let ids = eval::wikitext_ids(&model, p.windows * (p.context + p.continuation))?;
+    let ids = eval::wikitext_ids(&model, p.windows * (p.context + p.continuation), p.text)?;
     let path = out.join("ppl.parquet");
     let (mut journal, done) = Journal::open::<eval::PplRow>(
         out.join("ppl.rows.jsonl"),
@@ -564,10 +569,12 @@ fn probe(a: SpecArgs) -> anyhow::Result<()> {
         importance: spec.importance,
         protect: spec.protect,
         policy: cfg.policy,
+        text: p.gate_text,
     };
     let ids = eval::wikitext_ids(
         &model,
         p.gate_windows * (p.gate_context + p.gate_continuation),
+        p.gate_text,
     )?;
     let gates = eval::gate(
         &model.decoder,
@@ -617,7 +624,8 @@ fn probe(a: SpecArgs) -> anyhow::Result<()> {
         .with(
             "gate_int4",
             Column::Bool(gates.iter().map(|g| g.int4).collect()),
-        );
+        )
+        .with("gate_text", Column::Str(vec![p.gate_text.to_string(); n]));
     let path = out.join("probe.parquet");
     table.write(&path)?;
     for (v, g) in verdicts.iter().zip(&gates) {
@@ -675,7 +683,7 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
         &format!("--context {} + 1 decode step", a.context),
     )?;
     let policy = Policy::parse(&a.tier_policy)?;
-    let ids = eval::wikitext_ids(&model, a.context)?;
+    let ids = eval::wikitext_ids(&model, a.context, a.text)?;
     let (ctx, last) = ids.split_at(ids.len() - 1);
     let tiered = Variant {
         policy,
@@ -825,6 +833,7 @@ fn write_ttft(rows: &[Ttft], a: &SendArgs, model: &str, path: &Path) -> anyhow::
             Column::I64(rows.iter().map(|r| r.bytes as i64).collect()),
         )
         .with("context", Column::U32(vec![a.context as u32; n]))
+        .with("text", Column::Str(vec![a.text.to_string(); n]))
         .with("bandwidth_mbps", Column::OptF64(vec![a.bandwidth_mbps; n]))
         .with(
             "repeat",

@@ -3,6 +3,23 @@
 //!
 //! Every variant goes through the real path: tier plan → quantize and pack → wire frame →
 //! decode and verify → restore into an ordinary cache → the unchanged decoder.
+//!
+//! # Perplexity protocol
+//!
+//! - Text: WikiText-2 raw, test split ([`WIKITEXT2_TEST`]), normalized by [`TextNorm`] before
+//!   tokenization: CRLF line ends become LF by default ([`TextNorm::Lf`]); [`TextNorm::Raw`]
+//!   keeps the file's bytes. No special tokens are added.
+//! - Windows: window `w` is tokens `w·(n+m) .. (w+1)·(n+m)` of that stream (non-overlapping,
+//!   from the start), with `n` context and `m` continuation tokens.
+//! - Compressed: the first `n − 1` context tokens are prefilled, scored for importance and
+//!   their KV compressed (tier plan over those `n − 1` positions, budget `b` relative to their
+//!   full-FP16 bytes).
+//! - Fed uncompressed: token `n − 1` (the last context token) and the continuation tokens
+//!   `n .. n+m−2` are teacher-forced on the decode side after the restored cache, their own KV
+//!   kept at the cache's precision.
+//! - Scored: every one of the `m` continuation tokens, each predicted from the compressed
+//!   context (so the first continuation token is scored against the compressed cache too),
+//!   against the same window under the uncompressed cache (`nll_base`).
 use super::allocate::{self, Budget, Policy, Protect};
 use super::importance::{self, ImportanceSpec};
 use super::tiers::{TierPlan, TieredKv};
@@ -18,28 +35,80 @@ use crate::{Error, Result};
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 
-/// WikiText-2 raw, test split, byte for byte (CRLF kept): `data/wikitext-2-raw/wiki.test.raw`.
+/// WikiText-2 raw, test split, byte for byte (its lines end in CRLF):
+/// `data/wikitext-2-raw/wiki.test.raw`.
 pub const WIKITEXT2_TEST: &str = include_str!("../../data/wikitext-2-raw/wiki.test.raw");
 
-/// The first `need` token ids of the WikiText-2 test text under `model`'s tokenizer (no
-/// special tokens), tokenizing only as much text as needed.
-pub fn wikitext_ids(model: &LoadedModel, need: usize) -> Result<Vec<i64>> {
+/// Version of what decides a row beyond the spec's settings (the quantizers' granularity,
+/// the perplexity protocol): a grid's journal records it, and one written under another
+/// version is not resumed.
+pub const PROTOCOL: u32 = 2;
+
+/// How the WikiText-2 text is normalized before tokenization.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum TextNorm {
+    /// Line ends CRLF → LF: the text that standard WikiText-2 evaluations tokenize.
+    #[default]
+    Lf,
+    /// The file's bytes as they are, CRLF line ends kept.
+    Raw,
+}
+
+impl TextNorm {
+    /// Stable name (`lf`, `raw`), as written in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            TextNorm::Lf => "lf",
+            TextNorm::Raw => "raw",
+        }
+    }
+
+    /// `text` normalized.
+    pub fn apply(self, text: &str) -> std::borrow::Cow<'_, str> {
+        match self {
+            TextNorm::Lf => std::borrow::Cow::Owned(text.replace("\r\n", "\n")),
+            TextNorm::Raw => std::borrow::Cow::Borrowed(text),
+        }
+    }
+}
+
+impl std::fmt::Display for TextNorm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The first `need` token ids of the WikiText-2 test text, normalized by `norm`, under
+/// `model`'s tokenizer (no special tokens), tokenizing only as much text as needed.
+pub fn wikitext_ids(model: &LoadedModel, need: usize, norm: TextNorm) -> Result<Vec<i64>> {
     let tok = model
         .tokenizer
         .as_ref()
         .ok_or_else(|| Error::Tokenizer(format!("model `{}` has no tokenizer", model.name)))?;
+    let text = norm.apply(WIKITEXT2_TEST);
     let mut chars = (need * 8).max(4096);
     loop {
-        let end = WIKITEXT2_TEST
+        let end = text
             .char_indices()
             .nth(chars)
-            .map_or(WIKITEXT2_TEST.len(), |(i, _)| i);
+            .map_or(text.len(), |(i, _)| i);
         let enc = tok
-            .encode(&WIKITEXT2_TEST[..end], false)
+            .encode(&text[..end], false)
             .map_err(|e| Error::Tokenizer(e.to_string()))?;
         // Drop the last few tokens: the cut may have split a word.
         let ids: Vec<i64> = enc.get_ids().iter().map(|&x| x as i64).collect();
-        if ids.len() > need + 8 || end == WIKITEXT2_TEST.len() {
+        if ids.len() > need + 8 || end == text.len() {
             if ids.len() < need {
                 return Err(Error::Spectrum(format!(
                     "WikiText-2 test has {} tokens, {need} needed",
@@ -289,11 +358,11 @@ pub struct PplRow {
     pub shared_with: Option<String>,
 }
 
-/// Settings of the perplexity evaluation.
+/// Settings of the perplexity evaluation (the protocol is in the [module docs](self)).
 #[derive(Debug, Clone)]
 pub struct PplOptions {
     /// Context tokens `n` (its first `n − 1` are prefilled and compressed; the decode side
-    /// feeds the last one and the continuation).
+    /// feeds the last one, uncompressed, and the continuation).
     pub context: usize,
     /// Continuation tokens `m` scored.
     pub continuation: usize,
@@ -307,6 +376,8 @@ pub struct PplOptions {
     pub protect: Protect,
     /// Execution policy.
     pub policy: ExecPolicy,
+    /// How the text behind the token stream was normalized (recorded in the table).
+    pub text: TextNorm,
 }
 
 /// Perplexity rows of every window over the token stream `text_ids`.
@@ -318,8 +389,10 @@ pub fn perplexity(model: &Decoder, text_ids: &[i64], o: &PplOptions) -> Result<V
     Ok(rows)
 }
 
-/// Perplexity rows of window `w`: one prefill and scoring, shared by every variant; variants
-/// with the same [`ShareKey`] are measured once (`shared_with`).
+/// Perplexity rows of window `w`: one prefill and scoring of its first `n − 1` tokens, shared
+/// by every variant; each variant's compressed cache then takes token `n − 1` and the
+/// continuation teacher-forced, and all `m` continuation tokens are scored. Variants with the
+/// same [`ShareKey`] are measured once (`shared_with`).
 pub fn perplexity_window(
     model: &Decoder,
     text_ids: &[i64],
@@ -484,6 +557,7 @@ pub fn ppl_table(rows: &[PplRow], model: &str, o: &PplOptions) -> Table {
         .with("importance", Column::Str(vec![o.importance.describe(); n]))
         .with("sinks", Column::U32(vec![o.protect.sinks as u32; n]))
         .with("recent", Column::U32(vec![o.protect.recent as u32; n]))
+        .with("text", Column::Str(vec![o.text.name().to_string(); n]))
 }
 
 /// RULER's noise haystack sentences.

@@ -38,11 +38,11 @@ enum Marker {
     Square,
 }
 
-/// Line dash and marker of a quantizer: `lab-compat` dashed with triangles, `none` (PDTrim)
-/// solid with squares, the rest (`kivi`) solid with circles.
+/// Line dash and marker of a quantizer: `lab-compat` and `lab-compat-token` dashed with
+/// triangles, `none` (PDTrim) solid with squares, the rest (`kivi`) solid with circles.
 fn quantizer_style(q: &str) -> (bool, Marker) {
     match q {
-        "lab-compat" => (true, Marker::Triangle),
+        "lab-compat" | "lab-compat-token" => (true, Marker::Triangle),
         "none" => (false, Marker::Square),
         _ => (false, Marker::Circle),
     }

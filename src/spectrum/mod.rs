@@ -2,7 +2,8 @@
 //! precision tiers chosen per token (FP16, INT8, INT4 or dropped) under a byte budget.
 //!
 //! - [`quant`]: group-wise quantization of one tier's gathered tokens (KIVI: keys per channel,
-//!   values per token, asymmetric min/max; `lab-compat`: symmetric per token) and bit packing.
+//!   values per token, asymmetric min/max; `lab-compat`: symmetric per token per KV head;
+//!   `lab-compat-token`: symmetric per token over all heads) and bit packing.
 //! - [`tiers`]: the tiered representation of a cache ([`tiers::TieredKv`]), built from a dense
 //!   cache and a per-token [`Tier`] plan, restored into an ordinary [`crate::KvCache`] (dropped
 //!   tokens masked at their original positions), and its exact byte accounting.
@@ -68,9 +69,12 @@ pub enum Quantizer {
     /// KIVI: keys per channel (groups of tokens), values per token (groups of channels),
     /// asymmetric min/max with an fp16 scale and zero point per group.
     Kivi,
-    /// The public kvcache-lab code's scheme: symmetric per token over all heads and channels,
-    /// one fp16 scale per token for K and one for V.
+    /// The public kvcache-lab code's cache path: symmetric per token per KV head, one fp16
+    /// scale `max|x| / (2^(bits−1) − 1)` per token and head (over its channels) for K and V.
     LabCompat,
+    /// Symmetric per token over all KV heads and channels: one fp16 scale per token for K
+    /// and one for V (the kvcache-lab perplexity path's granularity, applied post-RoPE here).
+    LabCompatToken,
 }
 
 impl Quantizer {
@@ -79,6 +83,7 @@ impl Quantizer {
         match self {
             Quantizer::Kivi => "kivi",
             Quantizer::LabCompat => "lab-compat",
+            Quantizer::LabCompatToken => "lab-compat-token",
         }
     }
 }

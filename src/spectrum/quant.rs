@@ -5,8 +5,10 @@
 //! tokens of one head and channel) and values per token (each group: up to [`GROUP`] channels
 //! of one head and token); each group has an fp16 scale `(max − min) / (2^bits − 1)` and an
 //! fp16 zero point `min`, codes are `round((x − zero) / scale)` clamped to `0..2^bits`.
-//! [`Quantizer::LabCompat`] has one fp16 scale `max|x| / (2^(bits−1) − 1)` per token over all
-//! heads and channels, codes `round(x / scale)` stored with an offset of `2^(bits−1)`.
+//! [`Quantizer::LabCompat`] has one fp16 scale `max|x| / (2^(bits−1) − 1)` per token and KV
+//! head (over the head's channels; scales in the row-major order of `[Hkv, m]`),
+//! [`Quantizer::LabCompatToken`] one per token over all heads and channels (`[m]`); both store
+//! codes `round(x / scale)` with an offset of `2^(bits−1)`.
 //!
 //! Codes are laid out in the row-major order of `[Hkv, m, D]`; INT4 packs element `2i` in
 //! the low nibble and `2i + 1` in the high nibble of byte `i`. Scales and zeros are fp16
@@ -76,7 +78,8 @@ pub fn block_sizes(tier: Tier, q: Quantizer, side: Side, s: BlockShape) -> (usiz
                 (Quantizer::Kivi, Side::Value) => {
                     (s.heads * s.tokens) as usize * groups(s.head_dim)
                 }
-                (Quantizer::LabCompat, _) => s.tokens as usize,
+                (Quantizer::LabCompat, _) => (s.heads * s.tokens) as usize,
+                (Quantizer::LabCompatToken, _) => s.tokens as usize,
             };
             let zeros = if q == Quantizer::Kivi { 2 * n } else { 0 };
             (payload, 2 * n, zeros)
@@ -141,9 +144,15 @@ pub fn encode(x: &Tensor, tier: Tier, q: Quantizer, side: Side) -> Result<Block>
             let (codes, scale, zero) = asymmetric(&grouped, bits)?;
             (codes.f_reshape([h, m, d])?, scale, Some(zero))
         }
-        Quantizer::LabCompat => {
+        Quantizer::LabCompat | Quantizer::LabCompatToken => {
             let qmax = ((1 << (bits - 1)) - 1) as f64;
-            let amax = x.f_abs()?.f_amax([0, 2], true)?;
+            // Per head: the max over channels; per token: over heads and channels.
+            let dims: &[i64] = if q == Quantizer::LabCompat {
+                &[2]
+            } else {
+                &[0, 2]
+            };
+            let amax = x.f_abs()?.f_amax(dims, true)?;
             let scale = amax.f_div_scalar(qmax)?.f_to_kind(Kind::Half)?;
             let s = nonzero(&scale.f_to_kind(Kind::Float)?)?;
             let codes = x
@@ -281,11 +290,12 @@ pub fn decode(
                 .f_narrow(1, 0, n)?
                 .f_reshape([h, m, d])?
         }
-        Quantizer::LabCompat => {
+        Quantizer::LabCompat | Quantizer::LabCompatToken => {
             let offset = (1i64 << (tier.bits() - 1)) as f64;
+            let per = if q == Quantizer::LabCompat { h } else { 1 };
             codes
                 .f_sub_scalar(offset)?
-                .f_mul(&scales.f_view([1, m, 1])?)?
+                .f_mul(&scales.f_view([per, m, 1])?)?
         }
     };
     Ok(x.f_to_kind(out)?)

@@ -2,7 +2,7 @@
 //! validated completely before anything runs.
 use super::Quantizer;
 use super::allocate::{Policy, Protect};
-use super::eval::Variant;
+use super::eval::{TextNorm, Variant};
 use super::importance::ImportanceSpec;
 use crate::exec::PolicyKind;
 use crate::model::Decoder;
@@ -62,6 +62,9 @@ pub struct PplSpec {
     pub policies: Vec<String>,
     /// Quantizers of the INT tiers.
     pub quantizers: Vec<Quantizer>,
+    /// Text normalization before tokenization: `lf` (CRLF → LF, the default) or `raw`.
+    #[serde(default)]
+    pub text: TextNorm,
 }
 
 /// NIAH section.
@@ -113,6 +116,9 @@ pub struct ProbeSpec {
     /// Gate: windows.
     #[serde(default = "default_gate_windows")]
     pub gate_windows: usize,
+    /// Gate: text normalization of the windows (`lf`, the default, or `raw`).
+    #[serde(default)]
+    pub gate_text: TextNorm,
     /// Gate: INT4 allowed iff PPL(uniform INT4) / PPL(uncompressed) ≤ this.
     #[serde(default = "default_gate_ratio")]
     pub gate_max_ppl_ratio: f64,

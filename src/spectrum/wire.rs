@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! header (40 bytes)
-//!   0  magic "SPKV"          4  version u16 (1)     6  quantizer u8 (0 kivi, 1 lab-compat)
+//!   0  magic "SPKV"          4  version u16 (1)     6  quantizer u8 (0 kivi,
+//!                                                    1 lab-compat-token, 2 lab-compat)
 //!   7  16-bit type u8 (0 fp16, 1 bf16)              8  group size u16 (32)
 //!  10  index width u8 (2 if len ≤ 65536, else 4)   11  reserved u8 (0)
 //!  12  layers u32   16  kv heads u32   20  head dim u32   24  context len u32
@@ -31,6 +32,15 @@ pub const HEADER: usize = 40;
 /// Bytes of the fingerprint trailer.
 pub const TRAILER: usize = 32;
 const MAGIC: &[u8; 4] = b"SPKV";
+/// The quantizer's code in header byte 6 (code 1 is the per-token scheme, code 2 per head).
+fn quantizer_code(q: Quantizer) -> u8 {
+    match q {
+        Quantizer::Kivi => 0,
+        Quantizer::LabCompatToken => 1,
+        Quantizer::LabCompat => 2,
+    }
+}
+
 /// Largest accepted layer count, head count and head width (a frame claiming more is bad).
 const MAX_DIM: u32 = 4096;
 /// Largest accepted context length.
@@ -77,10 +87,7 @@ pub fn encode(t: &TieredKv) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(frame_len(t.shape, t.len, counts, t.quantizer));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
-    out.push(match t.quantizer {
-        Quantizer::Kivi => 0,
-        Quantizer::LabCompat => 1,
-    });
+    out.push(quantizer_code(t.quantizer));
     out.push(u8::from(t.wire16 == Kind::BFloat16));
     out.extend_from_slice(&(GROUP as u16).to_le_bytes());
     let width = index_width(t.len);
@@ -154,7 +161,8 @@ pub fn decode(bytes: &[u8]) -> Result<TieredKv> {
     }
     let quantizer = match bytes[6] {
         0 => Quantizer::Kivi,
-        1 => Quantizer::LabCompat,
+        1 => Quantizer::LabCompatToken,
+        2 => Quantizer::LabCompat,
         x => return bad(format!("unknown quantizer {x}")),
     };
     let wire16 = match bytes[7] {
