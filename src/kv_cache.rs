@@ -591,6 +591,14 @@ impl KvCache {
         Ok(())
     }
 
+    /// Keep a mask of skipped positions (all false if none was kept), so that every later
+    /// mask lands in the same storage. A captured CUDA graph reads the mask it saw at capture:
+    /// a cache whose steps are captured must hold one before the first capture, or masks that
+    /// rows bring later (refills of masked snapshots) would not be seen.
+    pub(crate) fn keep_mask(&mut self) -> Result<()> {
+        self.mask().map(|_| ())
+    }
+
     /// The mask of skipped positions (a view sharing its storage), made all-false first if
     /// none was kept.
     fn mask(&mut self) -> Result<Tensor> {

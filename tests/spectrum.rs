@@ -715,6 +715,81 @@ fn allocation_meets_the_budget_and_promotes_by_importance() -> Result<()> {
     Ok(())
 }
 
+/// `snapkv` keeps the most important tokens at FP16 (binary, importance-ranked) and
+/// `spectrum-position` tiers by recency; both meet the budget. Controls: `snapkv` keeps a
+/// different set than PDTrim on scores that do not rise with position, `spectrum-position`
+/// ignores the scores (reversing them leaves its plan unchanged) while `spectrum` does not.
+#[test]
+fn importance_binary_and_position_tiered_baselines() -> Result<()> {
+    let shape = KvShape {
+        layers: 4,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let n = 600;
+    let scores: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64).collect();
+    let reversed: Vec<f64> = scores.iter().map(|s| -s).collect();
+    let budget = |b: f64| Budget {
+        b,
+        shape,
+        quantizer: Quantizer::Kivi,
+        protect: Protect::default(),
+    };
+    for b in [0.2, 0.3, 0.5, 0.8] {
+        let snap = allocate::allocate(Policy::SnapKv, &scores, &budget(b))?;
+        let pd = allocate::allocate(Policy::PdTrim, &scores, &budget(b))?;
+        assert!(budget(b).real_b(&snap) <= b);
+        // Same byte budget, same count of FP16 tokens, nothing quantized.
+        assert_eq!(snap.counts(), pd.counts(), "b={b}");
+        assert_eq!(snap.counts()[1] + snap.counts()[2], 0);
+        let t = snap.tiers();
+        assert!(t[..4].iter().chain(&t[n - 32..]).all(|&x| x == Tier::Fp16));
+        for i in 4..n - 32 {
+            for j in 4..n - 32 {
+                if t[i] == Tier::Fp16 && t[j] == Tier::Drop {
+                    assert!(scores[i] >= scores[j], "b={b}: kept {i} below dropped {j}");
+                }
+            }
+        }
+        assert_ne!(
+            snap.tiers(),
+            pd.tiers(),
+            "b={b}: snapkv chose PDTrim's tokens"
+        );
+
+        let pos = allocate::allocate(Policy::SpectrumPosition, &scores, &budget(b))?;
+        let pos_rev = allocate::allocate(Policy::SpectrumPosition, &reversed, &budget(b))?;
+        let tiered = allocate::allocate(Policy::Spectrum { int4: true }, &scores, &budget(b))?;
+        let tiered_rev =
+            allocate::allocate(Policy::Spectrum { int4: true }, &reversed, &budget(b))?;
+        assert!(budget(b).real_b(&pos) <= b);
+        assert_eq!(
+            pos.tiers(),
+            pos_rev.tiers(),
+            "b={b}: position tiers read the scores"
+        );
+        assert_ne!(
+            tiered.tiers(),
+            tiered_rev.tiers(),
+            "b={b}: spectrum ignores the scores"
+        );
+        // Later unprotected tokens sit at a tier at least as high as earlier ones.
+        let rank = |x: Tier| match x {
+            Tier::Fp16 => 3,
+            Tier::Int8 => 2,
+            Tier::Int4 => 1,
+            Tier::Drop => 0,
+        };
+        let pt = pos.tiers();
+        assert!((4..n - 33).all(|i| rank(pt[i]) <= rank(pt[i + 1])), "b={b}");
+    }
+    for name in ["snapkv", "spectrum-position"] {
+        assert_eq!(Policy::parse(name)?.name(), name);
+    }
+    assert!(allocate::allocate(Policy::SnapKv, &scores, &budget(0.01)).is_err());
+    Ok(())
+}
+
 #[test]
 fn decode_worker_over_loopback_matches_in_process_and_survives_bad_frames() -> Result<()> {
     use kvcredit::spectrum::transport::{self, ServeOptions};

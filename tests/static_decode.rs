@@ -349,3 +349,36 @@ fn key_padding_moves_every_replica_step_off_exacts_key_axis() -> Result<()> {
     }
     Ok(())
 }
+
+/// Masked rows refilled into a static batch whose first steps ran unmasked decode bitwise as
+/// eager does, on every fixture architecture; the control (the same rows refilled without
+/// their masks) decodes differently on every row, so an ignored mask would fail the check.
+#[test]
+fn masked_rows_refilled_into_a_static_batch_decode_as_eager() -> Result<()> {
+    use kvcredit::decode::mask_check::{self, MaskCheckOptions};
+    for name in FIXTURES {
+        let model = load(&fixture(name), Kind::Float)?;
+        let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
+        let c = mask_check::run(
+            &model,
+            policy,
+            EngineMode::Static,
+            &MaskCheckOptions::default(),
+        )?;
+        assert_eq!(c.rows_equal, c.rows, "{name}: {c:?}");
+        assert_eq!(c.control_rows_differ, c.rows, "{name}: {c:?}");
+        assert!(c.passed());
+    }
+    let model = load(&fixture("llama"), Kind::Float)?;
+    let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
+    assert!(
+        mask_check::run(
+            &model,
+            policy,
+            EngineMode::Eager,
+            &MaskCheckOptions::default()
+        )
+        .is_err()
+    );
+    Ok(())
+}

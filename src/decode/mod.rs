@@ -3,5 +3,6 @@
 //! in the eager, static or CUDA-graph mode ([`stepper`]), and the batch schedules of a pass
 //! ([`schedule`]).
 pub mod engine;
+pub mod mask_check;
 pub mod schedule;
 pub mod stepper;

@@ -48,7 +48,9 @@ struct StaticState {
 pub const CAPACITY_ALIGN: i64 = 8;
 
 /// The static modes' cache (at least `min_capacity` positions per row, rounded up to
-/// [`CAPACITY_ALIGN`], then `key_pad` more) and device inputs.
+/// [`CAPACITY_ALIGN`], then `key_pad` more, with a mask of skipped positions from the start:
+/// the steps a graph captures read it whether or not a row masks anything yet) and device
+/// inputs.
 fn static_buffers(
     model: &Decoder,
     parts: &[(&KvCache, Snapshot)],
@@ -59,7 +61,8 @@ fn static_buffers(
     let longest = parts.iter().map(|(_, s)| s.len).max().unwrap_or(0);
     let cap = min_capacity.max(longest + extra as i64);
     let cap = (cap + CAPACITY_ALIGN - 1) / CAPACITY_ALIGN * CAPACITY_ALIGN + key_pad;
-    let cache = KvCache::gather(parts, cap - longest)?;
+    let mut cache = KvCache::gather(parts, cap - longest)?;
+    cache.keep_mask()?;
     let io = Tensor::f_zeros([parts.len() as i64, 4], (Kind::Int64, model.device()))?;
     Ok((
         cache,

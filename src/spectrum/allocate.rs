@@ -5,6 +5,11 @@
 //!   at the lowest allowed tier (INT4, or INT8 when INT4 is not allowed); the most important
 //!   are promoted INT4→INT8, then INT8→FP16, while the frame fits; when even the lowest tier
 //!   does not fit, the least important are dropped until it does.
+//! - [`Policy::SpectrumPosition`]: the same tiers with recency in place of importance (later
+//!   tokens rank higher), so the difference to `spectrum` is what the importance scores add.
+//! - [`Policy::SnapKv`]: binary keep/drop at FP16 with importance — the most important
+//!   unprotected tokens kept, as many as fit, the rest dropped. Against `spectrum` it isolates
+//!   precision tiering, importance held fixed; against `pdtrim` it isolates importance.
 //! - [`Policy::PdTrim`]: binary keep/drop at FP16 — the sinks and the most recent tokens, as
 //!   many as fit. [`Policy::PdTrimFirst`] keeps the first `⌊b·n·f⌋` and the most recent.
 //! - [`Policy::Uniform`]: every unprotected token at one tier, whatever it costs.
@@ -41,6 +46,10 @@ pub enum Policy {
         /// Whether INT4 may be used (the probe's verdict).
         int4: bool,
     },
+    /// [`Policy::Spectrum`]'s tiers ranked by position (most recent first), not importance.
+    SpectrumPosition,
+    /// The most important unprotected tokens at FP16, the rest dropped, at the budget.
+    SnapKv,
     /// Sinks + most recent at FP16, the rest dropped, at the budget.
     PdTrim,
     /// The first `⌊b·n·first⌋` + most recent at FP16, the rest dropped, at the budget.
@@ -53,12 +62,14 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// Parse `spectrum`, `spectrum-2tier`, `pdtrim`, `pdtrim-first`, `uniform-int8`,
-    /// `uniform-int4`, `uniform-fp16`.
+    /// Parse `spectrum`, `spectrum-2tier`, `spectrum-position`, `snapkv`, `pdtrim`,
+    /// `pdtrim-first`, `uniform-int8`, `uniform-int4`, `uniform-fp16`.
     pub fn parse(s: &str) -> Result<Policy> {
         Ok(match s {
             "spectrum" => Policy::Spectrum { int4: true },
             "spectrum-2tier" => Policy::Spectrum { int4: false },
+            "spectrum-position" => Policy::SpectrumPosition,
+            "snapkv" => Policy::SnapKv,
             "pdtrim" => Policy::PdTrim,
             "pdtrim-first" => Policy::PdTrimFirst { first: 0.5 },
             "uniform-fp16" => Policy::Uniform(Tier::Fp16),
@@ -66,8 +77,8 @@ impl Policy {
             "uniform-int4" => Policy::Uniform(Tier::Int4),
             _ => {
                 return Err(Error::Spectrum(format!(
-                    "unknown policy `{s}` (spectrum, spectrum-2tier, pdtrim, pdtrim-first, \
-                     uniform-fp16, uniform-int8, uniform-int4)"
+                    "unknown policy `{s}` (spectrum, spectrum-2tier, spectrum-position, snapkv, \
+                     pdtrim, pdtrim-first, uniform-fp16, uniform-int8, uniform-int4)"
                 )));
             }
         })
@@ -78,6 +89,8 @@ impl Policy {
         match self {
             Policy::Spectrum { int4: true } => "spectrum",
             Policy::Spectrum { int4: false } => "spectrum-2tier",
+            Policy::SpectrumPosition => "spectrum-position",
+            Policy::SnapKv => "snapkv",
             Policy::PdTrim => "pdtrim",
             Policy::PdTrimFirst { .. } => "pdtrim-first",
             Policy::Uniform(Tier::Fp16) => "uniform-fp16",
@@ -89,6 +102,11 @@ impl Policy {
     /// Whether the policy reads the budget.
     pub fn uses_budget(&self) -> bool {
         !matches!(self, Policy::Uniform(_))
+    }
+
+    /// Whether the plan depends on the importance scores.
+    pub fn uses_importance(&self) -> bool {
+        matches!(self, Policy::Spectrum { .. } | Policy::SnapKv)
     }
 }
 
@@ -137,9 +155,14 @@ pub fn allocate(policy: Policy, scores: &[f64], budget: &Budget) -> Result<TierP
             *t = Tier::Fp16;
         }
     }
-    // Unprotected tokens, most important first (ties: later position first).
+    // Unprotected tokens, most important first (ties: later position first); by position
+    // alone for the policies that ignore importance.
     let mut order: Vec<usize> = (0..n).filter(|&i| !protected(i)).collect();
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(b.cmp(&a)));
+    if policy.uses_importance() {
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(b.cmp(&a)));
+    } else {
+        order.reverse();
+    }
     let floor_cost = cost([n_protected, 0, 0]);
     let too_small = || {
         Error::Spectrum(format!(
@@ -154,10 +177,11 @@ pub fn allocate(policy: Policy, scores: &[f64], budget: &Budget) -> Result<TierP
                 tiers[i] = tier;
             }
         }
-        Policy::Spectrum { int4 } => {
+        Policy::Spectrum { .. } | Policy::SpectrumPosition => {
             if floor_cost > limit {
                 return Err(too_small());
             }
+            let int4 = !matches!(policy, Policy::Spectrum { int4: false });
             let low = if int4 { Tier::Int4 } else { Tier::Int8 };
             let slot = |t: Tier| Tier::STORED.iter().position(|&s| s == t).expect("stored");
             let mut counts = [n_protected, 0, 0];
@@ -192,15 +216,19 @@ pub fn allocate(policy: Policy, scores: &[f64], budget: &Budget) -> Result<TierP
                 }
             }
         }
+        Policy::SnapKv => {
+            if floor_cost > limit {
+                return Err(too_small());
+            }
+            for &i in order.iter().take(fp16_fit(n, n_protected, limit, cost)) {
+                tiers[i] = Tier::Fp16;
+            }
+        }
         Policy::PdTrim | Policy::PdTrimFirst { .. } => {
             if floor_cost > limit {
                 return Err(too_small());
             }
-            // Tokens kept beyond the protected ones.
-            let mut extra = 0;
-            while n_protected + extra < n && cost([n_protected + extra + 1, 0, 0]) <= limit {
-                extra += 1;
-            }
+            let extra = fp16_fit(n, n_protected, limit, cost);
             let first = match policy {
                 Policy::PdTrimFirst { first } => {
                     ((budget.b * n as f64 * first).floor() as usize).min(extra)
@@ -217,4 +245,18 @@ pub fn allocate(policy: Policy, scores: &[f64], budget: &Budget) -> Result<TierP
         }
     }
     Ok(TierPlan::new(tiers))
+}
+
+/// How many tokens beyond the `n_protected` fit at FP16 within `limit` bytes.
+fn fp16_fit(
+    n: usize,
+    n_protected: usize,
+    limit: usize,
+    cost: impl Fn([usize; 3]) -> usize,
+) -> usize {
+    let mut extra = 0;
+    while n_protected + extra < n && cost([n_protected + extra + 1, 0, 0]) <= limit {
+        extra += 1;
+    }
+    extra
 }
