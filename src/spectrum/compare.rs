@@ -174,6 +174,12 @@ impl PplDiff {
         if self.identical {
             return format!("identical on all {} windows", self.windows);
         }
+        if self.sd == Some(0.0) {
+            return format!(
+                "the same difference on all {} windows (no spread, no test)",
+                self.windows
+            );
+        }
         match self.p_holm {
             Some(p) if p < ALPHA && self.mean < 0.0 => {
                 format!("{} lower Δ% (Holm p < {ALPHA})", self.a.0)
@@ -389,6 +395,54 @@ mod tests {
         // Nothing across budgets.
         assert_eq!(has("spectrum", Some(0.3), "snapkv"), 0);
         assert!(p.iter().all(|(a, r, _)| a != r));
+    }
+
+    fn ppl_row(policy: &str, window: u32, nll: f64) -> PplRow {
+        PplRow {
+            policy: policy.into(),
+            quantizer: "none".into(),
+            b: Some(0.5),
+            b_real: 0.5,
+            bytes: 1,
+            window,
+            tiers: [1, 0, 0, 0],
+            nll,
+            nll_base: 10.0,
+            tokens: 10,
+            kl: 0.0,
+            top1_agree: 1.0,
+            shared_with: None,
+        }
+    }
+
+    #[test]
+    fn verdicts_claim_no_more_than_their_test() -> Result<()> {
+        let keys = vec![
+            key("snapkv", "none", Some(0.5)),
+            key("pdtrim", "none", Some(0.5)),
+        ];
+        let verdict = |gap: &dyn Fn(u32) -> f64| -> Result<String> {
+            let rows: Vec<PplRow> = (0..8)
+                .flat_map(|w| {
+                    let base = 11.0 + 0.1 * f64::from(w % 3);
+                    [
+                        ppl_row("snapkv", w, base + gap(w)),
+                        ppl_row("pdtrim", w, base),
+                    ]
+                })
+                .collect();
+            let d = ppl_diffs(&rows, &keys)?;
+            assert_eq!(d.len(), 1);
+            Ok(d[0].verdict())
+        };
+        assert_eq!(verdict(&|_| 0.0)?, "identical on all 8 windows");
+        // 1.0 to 1.2 nats lower on every window: snapkv better, decided.
+        let v = verdict(&|w| -1.0 - 0.2 * f64::from(w % 2))?;
+        assert_eq!(v, "snapkv lower Δ% (Holm p < 0.05)");
+        // Negative control: a gap that flips sign is not a finding.
+        let v = verdict(&|w| if w % 2 == 0 { 0.3 } else { -0.3 })?;
+        assert_eq!(v, "not distinguishable at 8 windows");
+        Ok(())
     }
 
     #[test]
