@@ -782,7 +782,7 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         PPL_STEM,
         (!ppl_panels.is_empty())
             .then(|| render(&PplFigure { panels: ppl_panels }, &out.join(PPL_STEM))),
-        "PPL Δ% vs budget b, one panel per model; a line per policy × quantizer (colour: policy; dashed/triangles: lab-compat, squares: PDTrim), single markers for the uniform tiers at their real budget; error bars: 95% t-interval over windows (none with one window).",
+        "PPL Δ% vs budget b, one panel per model; a line per policy × quantizer (colour: policy; dashed/triangles: lab-compat and lab-compat-token, squares: keep/drop at FP16, i.e. PDTrim and snapkv), single markers for the uniform tiers at their real budget; error bars: 95% t-interval over windows (none with one window).",
     )?;
     figure(
         NIAH_STEM,
