@@ -918,7 +918,7 @@ fn bad_specs_fail_with_one_line_before_anything_runs() {
             "budget 0",
         ),
         (
-            format!("{base}{ppl}budgets = [0.5]\npolicies = [\"snapkv\"]\n"),
+            format!("{base}{ppl}budgets = [0.5]\npolicies = [\"h2o\"]\n"),
             "unknown policy",
         ),
         (
@@ -1269,5 +1269,224 @@ fn ppl_records_its_text_and_refuses_a_journal_of_other_settings() {
     std::fs::write(&journal, &written).unwrap();
     let (code, _, err) = run(&spec(""), &lf);
     assert_eq!(code, 0, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A journal of `rows` per unit after `header`.
+fn write_journal<R: serde::Serialize>(path: &Path, header: &str, units: Vec<(String, Vec<R>)>) {
+    let mut text = format!("{header}\n");
+    for (unit, rows) in units {
+        text.push_str(&serde_json::json!({"unit": unit, "rows": rows}).to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn report_pairs_policies_per_window_with_holm_and_power() -> Result<()> {
+    use kvcredit::spectrum::compare;
+    use kvcredit::spectrum::eval::{NiahRow, PplRow};
+    use kvcredit::spectrum::report;
+    let dir = common::scratch("spectrum", "report-paired");
+    let run = dir.join("spectrum-tiny");
+    std::fs::create_dir_all(&run).unwrap();
+    let row = |policy: &str, quantizer: &str, b: Option<f64>, window: u32, nll: f64| PplRow {
+        policy: policy.into(),
+        quantizer: quantizer.into(),
+        b,
+        b_real: 0.5,
+        bytes: 100,
+        window,
+        tiers: [1, 1, 1, 0],
+        nll,
+        nll_base: 10.0,
+        tokens: 10,
+        kl: 0.0,
+        top1_agree: 1.0,
+        shared_with: None,
+    };
+    let windows = 12u32;
+    let units: Vec<(String, Vec<PplRow>)> = (0..windows)
+        .map(|w| {
+            let noise = 0.01 * f64::from(w % 4);
+            let spectrum = 10.2 + noise;
+            let rows = vec![
+                row("spectrum", "kivi", Some(0.5), w, spectrum),
+                // Same rows: identical on every window.
+                row("spectrum-position", "kivi", Some(0.5), w, spectrum),
+                // ± 0.002 around the tiered policy: no difference to find.
+                row(
+                    "snapkv",
+                    "none",
+                    Some(0.5),
+                    w,
+                    spectrum + if w % 2 == 0 { 0.002 } else { -0.002 },
+                ),
+                // Far worse on every window.
+                row("pdtrim", "none", Some(0.5), w, 13.0 + noise),
+                row("uniform-int8", "kivi", None, w, 10.05 + 0.5 * noise),
+            ];
+            (format!("window {w}"), rows)
+        })
+        .collect();
+    let header = serde_json::json!({"section": "ppl", "model": "tiny",
+        "grid": {"context": 64, "continuation": 8, "windows": windows, "text": "lf"}});
+    write_journal(&run.join("ppl.rows.jsonl"), &header.to_string(), units);
+    let niah = |policy: &str, depth: f64, seed: u64, correct: bool| NiahRow {
+        policy: policy.into(),
+        quantizer: if policy == "spectrum" { "kivi" } else { "none" }.into(),
+        b: (policy != "full").then_some(0.5),
+        b_real: (policy != "full").then_some(0.5),
+        depth,
+        seed,
+        prompt_len: 100,
+        value: "42".into(),
+        answer: String::new(),
+        correct,
+        prompt_format: "text".into(),
+        shared_with: None,
+    };
+    let mut units = Vec::new();
+    for seed in 0..3u64 {
+        for d in 0..10 {
+            let depth = f64::from(d) / 9.0;
+            let rows = vec![
+                niah("full", depth, seed, true),
+                niah("spectrum", depth, seed, true),
+                niah("snapkv", depth, seed, true),
+                niah("pdtrim", depth, seed, false),
+            ];
+            units.push((format!("depth {depth} seed {seed}"), rows));
+        }
+    }
+    let header = r#"{"section":"niah","grid":{"depths":10}}"#;
+    write_journal(&run.join("niah.rows.jsonl"), header, units);
+    let md = report::report(std::slice::from_ref(&run), &dir.join("out"))?;
+    // The protocol, from the journal's settings.
+    assert!(
+        md.contains("text `lf` (CRLF line ends → LF before tokenization)")
+            && md.contains("The first n − 1 = 63 context tokens are compressed")
+            && md.contains("the first included, is scored against the compressed cache"),
+        "{md}"
+    );
+    let line = |prefix: &str| -> String {
+        md.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row `{prefix}`:\n{md}"))
+            .to_string()
+    };
+    let r = line("| 0.5 | spectrum kivi | pdtrim none | 12 |");
+    assert!(r.ends_with("| spectrum lower Δ% (Holm p < 0.05) |"), "{r}");
+    let r = line("| 0.5 | spectrum kivi | snapkv none | 12 |");
+    assert!(r.ends_with("| not distinguishable at 12 windows |"), "{r}");
+    let r = line("| 0.5 | spectrum kivi | spectrum-position kivi | 12 |");
+    assert!(r.ends_with("| identical on all 12 windows |"), "{r}");
+    let r = line("| 0.5 | snapkv none | pdtrim none | 12 |");
+    assert!(r.ends_with("| snapkv lower Δ% (Holm p < 0.05) |"), "{r}");
+    line("| 0.5 | spectrum kivi | uniform-int8 kivi | 12 |");
+    line("| 0.5 | pdtrim none | uniform-int8 kivi | 12 |");
+    assert!(md.contains("Power: the median MDE is "), "{md}");
+    // Holm never lowers a p-value; the pairs' windows are the shared ones.
+    let rows: Vec<PplRow> = report::read_journal(&run.join("ppl.rows.jsonl"))?;
+    let keys: Vec<compare::Key> = rows
+        .iter()
+        .take(5)
+        .map(|r| (r.policy.clone(), r.quantizer.clone(), r.b))
+        .collect();
+    let diffs = compare::ppl_diffs(&rows, &keys)?;
+    assert!(diffs.len() >= 8);
+    for d in &diffs {
+        if let (Some(p), Some(h)) = (d.p, d.p_holm) {
+            assert!(h >= p, "{d:?}");
+        }
+    }
+    // Negative control: without the shared windows there is no pair.
+    let early: Vec<PplRow> = rows
+        .iter()
+        .filter(|r| r.policy != "pdtrim" || r.window >= 100)
+        .cloned()
+        .collect();
+    let none = compare::ppl_diffs(&early, &keys)?;
+    assert!(none.iter().all(|d| d.r.0 != "pdtrim" && d.a.0 != "pdtrim"));
+    // NIAH: 30 haystacks over 3 seeds, paired by haystack.
+    let r = line("| 0.5 | spectrum kivi | pdtrim none | 30 (3) | 30 / 0 | 30 / 0 |");
+    assert!(
+        r.ends_with("| spectrum more accurate (Holm p < 0.05) |"),
+        "{r}"
+    );
+    let r = line("| 0.5 | spectrum kivi | snapkv none | 30 (3) |");
+    assert!(
+        r.ends_with("| not distinguishable at 30 haystacks |"),
+        "{r}"
+    );
+    // A journal without the text setting says so.
+    let text = std::fs::read_to_string(run.join("ppl.rows.jsonl")).unwrap();
+    let old = text.replacen(",\"text\":\"lf\"", "", 1);
+    assert_ne!(old, text);
+    std::fs::write(run.join("ppl.rows.jsonl"), old).unwrap();
+    let md = report::report(&[run], &dir.join("out"))?;
+    assert!(md.contains("text not recorded"), "{md}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+#[test]
+fn report_on_a_tiny_cpu_grid_pairs_the_baselines() {
+    let dir = common::scratch("spectrum", "report-grid");
+    let model = common::chat_fixture(&dir.join("model"), 4096);
+    let spec = dir.join("spec.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name = \"t\"\nmodel = \"{}\"\ndtype = \"fp32\"\n[protect]\nsinks = 2\nrecent = 4\n\
+             [ppl]\ncontext = 48\ncontinuation = 8\nwindows = 3\nbudgets = [0.5]\n\
+             policies = [\"spectrum\", \"spectrum-position\", \"snapkv\", \"pdtrim\", \"uniform-int8\"]\n\
+             quantizers = [\"kivi\"]\n\
+             [niah]\ncontext = 150\ndepths = 2\nseeds = 2\nbudgets = [0.5]\n\
+             policies = [\"spectrum\", \"snapkv\", \"pdtrim\"]\nquantizers = [\"kivi\"]\nmax_new_tokens = 3\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let run = dir.join("run");
+    for section in ["ppl", "niah"] {
+        let (code, _, err) = common::kvcredit(&[
+            "spectrum",
+            section,
+            spec.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+            "--quiet",
+        ]);
+        assert_eq!(code, 0, "{section}: {err}");
+    }
+    let out = dir.join("report");
+    let (code, _, err) = common::kvcredit(&[
+        "spectrum",
+        "report",
+        run.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for prefix in [
+        "| 0.5 | spectrum kivi | pdtrim none | 3 |",
+        "| 0.5 | spectrum kivi | snapkv none | 3 |",
+        "| 0.5 | spectrum kivi | spectrum-position kivi | 3 |",
+        "| 0.5 | snapkv none | pdtrim none | 3 |",
+        "| 0.5 | spectrum kivi | uniform-int8 kivi | 3 |",
+        "| 0.5 | spectrum kivi | pdtrim none | 4 (2) |",
+        "| 0.5 | snapkv none | pdtrim none | 4 (2) |",
+    ] {
+        assert!(
+            md.lines().any(|l| l.starts_with(prefix)),
+            "no row `{prefix}`:\n{md}"
+        );
+    }
+    assert!(
+        md.contains("Perplexity protocol: WikiText-2 test text `lf`"),
+        "{md}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

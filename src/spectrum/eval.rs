@@ -169,9 +169,10 @@ pub struct Variant {
 impl Variant {
     /// The quantizer's name, or `none` when the plan holds no INT tier by construction.
     pub fn quantizer_name(&self) -> &'static str {
-        match self.policy {
-            Policy::PdTrim | Policy::PdTrimFirst { .. } | Policy::Uniform(Tier::Fp16) => "none",
-            _ => self.quantizer.name(),
+        if no_int_tier(self.policy) {
+            "none"
+        } else {
+            self.quantizer.name()
         }
     }
 
@@ -180,11 +181,10 @@ impl Variant {
     pub fn grid(policies: &[Policy], budgets: &[f64], quantizers: &[Quantizer]) -> Vec<Variant> {
         let mut out = Vec::new();
         for &policy in policies {
-            let qs: &[Quantizer] = match policy {
-                Policy::PdTrim | Policy::PdTrimFirst { .. } | Policy::Uniform(Tier::Fp16) => {
-                    &quantizers[..quantizers.len().min(1)]
-                }
-                _ => quantizers,
+            let qs: &[Quantizer] = if no_int_tier(policy) {
+                &quantizers[..quantizers.len().min(1)]
+            } else {
+                quantizers
             };
             for &quantizer in qs {
                 if policy.uses_budget() {
@@ -204,6 +204,14 @@ impl Variant {
         }
         out
     }
+}
+
+/// Whether `policy`'s plans hold no INT tier by construction (keep/drop at FP16, or all FP16).
+fn no_int_tier(policy: Policy) -> bool {
+    matches!(
+        policy,
+        Policy::PdTrim | Policy::PdTrimFirst { .. } | Policy::SnapKv | Policy::Uniform(Tier::Fp16)
+    )
 }
 
 /// A compressed context: plan, frame and how long it took.

@@ -20,13 +20,16 @@ const LEGEND_W: u32 = 250;
 fn policy_color(policy: &str) -> RGBColor {
     let i = match policy {
         "spectrum" => 0,
+        "snapkv" => 1,
         "spectrum-2tier" => 2,
         "pdtrim" => 3,
+        "spectrum-position" => 6,
+        "pdtrim-first" => 8,
         "uniform-int8" => 4,
         "uniform-int4" => 5,
         "uniform-fp16" => 7,
         "full" => 7,
-        other => 6 + other.len() % 4,
+        other => 8 + other.len() % 2,
     };
     PALETTE[i % PALETTE.len()]
 }
@@ -39,7 +42,8 @@ enum Marker {
 }
 
 /// Line dash and marker of a quantizer: `lab-compat` and `lab-compat-token` dashed with
-/// triangles, `none` (PDTrim) solid with squares, the rest (`kivi`) solid with circles.
+/// triangles, `none` (PDTrim, snapkv: no INT tier) solid with squares, the rest (`kivi`) solid
+/// with circles.
 fn quantizer_style(q: &str) -> (bool, Marker) {
     match q {
         "lab-compat" | "lab-compat-token" => (true, Marker::Triangle),

@@ -8,10 +8,13 @@
 //!   cache and a per-token [`Tier`] plan, restored into an ordinary [`crate::KvCache`] (dropped
 //!   tokens masked at their original positions), and its exact byte accounting.
 //! - [`importance`]: per-token scores from the last prompt queries' attention at prefill end.
-//! - [`allocate`]: tier plans under a budget (greedy SpectrumKV, PDTrim, uniform).
+//! - [`allocate`]: tier plans under a budget (greedy SpectrumKV, its position-only variant,
+//!   the importance-ranked binary `snapkv`, PDTrim, uniform).
 //! - [`wire`]: the versioned, fingerprinted byte format; [`transport`]: TCP workers.
-//! - [`eval`]: perplexity, NIAH and the INT4 probe.
+//! - [`eval`]: perplexity, NIAH and the INT4 probe; [`report`] and [`compare`]: the report
+//!   over run folders with paired policy comparisons.
 pub mod allocate;
+pub mod compare;
 pub mod eval;
 pub mod figures;
 pub mod importance;

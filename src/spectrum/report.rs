@@ -1,10 +1,13 @@
 //! `kvcredit spectrum report`: one Markdown report over run folders (one per model) from the
 //! grids' journals (`ppl.rows.jsonl`, `niah.rows.jsonl`), the probe verdicts (`probe*.parquet`)
-//! and the TTFT rows of `spectrum send` (`ttft*.parquet`): PPL Δ% per variant with a t-interval
-//! over windows, the paired tiered − PDTrim difference at b = 0.5, NIAH accuracy with Wilson
-//! intervals, the probe and gate per quantizer, and the TTFT stage medians with the cut vs
-//! FP16; plus three figures as PNG and SVG ([`super::figures`]): PPL Δ% vs b, NIAH accuracy
-//! by depth, TTFT stage stacks. A figure without data is not drawn.
+//! and the TTFT rows of `spectrum send` (`ttft*.parquet`): the perplexity protocol of each run,
+//! PPL Δ% per variant with a t-interval over windows, the paired policy differences at each b
+//! with their intervals, Holm-adjusted p-values and power ([`super::compare`]), NIAH accuracy
+//! with Wilson intervals and paired McNemar comparisons, the probe and gate per quantizer, and
+//! the TTFT stage medians with the cut vs FP16; plus three figures as PNG and SVG
+//! ([`super::figures`]): PPL Δ% vs b, NIAH accuracy by depth, TTFT stage stacks. A figure
+//! without data is not drawn.
+use super::compare::{self, NiahDiff, PplDiff};
 use super::eval::{NiahRow, PplRow};
 use super::figures::{
     NIAH_STEM, NiahFigure, NiahPanel, PPL_STEM, PplFigure, PplPanel, PplSeries, TTFT_STAGES,
@@ -539,6 +542,7 @@ pub fn report(dirs: &[PathBuf], out: &Path) -> Result<String> {
 /// Write `out/report.md` and the figures over `dirs` (one run folder per model).
 pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     let mut md = String::from("# SpectrumKV report\n");
+    md.push_str(READING);
     let mut ppl_panels: Vec<PplPanel> = Vec::new();
     let mut niah_panels: Vec<NiahPanel> = Vec::new();
     let mut ttft_panels: Vec<TtftPanel> = Vec::new();
@@ -577,6 +581,7 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         }
         let _ = writeln!(md, "\n## {}\n", dir.display());
         if !ppl.is_empty() {
+            ppl_protocol(&mut md, journal_header(&ppl_path).as_ref());
             md.push_str("| variant | windows | Δ% pooled | mean per-window Δ% | 95% t-interval | b_real | shared |\n| --- | --- | --- | --- | --- | --- | --- |\n");
             let keys = variants(
                 ppl.iter()
@@ -627,6 +632,11 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                     windows: tier.len(),
                 });
             }
+            let keys: Vec<compare::Key> = variants(
+                ppl.iter()
+                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+            );
+            ppl_diff_table(&mut md, &compare::ppl_diffs(&ppl, &keys)?);
             let int4 = |q: &str| -> Vec<&PplRow> {
                 ppl.iter()
                     .filter(|r| r.policy == "uniform-int4" && r.quantizer == q)
@@ -692,6 +702,12 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                     pdtrim,
                 });
             }
+            let keys: Vec<compare::Key> = variants(
+                niah.iter()
+                    .filter(|r| r.policy != "full")
+                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+            );
+            niah_diff_table(&mut md, &compare::niah_diffs(&niah, &keys)?);
             let grid_depths = journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64());
             niah_panels.push(niah_panel(&model, &niah, grid_depths));
         }
@@ -766,7 +782,7 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         PPL_STEM,
         (!ppl_panels.is_empty())
             .then(|| render(&PplFigure { panels: ppl_panels }, &out.join(PPL_STEM))),
-        "PPL Δ% vs budget b, one panel per model; a line per policy × quantizer (colour: policy; dashed/triangles: lab-compat, squares: PDTrim), single markers for the uniform tiers at their real budget; error bars: 95% t-interval over windows (none with one window).",
+        "PPL Δ% vs budget b, one panel per model; a line per policy × quantizer (colour: policy; dashed/triangles: lab-compat and lab-compat-token, squares: keep/drop at FP16, i.e. PDTrim and snapkv), single markers for the uniform tiers at their real budget; error bars: 95% t-interval over windows (none with one window).",
     )?;
     figure(
         NIAH_STEM,
@@ -811,6 +827,142 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         path,
         figures,
     })
+}
+
+/// How the paired comparisons are computed and read (printed under the title).
+const READING: &str = "\nPaired comparisons: at each budget every variant is compared with PDTrim, with `snapkv` and with `uniform-int8` (same quantizer), and `spectrum` with `spectrum-position` (same quantizer), on the windows (perplexity) or haystacks (NIAH) both were measured on. Perplexity: the per-window difference of Δ% (points; negative: the variant's perplexity is closer to the uncompressed one), its 95% paired cluster-bootstrap interval over windows (10,000 replicates; the window is the cluster, drawn for both variants at once), the paired t test's p and Holm's adjustment over the model's perplexity comparisons. NIAH: the accuracy difference, the exact McNemar test on the haystacks only one of the two answers correctly, Holm over the model's NIAH comparisons, and a bootstrap interval over seeds (the haystacks of one seed share the needle). A verdict names a winner only where the Holm-adjusted p is below 0.05; otherwise the two are *not distinguishable* at that count, which is not a finding of equivalence. Power: MDE is the paired difference a two-sided t test at α = 0.05 detects with 80% probability given the observed SD of the paired differences and their count (α/m: at Holm's first step over the m comparisons); *windows for 80% power at this diff* is the window count at which that test would detect the observed mean difference with 80% probability, were it the true one.\n";
+
+/// The perplexity protocol of a run, from its journal's settings line.
+fn ppl_protocol(md: &mut String, header: Option<&serde_json::Value>) {
+    let grid = header.map(|h| &h["grid"]);
+    let num = |k: &str| grid.and_then(|g| g[k].as_u64());
+    let text = match grid.and_then(|g| g["text"].as_str()) {
+        Some("lf") => "`lf` (CRLF line ends → LF before tokenization)".to_string(),
+        Some("raw") => "`raw` (CRLF line ends kept)".to_string(),
+        Some(other) => format!("`{other}`"),
+        None => "not recorded (a journal without the `text` setting: CRLF line ends kept)".into(),
+    };
+    let (n, m, w) = (num("context"), num("continuation"), num("windows"));
+    let show = |x: Option<u64>| x.map_or("?".to_string(), |x| x.to_string());
+    let _ = writeln!(
+        md,
+        "Perplexity protocol: WikiText-2 test text {text}, no special tokens; {} windows of n = {} context + m = {} continuation tokens from the start of the text, without overlap. The first n − 1 = {} context tokens are compressed; token n − 1 is fed uncompressed after the restored cache, so every one of the m continuation tokens, the first included, is scored against the compressed cache (teacher-forced, against the same window uncompressed).\n",
+        show(w),
+        show(n),
+        show(m),
+        n.map_or("?".to_string(), |n| n.saturating_sub(1).to_string()),
+    );
+}
+
+fn fmt_p(p: Option<f64>) -> String {
+    match p {
+        Some(p) if p < 1e-4 => "<0.0001".into(),
+        Some(p) => format!("{p:.4}"),
+        None => "n/a".into(),
+    }
+}
+
+fn fmt_opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("n/a".into(), |x| format!("{x:.digits$}"))
+}
+
+fn fmt_bootstrap(ci: Option<stats::BootstrapCi>, scale: f64) -> String {
+    ci.map_or("n/a".into(), |c| {
+        format!("[{:+.2}, {:+.2}]", scale * c.lo, scale * c.hi)
+    })
+}
+
+/// The model's paired perplexity comparisons, with their power.
+fn ppl_diff_table(md: &mut String, diffs: &[PplDiff]) {
+    if diffs.is_empty() {
+        return;
+    }
+    let m = diffs.iter().filter(|d| d.p.is_some()).count();
+    let _ = writeln!(
+        md,
+        "\nPaired perplexity differences (variant − reference, Δ% points per window; Holm over these {m} tests):\n"
+    );
+    md.push_str("| b | variant | reference | windows | mean Δ% diff | 95% paired bootstrap | p (paired t) | p (Holm) | SD | MDE 80% (α 0.05 / α/m) | windows for 80% power at this diff | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for d in diffs {
+        let _ = writeln!(
+            md,
+            "| {} | {} {} | {} {} | {} | {:+.2} | {} | {} | {} | {} | {} / {} | {} | {} |",
+            d.a.2.map_or("-".into(), |b| b.to_string()),
+            d.a.0,
+            d.a.1,
+            d.r.0,
+            d.r.1,
+            d.windows,
+            d.mean,
+            fmt_bootstrap(d.ci, 1.0),
+            fmt_p(d.p),
+            fmt_p(d.p_holm),
+            fmt_opt(d.sd, 2),
+            fmt_opt(d.mde, 2),
+            fmt_opt(d.mde_family, 2),
+            d.windows_needed.map_or("n/a".into(), |n| n.to_string()),
+            d.verdict()
+        );
+    }
+    let decided = diffs
+        .iter()
+        .filter(|d| d.p_holm.is_some_and(|p| p < compare::ALPHA))
+        .count();
+    let mut mdes: Vec<f64> = diffs.iter().filter_map(|d| d.mde).collect();
+    let _ = writeln!(
+        md,
+        "\n{decided} of {} comparisons decide at Holm p < 0.05. Power: the median MDE is {} points of Δ% (80% power, α = 0.05); a smaller true difference is likely to be missed at this window count.",
+        diffs.len(),
+        if mdes.is_empty() {
+            "n/a".into()
+        } else {
+            format!("{:.2}", median(&mut mdes))
+        }
+    );
+}
+
+/// The model's paired NIAH comparisons, with their power.
+fn niah_diff_table(md: &mut String, diffs: &[NiahDiff]) {
+    if diffs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nPaired NIAH comparisons (same haystacks; exact McNemar, Holm over these {} tests):\n",
+        diffs.len()
+    );
+    md.push_str("| b | variant | reference | haystacks (seeds) | correct (variant / reference) | only variant / only reference | accuracy diff | 95% bootstrap over seeds | McNemar p | p (Holm) | MDE 80% | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for d in diffs {
+        let _ = writeln!(
+            md,
+            "| {} | {} {} | {} {} | {} ({}) | {} / {} | {} / {} | {:+.1} pp | {} pp | {} | {} | {} | {} |",
+            d.a.2.map_or("-".into(), |b| b.to_string()),
+            d.a.0,
+            d.a.1,
+            d.r.0,
+            d.r.1,
+            d.haystacks,
+            d.seeds,
+            d.correct.0,
+            d.correct.1,
+            d.discordant.0,
+            d.discordant.1,
+            100.0 * d.diff,
+            fmt_bootstrap(d.ci, 100.0),
+            fmt_p(Some(d.p)),
+            fmt_p(Some(d.p_holm)),
+            d.mde
+                .map_or("n/a".into(), |m| format!("{:.1} pp", 100.0 * m)),
+            d.verdict()
+        );
+    }
+    let m = diffs.len() as f64;
+    let _ = writeln!(
+        md,
+        "\nPower: the exact McNemar test reaches p < 0.05 only with at least {} haystacks answered correctly by one of the two and not the other, all in one direction ({} at Holm's first step, α/{m}); MDE (80% power, α = 0.05) is from the per-haystack differences (n/a when no haystack is discordant).",
+        compare::mcnemar_min_discordant(compare::ALPHA),
+        compare::mcnemar_min_discordant(compare::ALPHA / m),
+    );
 }
 
 /// One model's number for one of the seed's claims.
