@@ -54,10 +54,13 @@ smoke: models
 	@echo "smoke pipeline passed: runs/ci-smoke"
 
 # The quick demo: one small model, a three-pass campaign, its report and figures. A rerun of a
-# finished campaign changes nothing; delete runs/demo to start over.
+# finished campaign changes nothing; delete runs/demo to start over. Its batches are small, so a
+# second libtorch thread gains little and costs much when the cores are shared (on a loaded
+# 2-core machine: 30 s with one thread, 8 min with two).
+DEMO_THREADS ?= 1
 demo: build
 	$(BIN) models pull $(DEMO_MODEL)
-	$(BIN) campaign run experiments/demo.toml --out runs/demo
+	OMP_NUM_THREADS=$(DEMO_THREADS) $(BIN) campaign run experiments/demo.toml --out runs/demo
 	$(BIN) analyze runs/demo
 	$(BIN) check runs/demo
 	@echo "demo: wrote runs/demo/report.md, runs/demo/disagreement.png and runs/demo/jaccard.png"

@@ -32,10 +32,14 @@ R=$WORK/R
 P=$WORK/repo
 M=$WORK/ship
 export KVCREDIT_HOME=${KVCREDIT_HOME:-/tmp/kvhome}
-if [ -z "${TORCH_LIB:-}" ]; then
-  TORCH_LIB=$(${PYTHON:-python3} -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)
-fi
-export LD_LIBRARY_PATH=${TORCH_LIB:-}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# Torch's libraries for the binary (setup and drive only: asking python costs seconds).
+find_torch() {
+  if [ -z "${TORCH_LIB:-}" ]; then
+    TORCH_LIB=$(${PYTHON:-python3} -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)
+  fi
+  [ -n "${TORCH_LIB:-}" ] && export LD_LIBRARY_PATH=$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  return 0
+}
 
 die() { echo "gpu-run: $*" >&2; exit 2; }
 
@@ -102,6 +106,7 @@ check)
 setup)
   jobs=${2:-}
   parse_jobs "$jobs" > /dev/null || exit 2
+  find_torch
   [ -n "${TORCH_LIB:-}" ] && [ -d "$TORCH_LIB" ] || die "torch not found: set TORCH_LIB to torch's lib folder"
   mkdir -p $WORK $R/logs $M $KVCREDIT_HOME/models
   gunzip -c gpu/bin/kvcredit.gz > $B && chmod +x $B
@@ -135,6 +140,7 @@ poll)
   ls -la "$OUT"
   ;;
 drive)
+  find_torch
   mkdir -p $R/logs
   while IFS=$'\t' read -r name model bg cmd; do
     if [ "$name" = wait ]; then wait; continue; fi

@@ -198,18 +198,12 @@ fn command_problems(lines: &[String]) -> Vec<String> {
     let mut checked = BTreeSet::new();
     for line in lines {
         for path in subcommands(line) {
-            // The longest prefix the binary accepts must cover every word taken as a subcommand
-            // name, except a second word that is an argument (`eval gsm8k` is nested, `bench
-            // --synthetic` has none).
+            // `bench X` and `eval X`: X may be an argument of the command itself.
             if checked.insert(path.clone()) && !is_subcommand(&path) {
-                let first = path[..1].to_vec();
-                if path.len() == 1 || !is_subcommand(&first) {
-                    problems.push(format!("`kvcredit {}` is no subcommand: {line}", path[0]));
-                } else if !["campaign", "divergence", "spectrum", "models"]
-                    .contains(&path[0].as_str())
-                {
-                    // `bench FOO`, `eval FOO`: FOO may be an argument of the command itself.
-                } else {
+                let argument = path.len() == 2
+                    && ["bench", "eval"].contains(&path[0].as_str())
+                    && is_subcommand(&path[..1]);
+                if !argument {
                     problems.push(format!(
                         "`kvcredit {}` is no subcommand: {line}",
                         path.join(" ")
@@ -230,12 +224,11 @@ fn command_problems(lines: &[String]) -> Vec<String> {
                     break;
                 }
             }
-            if *w == "bash" {
-                if let Some(script) = words.get(i + 1)
-                    && !repo().join(script).exists()
-                {
-                    problems.push(format!("no script {script}: {line}"));
-                }
+            if *w == "bash"
+                && let Some(script) = words.get(i + 1)
+                && !repo().join(script).exists()
+            {
+                problems.push(format!("no script {script}: {line}"));
             }
         }
     }
@@ -397,7 +390,10 @@ fn the_gpu_runner_drives_a_job_list_in_order() {
     );
     let steps = read(&dir.join("R/steps.txt"));
     // `bg` runs beside `version`; `wait` holds `after` until both ended.
-    let order: Vec<&str> = steps.lines().map(|l| l.split(':').next().unwrap()).collect();
+    let order: Vec<&str> = steps
+        .lines()
+        .map(|l| l.split(':').next().unwrap())
+        .collect();
     assert_eq!(order.len(), 4, "{steps}");
     assert_eq!(order[2..], ["after", "fails"], "{steps}");
     assert!(steps.contains("after: exit 0"), "{steps}");
@@ -449,7 +445,6 @@ fn expected_strings(key: &str, v: &serde_json::Value, out: &mut Vec<String>) {
         }
         Value::Number(n) => {
             let x = n.as_f64().unwrap();
-            let leaf = key.rsplit('/').next().unwrap();
             let parent = key.rsplit('/').nth(1).unwrap_or("");
             if parent.starts_with("ratio") {
                 out.push(format!("{x:.2}×"));
@@ -465,8 +460,6 @@ fn expected_strings(key: &str, v: &serde_json::Value, out: &mut Vec<String>) {
                 out.push(grouped);
             } else if key.contains("delta_pct") {
                 out.push(format!("{x:+.2}"));
-            } else {
-                let _ = leaf;
             }
         }
         _ => {}
