@@ -199,7 +199,7 @@ impl BenchReport {
         );
         let _ = writeln!(
             s,
-            "  {:<16} {:<8} {:>6} {:>11} {:>12} {:>9} {:>20} {:>12}",
+            "  {:<16} {:<8} {:>6} {:>11} {:>12} {:>9} {:>20} {:>13}",
             "policy", "engine", "batch", "ms/step", "tok/s", "x floor", "launches/step", hf_column
         );
         for d in &self.decode {
@@ -209,7 +209,7 @@ impl BenchReport {
             let hf = vs_hf(d.tokens_per_s, d.batch);
             let _ = writeln!(
                 s,
-                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20} {:>12}",
+                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20} {:>13}",
                 d.policy.to_string(),
                 d.engine.to_string(),
                 d.batch,
@@ -237,7 +237,7 @@ impl BenchReport {
             );
             let _ = writeln!(
                 s,
-                "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10} {:>12} {:>12}",
+                "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10} {:>12} {:>13}",
                 "policy",
                 "engine",
                 "sampler",
@@ -252,7 +252,7 @@ impl BenchReport {
                 let hf = vs_hf(c.tokens_per_s, c.batch);
                 let _ = writeln!(
                     s,
-                    "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>12}",
+                    "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>13}",
                     c.policy.to_string(),
                     c.engine.to_string(),
                     c.sampler.map_or("-", |s| s.name()),
