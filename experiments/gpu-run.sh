@@ -1,75 +1,121 @@
 #!/usr/bin/env bash
-# Run a job file on a GPU machine that has torch but no Rust and no network. Build here, put the
-# binary and the models in an ignored folder gpu/ that travels with the working tree, and call
-# this once per step (each call must return within the machine's per-call limit; a driver keeps
-# the jobs running between calls):
-#   bash experiments/gpu-run.sh JOBS setup       # gpu/bin/kvcredit.gz -> /tmp/kvcredit, start the driver
-#   bash experiments/gpu-run.sh JOBS piece       # take the model pieces in gpu/ship/, join complete models
-#   bash experiments/gpu-run.sh JOBS poll SECS   # wait up to SECS for the driver, pack results to $OUT
-# JOBS is a bash file (experiments/gpu-jobs/*.sh) defining `run_jobs`, run once by the driver in the
-# background with the helpers below; results go to /tmp/R and come back as $OUT/results.tgz.part*
-# (run folders without their shards). Pieces are MODEL.gguf.partNN (split -d -a 2) beside
-# MODEL.gguf.count holding their number; a model is joined into $KVCREDIT_HOME/models/ once all
-# its pieces are there.
+# Run a list of kvcredit jobs on a GPU machine that has torch but no Rust toolchain and perhaps
+# no network: build here, ship the binary and the models, run there, bring the results back.
 #
-# Helpers for job files:
-#   wait_model NAME                  block until the model has been joined
-#   campaign NAME SPEC [ARGS...]     kvcredit campaign run SPEC --out $R/runs/NAME, then kvcredit check
-#   step NAME CMD...                 run CMD with its output in $R/logs/NAME.log, exit code in steps.txt
+#   bash experiments/gpu-run.sh setup JOBS     # unpack gpu/bin/kvcredit.gz, copy this tree, record
+#                                              #   the environment, start the driver on JOBS
+#   bash experiments/gpu-run.sh piece          # take the model pieces in gpu/ship/, join complete models
+#   bash experiments/gpu-run.sh poll SECS      # wait up to SECS for the driver; print its steps;
+#                                              #   pack the results (no shards/) into $OUT
+#   bash experiments/gpu-run.sh check JOBS     # parse JOBS and print the jobs, running nothing
+#
+# Here, before the first call: `make build`, then
+#   mkdir -p gpu/bin gpu/ship && gzip -c "$CARGO_TARGET_DIR/release/kvcredit" > gpu/bin/kvcredit.gz
+#   split -b 40M -d -a 2 ~/.cache/kvcredit/models/M/M.gguf gpu/ship/M.gguf.part   # per model M
+#   ls gpu/ship/M.gguf.part* | wc -l > gpu/ship/M.gguf.count
+# and carry gpu/ (ignored by git) to the machine; pieces may arrive over several calls.
+#
+# JOBS is a text file (experiments/jobs/*.jobs), one job per line:
+#   NAME MODEL COMMAND...      MODEL is a registry name the job waits for (- for none); COMMAND is
+#                              evaluated by bash with `kvcredit` the shipped binary and $R the
+#                              results folder; its output goes to $R/logs/NAME.log and its exit
+#                              code to $R/steps.txt. A trailing `&` runs it in the background.
+#   wait                       wait for the background jobs
+# Blank lines and lines starting with # are ignored. The driver runs the file once, in order.
+#
+# Environment: TORCH_LIB (torch's lib folder; default: asked of PYTHON, default python3),
+# KVCREDIT_HOME (default /tmp/kvhome), WORK (default /tmp/kvrun: binary, tree, results).
 set -u
-JOBS=${1:?usage: $0 JOBS setup|piece|poll SECS|drive}
-ACTION=${2:-}
-TORCH_LIB=${TORCH_LIB:-/opt/torch/.venv/lib/python3.12/site-packages/torch/lib}
-export LD_LIBRARY_PATH=$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export KVCREDIT_HOME=${KVCREDIT_HOME:-/tmp/kvhome} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-B=/tmp/kvcredit
-R=/tmp/R
-P=/tmp/repo
-M=/tmp/m
-mkdir -p $R/logs $R/runs $M $KVCREDIT_HOME/models
+WORK=${WORK:-/tmp/kvrun}
+B=$WORK/kvcredit
+R=$WORK/R
+P=$WORK/repo
+M=$WORK/ship
+export KVCREDIT_HOME=${KVCREDIT_HOME:-/tmp/kvhome}
+# Torch's libraries for the binary (setup and drive only: asking python costs seconds).
+find_torch() {
+  if [ -z "${TORCH_LIB:-}" ]; then
+    TORCH_LIB=$(${PYTHON:-python3} -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)
+  fi
+  [ -n "${TORCH_LIB:-}" ] && export LD_LIBRARY_PATH=$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  return 0
+}
+
+die() { echo "gpu-run: $*" >&2; exit 2; }
+
+# Print each job of $1 as "NAME<TAB>MODEL<TAB>BG<TAB>COMMAND"; a malformed line is an error.
+parse_jobs() {
+  local file=$1 n=0 line name model rest bg
+  [ -f "$file" ] || die "no job file $file"
+  while IFS= read -r line || [ -n "$line" ]; do
+    n=$((n + 1))
+    line=${line%%$'\r'}
+    [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
+    if [[ "$line" =~ ^[[:space:]]*wait[[:space:]]*$ ]]; then
+      printf 'wait\t-\t-\t-\n'
+      continue
+    fi
+    read -r name model rest <<< "$line"
+    [ -n "$rest" ] || die "$file line $n: expected NAME MODEL COMMAND"
+    [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || die "$file line $n: bad job name '$name'"
+    bg=0
+    if [[ "$rest" =~ [[:space:]]\&[[:space:]]*$ ]]; then
+      bg=1
+      rest=${rest%&*}
+    fi
+    printf '%s\t%s\t%s\t%s\n' "$name" "$model" "$bg" "$rest"
+  done < "$file"
+}
 
 join_models() {
+  local c name f
   for c in $M/*.gguf.count; do
     [ -e "$c" ] || continue
-    local name=$(basename $c .gguf.count)
-    local f=$KVCREDIT_HOME/models/$name/$name.gguf
-    [ -e $f ] && continue
-    if [ "$(ls $M/$name.gguf.part* 2>/dev/null | wc -l)" = "$(cat $c)" ]; then
-      mkdir -p $(dirname $f) && cat $M/$name.gguf.part* > $f.tmp && mv $f.tmp $f && rm -f $M/$name.gguf.part*
-      echo "joined $name ($(stat -c %s $f) bytes) $(date -u +%T)" | tee -a $R/steps.txt
+    name=$(basename "$c" .gguf.count)
+    f=$KVCREDIT_HOME/models/$name/$name.gguf
+    [ -e "$f" ] && continue
+    if [ "$(ls $M/$name.gguf.part* 2>/dev/null | wc -l)" = "$(cat "$c")" ]; then
+      mkdir -p "$(dirname "$f")" && cat $M/$name.gguf.part* > "$f.tmp" && mv "$f.tmp" "$f" && rm -f $M/$name.gguf.part*
+      echo "joined $name ($(stat -c %s "$f") bytes)" | tee -a $R/steps.txt
     fi
   done
 }
 
 ensure_driver() {
-  pgrep -f "gpu-run.sh .* drive" > /dev/null && return
   [ -e $R/DONE ] && return
+  if [ -e $R/driver.pid ] && kill -0 "$(cat $R/driver.pid)" 2>/dev/null; then return; fi
   echo "driver started $(date -u +%T)" >> $R/steps.txt
-  (cd $P && setsid nohup bash experiments/gpu-run.sh $JOBS drive >> $R/driver.log 2>&1 < /dev/null &)
+  (cd $P && setsid nohup bash experiments/gpu-run.sh drive "$(cat $R/jobs.path)" >> $R/driver.log 2>&1 < /dev/null &
+   echo $! > $R/driver.pid)
 }
 
-wait_model() { until [ -e $KVCREDIT_HOME/models/$1/$1.gguf ]; do sleep 2; done; }
+wait_model() { until [ -e "$KVCREDIT_HOME/models/$1/$1.gguf" ]; do sleep 2; done; }
 
-step() { # name cmd...: run cmd, log its output, record its exit code and seconds
-  local name=$1 s=$(date +%s)
-  shift
-  "$@" > $R/logs/$name.log 2>&1
+run_job() { # name model command
+  local name=$1 model=$2 cmd=$3 s
+  [ "$model" = - ] || wait_model "$model"
+  s=$(date +%s)
+  (kvcredit() { "$B" "$@"; }; export R; eval "$cmd") > $R/logs/$name.log 2>&1
   echo "$name: exit $? in $(( $(date +%s) - s )) s" >> $R/steps.txt
 }
 
-campaign() { # name spec [extra args]: run one campaign into $R/runs/name, then check it
-  local name=$1 spec=$2
-  shift 2
-  step $name $B campaign run $spec --out $R/runs/$name --quiet "$@"
-  step $name.check $B check $R/runs/$name
-}
-
-case "$ACTION" in
+case "${1:-}" in
+check)
+  parse_jobs "${2:-}" || exit 2
+  ;;
 setup)
+  jobs=${2:-}
+  parse_jobs "$jobs" > /dev/null || exit 2
+  find_torch
+  [ -n "${TORCH_LIB:-}" ] && [ -d "$TORCH_LIB" ] || die "torch not found: set TORCH_LIB to torch's lib folder"
+  mkdir -p $WORK $R/logs $M $KVCREDIT_HOME/models
   gunzip -c gpu/bin/kvcredit.gz > $B && chmod +x $B
-  rm -rf $P && mkdir -p $P && tar cf - --exclude=./gpu --exclude=./.venv . | tar xf - -C $P
+  rm -rf $P && mkdir -p $P && tar cf - --exclude=./gpu --exclude=./.venv --exclude=./target . | tar xf - -C $P
+  echo "$jobs" > $R/jobs.path
+  cp "$jobs" $R/jobs.txt
   cp gpu/ship/* $M/ 2>/dev/null
-  { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $B --version; } > $R/env.txt 2>&1
+  { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $B --version;
+    echo "torch lib: $TORCH_LIB"; } > $R/env.txt 2>&1
   join_models
   ensure_driver
   cat $R/env.txt
@@ -82,24 +128,29 @@ piece)
   ;;
 poll)
   ensure_driver
-  end=$(( $(date +%s) + ${3:-60} ))
+  end=$(( $(date +%s) + ${2:-60} ))
   while [ $(date +%s) -lt $end ] && [ ! -e $R/DONE ]; do sleep 5; done
   cat $R/steps.txt
-  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
-  for d in $R/runs/*; do [ -d $d ] && echo "$(basename $d): $(ls $d/shards 2>/dev/null | wc -l) shards"; done
-  rm -rf /tmp/pack && mkdir -p /tmp/pack
-  tar czf /tmp/pack/results.tgz --exclude='shards' -C /tmp R
-  split -b 15M -d -a 1 /tmp/pack/results.tgz $OUT/results.tgz.part
-  ls -la $OUT
+  [ -e $R/DONE ] && echo DONE
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv 2>/dev/null
+  [ -n "${OUT:-}" ] || die "OUT is not set: nowhere to pack the results"
+  rm -rf $WORK/pack && mkdir -p $WORK/pack
+  tar czf $WORK/pack/results.tgz --exclude='shards' -C $WORK R
+  split -b 15M -d -a 1 $WORK/pack/results.tgz "$OUT/results.tgz.part"
+  ls -la "$OUT"
   ;;
 drive)
-  # shellcheck source=/dev/null
-  source $JOBS
-  run_jobs
+  find_torch
+  mkdir -p $R/logs
+  while IFS=$'\t' read -r name model bg cmd; do
+    if [ "$name" = wait ]; then wait; continue; fi
+    if [ "$bg" = 1 ]; then run_job "$name" "$model" "$cmd" & else run_job "$name" "$model" "$cmd"; fi
+  done < <(parse_jobs "${2:-}")
+  wait
   touch $R/DONE
   ;;
 *)
-  echo "usage: $0 JOBS setup | piece | poll SECS | drive" >&2
+  echo "usage: $0 setup JOBS | piece | poll SECS | check JOBS" >&2
   exit 2
   ;;
 esac

@@ -591,10 +591,10 @@ fn token_identical_counts_each_pass_against_exact() {
 fn report_states_one_critical_set_definition_and_cites_only_files_it_has() {
     use kvcredit::analysis::summary::CRITICAL_SET_DEFINITION;
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let concepts = std::fs::read_to_string(repo.join("docs/concepts.md")).unwrap();
+    let concepts = std::fs::read_to_string(repo.join("docs/guide/concepts.md")).unwrap();
     assert!(
         concepts.contains(CRITICAL_SET_DEFINITION),
-        "docs/concepts.md must state: {CRITICAL_SET_DEFINITION}"
+        "docs/guide/concepts.md must state: {CRITICAL_SET_DEFINITION}"
     );
     let names = ["stock_shuffled", "stock_k5"];
     let root = copy_runs(&names, "citations");
@@ -616,7 +616,7 @@ fn report_states_one_critical_set_definition_and_cites_only_files_it_has() {
             );
         }
     }
-    assert!(cited >= 1, "the report cites docs/concepts.md");
+    assert!(cited >= 1, "the report cites docs/guide/concepts.md");
     assert!(!report.contains("design.md"));
     // Jaccard ranges beside the seed's: one row per threshold, never pooled over τ. K = 4 and
     // K = 5 share only τ = 1: 4 + 5 − 1 thresholds, each with the refeed and the ceiling row.

@@ -1,6 +1,9 @@
 //! `benches/targets.toml`: the shipped file loads with the issue's targets and the H200
 //! reference baselines; malformed files are one-line errors.
-use kvcredit::bench::TargetFile;
+use kvcredit::bench::{
+    HfBaseline, HfComparison, TargetFile, default_hf_files, hf_comparison, hf_legend,
+    read_hf_baselines,
+};
 
 fn shipped() -> TargetFile {
     TargetFile::load(std::path::Path::new(TargetFile::DEFAULT_PATH)).unwrap()
@@ -22,7 +25,7 @@ fn the_shipped_file_holds_the_issue_targets_and_h200_baselines() {
         .reference_baseline("qwen2.5-0.5b", 64, "cuda", "bf16")
         .unwrap();
     assert_eq!(b.generate_tokens_per_s, 1053.0);
-    assert_eq!(b.source, "docs/h200-facts.md (H200, transformers 5.17)");
+    assert_eq!(b.source, "docs/guide/gpu.md (H200, transformers 5.17)");
     assert_eq!(t.hf_baselines.results.len(), 8);
     // Reference numbers apply to their device and dtype only.
     assert!(
@@ -77,4 +80,95 @@ fn bad_target_files_are_one_line_errors() {
         .to_string();
     assert_eq!(e.lines().count(), 1, "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// The "vs HF" label: static-cache compiled generate when every baseline has it, else the eager
+// one, said to be the weak baseline.
+fn base(batch: usize, eager: f64, st: Option<f64>) -> HfBaseline {
+    HfBaseline {
+        source: "hf.json".into(),
+        batch,
+        generate_tokens_per_s: eager,
+        static_tokens_per_s: st,
+    }
+}
+
+#[test]
+fn static_baseline_is_the_reference_when_measured() {
+    let both = [base(1, 15.0, Some(300.0)), base(64, 1000.0, Some(12000.0))];
+    assert_eq!(hf_comparison(&both), Some(HfComparison::Static));
+    assert_eq!(both[1].reference(), (12000.0, HfComparison::Static));
+    let legend = hf_legend(&both).unwrap();
+    assert!(
+        legend.starts_with("vs static-cache compiled HF generate"),
+        "{legend}"
+    );
+    assert!(!legend.contains("weak"), "{legend}");
+}
+
+#[test]
+fn eager_only_baseline_is_labelled_weak() {
+    let eager = [base(64, 1053.0, None)];
+    assert_eq!(hf_comparison(&eager), Some(HfComparison::Eager));
+    assert_eq!(eager[0].reference(), (1053.0, HfComparison::Eager));
+    assert_eq!(HfComparison::Eager.column(), "vs eager HF");
+    let legend = hf_legend(&eager).unwrap();
+    assert!(
+        legend.starts_with("vs eager HF generate (weak baseline)"),
+        "{legend}"
+    );
+    assert!(legend.contains("--static"), "{legend}");
+}
+
+#[test]
+fn one_eager_only_batch_makes_the_whole_comparison_weak() {
+    let mixed = [base(1, 15.0, None), base(64, 1000.0, Some(12000.0))];
+    assert_eq!(hf_comparison(&mixed), Some(HfComparison::Eager));
+    assert!(hf_legend(&mixed).unwrap().contains("(weak baseline)"));
+    assert_eq!(hf_comparison(&[]), None);
+    assert_eq!(hf_legend(&[]), None);
+}
+
+#[test]
+fn hf_json_is_matched_on_shape_dtype_and_device() {
+    let dir = std::env::temp_dir().join(format!("kvcredit-hf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hf.json");
+    let json = r#"{"device": "cuda", "results": [
+        {"shape": "qwen2.5-0.5b", "dtype": "bf16", "batch": 64,
+         "generate": {"tokens_per_s": 940.0}, "generate_static": {"tokens_per_s": 12776.0}},
+        {"shape": "qwen2.5-0.5b", "dtype": "fp16", "batch": 64,
+         "generate": {"tokens_per_s": 900.0}}]}"#;
+    std::fs::write(&path, json).unwrap();
+    let got = read_hf_baselines(&path, "qwen2.5-0.5b", "bf16", "cuda").unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].reference(), (12776.0, HfComparison::Static));
+    let fp16 = read_hf_baselines(&path, "qwen2.5-0.5b", "fp16", "cuda").unwrap();
+    assert_eq!(hf_comparison(&fp16), Some(HfComparison::Eager));
+    assert!(
+        read_hf_baselines(&path, "qwen2.5-0.5b", "bf16", "cpu")
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        read_hf_baselines(&path, "qwen2.5-1.5b", "bf16", "cuda")
+            .unwrap()
+            .is_empty()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_repository_ships_static_baselines() {
+    let files = default_hf_files();
+    assert!(!files.is_empty(), "results/throughput/hf-generate-*.json");
+    for f in &files {
+        for shape in ["qwen2.5-0.5b", "qwen2.5-1.5b"] {
+            let b = read_hf_baselines(f, shape, "bf16", "cuda").unwrap();
+            assert_eq!(
+                hf_comparison(&b).unwrap_or(HfComparison::Static),
+                HfComparison::Static
+            );
+        }
+    }
 }

@@ -1080,7 +1080,7 @@ fn critical_sets(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
     let _ = write!(
         out,
         "## {}Critical-token sets\n\n\
-         {CRITICAL_SET_DEFINITION} (`docs/concepts.md`), for every τ = m/K. Under any-informative every \
+         {CRITICAL_SET_DEFINITION} (`docs/guide/concepts.md`), for every τ = m/K. Under any-informative every \
          critical key is eligible for its comparison (an ineligible key has Â = 0 in both \
          passes). Under treatment-independent only exact-informative keys are eligible, but a \
          key with exact uninformative (Â_exact = 0) and |Â_{t}| ≥ τ (or |Â_replica| ≥ τ) \
@@ -1348,7 +1348,7 @@ fn definitions(out: &mut String) {
          `G/(G−1)·Σ_g(Σ e_j)²/N²`, G − 1 df. Cluster bootstrap: problems drawn with \
          replacement, percentile interval.\n\
          - Critical sets: {CRITICAL_SET_DEFINITION}; see *Critical-token sets* and \
-         `docs/concepts.md`.\n\
+         `docs/guide/concepts.md`.\n\
          - Mean-zero: t test of mean = 0 and TOST of |mean| < margin; only TOST can show \
          equivalence. Seed claims read in several configurations have their p-values \
          Holm-adjusted across those configurations.\n\

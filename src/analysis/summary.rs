@@ -25,7 +25,7 @@
 //!   can have opposite signs. The intersection of the two sets is a sensitivity row.
 //! - *treatment-independent*: one set for both comparisons, exact informative; the excess and
 //!   `D̄` coincide and so do their CR1 tests.
-//! - Critical sets are [`CRITICAL_SET_DEFINITION`] (the definition of `docs/concepts.md`),
+//! - Critical sets are [`CRITICAL_SET_DEFINITION`] (the definition of `docs/guide/concepts.md`),
 //!   over `τ = m/K`, `m = 1..K`. Under
 //!   any-informative every critical key is eligible for its comparison (an ineligible key has
 //!   `Â = 0` in both passes); under treatment-independent a key with exact uninformative
@@ -52,7 +52,7 @@ use super::identity::{FloorStatus, TokenIdentity};
 use super::read::{EstimateRow, Key, OutputCounts, Pass, PassCost};
 use crate::io::schema::SpectrumStats;
 
-/// The one definition of a critical set, as `docs/concepts.md` and the report state it.
+/// The one definition of a critical set, as `docs/guide/concepts.md` and the report state it.
 pub const CRITICAL_SET_DEFINITION: &str = "`C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` over every \
      complete key (an estimate key with exact, replica and the treatment all present), \
      whatever the conditioning";

@@ -228,7 +228,10 @@ pub mod report;
 pub mod runners;
 pub mod targets;
 
-pub use targets::{HfBaseline, Target, TargetFile, read_hf_baselines};
+pub use targets::{
+    HfBaseline, HfComparison, Target, TargetFile, default_hf_files, hf_comparison, hf_legend,
+    read_hf_baselines,
+};
 
 /// Everything one `kvcredit bench` run measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,5 +1,6 @@
 //! What a [`BenchReport`] looks like on the page: the stdout table and the Parquet rows.
-use super::{BenchReport, ContinuationResult};
+use super::BenchReport;
+use super::targets::{hf_comparison, hf_legend};
 
 impl BenchReport {
     /// One row per measurement (prefill, decode, continuations), for Parquet: columns
@@ -181,6 +182,16 @@ impl BenchReport {
                 p.tokens_per_s
             );
         }
+        let hf_column = hf_comparison(&self.hf).map_or("vs HF", |k| k.column());
+        // Ratio to the baseline at `batch`: static-cache compiled generate when measured.
+        let vs_hf = |tokens_per_s: f64, batch: usize| {
+            self.hf
+                .iter()
+                .find(|h| h.batch == batch)
+                .map_or("-".to_string(), |h| {
+                    format!("{:.1}x", tokens_per_s / h.reference().0)
+                })
+        };
         let _ = writeln!(
             s,
             "\ndecode step (forward + greedy pick + readback) after {} cached tokens",
@@ -188,30 +199,17 @@ impl BenchReport {
         );
         let _ = writeln!(
             s,
-            "  {:<16} {:<8} {:>6} {:>11} {:>12} {:>9} {:>20} {:>10}",
-            "policy",
-            "engine",
-            "batch",
-            "ms/step",
-            "tok/s",
-            "x floor",
-            "launches/step",
-            "vs HF gen"
+            "  {:<16} {:<8} {:>6} {:>11} {:>12} {:>9} {:>20} {:>13}",
+            "policy", "engine", "batch", "ms/step", "tok/s", "x floor", "launches/step", hf_column
         );
         for d in &self.decode {
             let launches = d
                 .launches_per_step
                 .map_or("-".to_string(), |n| format!("{n} {}", d.launches_source));
-            let hf = self
-                .hf
-                .iter()
-                .find(|h| h.batch == d.batch)
-                .map_or("-".to_string(), |h| {
-                    format!("{:.1}x", d.tokens_per_s / h.generate_tokens_per_s)
-                });
+            let hf = vs_hf(d.tokens_per_s, d.batch);
             let _ = writeln!(
                 s,
-                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20} {:>10}",
+                "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20} {:>13}",
                 d.policy.to_string(),
                 d.engine.to_string(),
                 d.batch,
@@ -239,7 +237,7 @@ impl BenchReport {
             );
             let _ = writeln!(
                 s,
-                "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10} {:>12} {:>8}",
+                "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10} {:>12} {:>13}",
                 "policy",
                 "engine",
                 "sampler",
@@ -248,28 +246,13 @@ impl BenchReport {
                 "tokens",
                 "seconds",
                 "tok/s",
-                "vs HF"
+                hf_column
             );
-            let static_ratio = |c: &ContinuationResult| {
-                self.hf
-                    .iter()
-                    .find(|h| h.batch == c.batch)
-                    .and_then(|h| h.static_tokens_per_s)
-                    .map_or(String::new(), |st| {
-                        format!(" ({:.2}x static)", c.tokens_per_s / st)
-                    })
-            };
             for c in &self.continuations {
-                let hf = self
-                    .hf
-                    .iter()
-                    .find(|h| h.batch == c.batch)
-                    .map_or("-".to_string(), |h| {
-                        format!("{:.1}x", c.tokens_per_s / h.generate_tokens_per_s)
-                    });
+                let hf = vs_hf(c.tokens_per_s, c.batch);
                 let _ = writeln!(
                     s,
-                    "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>8}{}",
+                    "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>13}",
                     c.policy.to_string(),
                     c.engine.to_string(),
                     c.sampler.map_or("-", |s| s.name()),
@@ -278,13 +261,15 @@ impl BenchReport {
                     c.tokens,
                     c.seconds,
                     c.tokens_per_s,
-                    hf,
-                    static_ratio(c)
+                    hf
                 );
                 if let Some(st) = &c.stats {
                     let _ = writeln!(s, "  {:<16} {}", "", st.describe());
                 }
             }
+        }
+        if let Some(legend) = hf_legend(&self.hf) {
+            let _ = writeln!(s, "\n{legend}");
         }
         if let Some(c) = &self.sampler_check {
             let _ = writeln!(

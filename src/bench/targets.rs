@@ -7,7 +7,7 @@ use crate::sampling::Sampler;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-/// A target of the issue, checked against the measurements.
+/// A project target (`benches/targets.toml`), checked against the measurements.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Target {
     /// What is measured.
@@ -37,7 +37,96 @@ pub struct HfBaseline {
     pub static_tokens_per_s: Option<f64>,
 }
 
-/// The targets of the issue and the H200 reference baselines, as `benches/targets.toml` holds
+/// Which Hugging Face `generate` a "vs HF" ratio divides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HfComparison {
+    /// Static-cache compiled `generate` (CUDA graphs; `benches/hf_generate.py --static`): the
+    /// fast path a user who cares about speed runs, so the strong baseline.
+    Static,
+    /// Eager `generate` only: the weak baseline (about 10x slower on the H200).
+    Eager,
+}
+
+impl HfComparison {
+    /// The table's column header.
+    pub fn column(self) -> &'static str {
+        match self {
+            HfComparison::Static => "vs HF static",
+            HfComparison::Eager => "vs eager HF",
+        }
+    }
+
+    /// What the ratios are taken against, in words.
+    pub fn label(self) -> &'static str {
+        match self {
+            HfComparison::Static => "vs static-cache compiled HF generate",
+            HfComparison::Eager => "vs eager HF generate (weak baseline)",
+        }
+    }
+}
+
+impl HfBaseline {
+    /// The tokens/s a ratio divides by and which baseline it is: static-cache compiled
+    /// `generate` when the baseline has it, else eager `generate`.
+    pub fn reference(&self) -> (f64, HfComparison) {
+        match self.static_tokens_per_s {
+            Some(st) => (st, HfComparison::Static),
+            None => (self.generate_tokens_per_s, HfComparison::Eager),
+        }
+    }
+}
+
+/// The comparison a report's ratios make over `baselines`: `Static` when every baseline has a
+/// static-cache number, `Eager` when at least one has only eager `generate` (so a table never
+/// passes a weak ratio off as a strong one), `None` without baselines.
+pub fn hf_comparison(baselines: &[HfBaseline]) -> Option<HfComparison> {
+    if baselines.is_empty() {
+        None
+    } else if baselines.iter().all(|b| b.static_tokens_per_s.is_some()) {
+        Some(HfComparison::Static)
+    } else {
+        Some(HfComparison::Eager)
+    }
+}
+
+/// The line under the bench tables that says what "vs HF" means, with the sources.
+pub fn hf_legend(baselines: &[HfBaseline]) -> Option<String> {
+    let kind = hf_comparison(baselines)?;
+    let mut sources: Vec<&str> = baselines.iter().map(|b| b.source.as_str()).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    let sources = sources.join(", ");
+    Some(match kind {
+        HfComparison::Static => format!("{}: tokens/s ÷ {sources}", kind.label()),
+        HfComparison::Eager => format!(
+            "{}: tokens/s ÷ eager generate of {sources}; for the strong baseline pass \
+             --hf with the JSON of `benches/hf_generate.py --static`",
+            kind.label()
+        ),
+    })
+}
+
+/// The `benches/hf_generate.py` JSON files the repository ships (static-cache compiled and
+/// eager `generate`, measured on the H200): `kvcredit bench`'s baselines when no `--hf` is
+/// given, matched on shape, dtype and device.
+pub fn default_hf_files() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/results/throughput"));
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("hf-generate-") && n.ends_with(".json"))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// The project's targets and the H200 reference baselines, as `benches/targets.toml` holds
 /// them; read with [`TargetFile::load`].
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,18 +281,22 @@ impl TargetFile {
     }
 }
 
-/// Read the `generate` numbers of `benches/hf_generate.py`'s JSON that match this run's shape
-/// and dtype.
+/// Read the `generate` numbers of `benches/hf_generate.py`'s JSON that match this run's shape,
+/// dtype and device kind (`cuda` or `cpu`; a file without a `device` field matches any).
 pub fn read_hf_baselines(
     path: &std::path::Path,
     shape: &str,
     dtype: &str,
+    device: &str,
 ) -> Result<Vec<HfBaseline>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Spec(format!("{}: {e}", path.display())))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::Spec(format!("{}: not JSON: {e}", path.display())))?;
     let mut out = Vec::new();
+    if v["device"].as_str().is_some_and(|d| d != device) {
+        return Ok(out);
+    }
     for r in v["results"].as_array().into_iter().flatten() {
         let same = r["shape"].as_str() == Some(shape) && r["dtype"].as_str() == Some(dtype);
         if let (true, Some(b), Some(tps)) = (
@@ -238,7 +331,7 @@ impl BenchReport {
             .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s))
     }
 
-    /// Check the issue's targets; fills [`Self::targets`].
+    /// Check the targets of `file`; fills [`Self::targets`].
     pub fn evaluate_targets(&mut self, file: &TargetFile) {
         let mut targets = Vec::new();
         // 1. Continuations at batch B ≥ S× HF generate at batch B.
@@ -256,7 +349,7 @@ impl BenchReport {
                 Some(hf) => (
                     Some(c.tokens_per_s >= speedup * hf),
                     format!(
-                        "HF generate {hf:.0} tok/s at batch {cb} ({}); ratio {:.1}x (engine {}){}",
+                        "eager HF generate {hf:.0} tok/s at batch {cb} ({}); ratio {:.1}x (engine {}){}",
                         self.hf
                             .iter()
                             .find(|h| h.batch == cb)
@@ -276,7 +369,7 @@ impl BenchReport {
                 ),
                 None => (
                     None,
-                    "no HF baseline for this shape/dtype (pass --hf)".into(),
+                    "no HF baseline for this shape, dtype and device (pass --hf)".into(),
                 ),
             };
             targets.push(Target {

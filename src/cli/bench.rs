@@ -68,10 +68,11 @@ pub struct Args {
     /// CUDA, none on the CPU.
     #[arg(long)]
     bandwidth_gbs: Option<f64>,
-    /// JSON from `benches/hf_generate.py` to compare against (matched on shape and dtype; a
-    /// missing file is skipped with a warning). Without one, runs of a synthetic shape use the
-    /// reference numbers of the targets file that match their device and dtype (the H200 bf16
-    /// numbers of docs/h200-facts.md).
+    /// JSON from `benches/hf_generate.py` to compare against (matched on shape, dtype and
+    /// device; a missing file is skipped with a warning). Default: the repository's
+    /// `results/throughput/hf-generate-*.json` (static-cache compiled and eager `generate` on
+    /// the H200); a run they do not match uses the eager reference numbers of the targets file,
+    /// and the table says so ("vs eager HF generate (weak baseline)").
     #[arg(long)]
     hf: Vec<PathBuf>,
     /// Targets and reference baselines (TOML; default: the repository's
@@ -184,10 +185,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut report = bench::run(&model, &what, shape.as_deref(), &cfg, &mut bar)?;
     bar.0.finish_and_clear();
 
-    // Baselines: files given, else the targets file's reference numbers for this device/dtype.
+    // Baselines: the files given (else the shipped ones), else the targets file's eager
+    // reference numbers for this device and dtype.
     let dtype = run.dtype.to_string();
+    let kind = if device == Device::Cpu { "cpu" } else { "cuda" };
     if let Some(shape) = &shape {
-        for path in &a.hf {
+        let files = if a.hf.is_empty() {
+            bench::default_hf_files()
+        } else {
+            a.hf.clone()
+        };
+        for path in &files {
             if !path.exists() {
                 eprintln!(
                     "warning: HF baseline {} not found (was transformers installed?); skipping it",
@@ -197,10 +205,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             report
                 .hf
-                .extend(bench::read_hf_baselines(path, shape, &dtype)?);
+                .extend(bench::read_hf_baselines(path, shape, &dtype, kind)?);
         }
         if report.hf.is_empty() {
-            let kind = if device == Device::Cpu { "cpu" } else { "cuda" };
             for b in a.cont_batches.iter().chain(&a.batches) {
                 if let Some(base) = targets.reference_baseline(shape, *b, kind, &dtype)
                     && !report.hf.iter().any(|h| h.batch == *b)

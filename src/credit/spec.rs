@@ -257,7 +257,7 @@ pub struct PassSpec {
     /// key axis than exact's at every step. Under `shuffled` it must not be a multiple of 8:
     /// the static engines' key axis is a multiple of 8, and padding it by whole multiples of 8
     /// keeps cuBLAS's aligned attention kernels, which leave a row's bits unchanged (see
-    /// `docs/replica-floor.md`), while an unaligned axis takes other kernels.
+    /// `docs/guide/replica-floor.md`), while an unaligned axis takes other kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_key_pad: Option<i64>,
     /// Settings of the spectrum pass (`[passes.spectrum]`); required with it, refused without.

@@ -2,7 +2,7 @@
 //! the model wrote.
 //!
 //! A [`Task`] owns its problems and one prompt format (fixed per campaign, see
-//! `docs/concepts.md`). Prompts come out either as chat [`Message`]s, which the caller renders
+//! `docs/guide/concepts.md`). Prompts come out either as chat [`Message`]s, which the caller renders
 //! with the model's own chat template, or as raw [`Prompt::Text`]. Grading is pure: it never
 //! runs model output (see [`gsm8k`] for the GSM8K extraction rules and [`grade`] for the
 //! graders a spec chooses from).
