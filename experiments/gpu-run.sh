@@ -83,10 +83,10 @@ join_models() {
 
 ensure_driver() {
   [ -e $R/DONE ] && return
-  if [ -e $R/driver.pid ] && kill -0 "$(cat $R/driver.pid)" 2>/dev/null; then return; fi
+  # setsid may fork, so a recorded pid is not the driver's: look for the process itself.
+  pgrep -f "[g]pu-run.sh drive" > /dev/null && return
   echo "driver started $(date -u +%T)" >> $R/steps.txt
-  (cd $P && setsid nohup bash experiments/gpu-run.sh drive "$(cat $R/jobs.path)" >> $R/driver.log 2>&1 < /dev/null &
-   echo $! > $R/driver.pid)
+  (cd $P && setsid nohup bash experiments/gpu-run.sh drive "$(cat $R/jobs.path)" >> $R/driver.log 2>&1 < /dev/null &)
 }
 
 wait_model() { until [ -e "$KVCREDIT_HOME/models/$1/$1.gguf" ]; do sleep 2; done; }
