@@ -27,6 +27,7 @@ pub mod profile;
 pub mod registry;
 pub mod runtime;
 pub mod sampling;
+pub mod scoped;
 pub mod spectrum;
 pub mod stats;
 pub mod study;

@@ -16,6 +16,8 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 
 /// One source file: its module path and its text with comments and literals blanked out.
 struct SourceFile {
+    /// Path under `src/` (`credit/spec.rs`).
+    path: String,
     module: Vec<String>,
     /// `src/x/mod.rs` (its `self::` is `x`, not `x`'s parent).
     is_dir_module: bool,
@@ -36,10 +38,8 @@ fn source_files(root: &Path) -> Vec<SourceFile> {
             if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
-            let rel = path
-                .strip_prefix(root)
-                .expect("under src/")
-                .with_extension("");
+            let rel_path = path.strip_prefix(root).expect("under src/");
+            let rel = rel_path.with_extension("");
             let mut module: Vec<String> = rel
                 .components()
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
@@ -53,6 +53,7 @@ fn source_files(root: &Path) -> Vec<SourceFile> {
             }
             let text = std::fs::read_to_string(&path).expect("source is UTF-8");
             out.push(SourceFile {
+                path: rel_path.to_string_lossy().into_owned(),
                 module,
                 is_dir_module,
                 code: strip_comments_and_strings(&text),
@@ -63,8 +64,9 @@ fn source_files(root: &Path) -> Vec<SourceFile> {
     out
 }
 
-/// The text with `//` and `/* */` comments removed and string and char literals emptied, so a
-/// path in a doc link or an error message is not read as an import.
+/// The text with `//` and `/* */` comments removed and string and char literals emptied (line
+/// breaks kept), so a path in a doc link or an error message is not read as an import and a
+/// brace in a literal does not end a function.
 fn strip_comments_and_strings(src: &str) -> String {
     static RE: LazyLock<Regex> = LazyLock::new(|| {
         Regex::new(
@@ -73,10 +75,11 @@ fn strip_comments_and_strings(src: &str) -> String {
         .expect("valid regex")
     });
     RE.replace_all(src, |c: &regex::Captures| {
+        let lines = "\n".repeat(c[0].matches('\n').count());
         if c[0].starts_with('/') {
-            " ".to_string()
+            format!(" {lines}")
         } else {
-            "\"\"".to_string()
+            format!("\"\"{lines}")
         }
     })
     .into_owned()
@@ -321,11 +324,22 @@ fn describe(graph: &Graph) -> String {
         .iter()
         .map(|scc| {
             let cycle = cycle_through(graph, &scc.iter().collect(), &scc[0]);
+            let edges: Vec<String> = scc
+                .iter()
+                .map(|m| {
+                    let inside: Vec<&str> = graph[m]
+                        .iter()
+                        .filter(|t| scc.contains(t))
+                        .map(String::as_str)
+                        .collect();
+                    format!("    {m} -> {}", inside.join(", "))
+                })
+                .collect();
             format!(
-                "{} modules {{{}}}, e.g. {}",
+                "{} modules, e.g. {}; their imports of each other:\n{}",
                 scc.len(),
-                scc.join(", "),
-                cycle.join(" -> ")
+                cycle.join(" -> "),
+                edges.join("\n")
             )
         })
         .collect::<Vec<_>>()
@@ -356,6 +370,7 @@ fn no_import_cycle_between_modules() {
 #[test]
 fn cycle_finder_reports_a_synthetic_cycle() {
     let file = |module: &str, is_dir_module: bool, text: &str| SourceFile {
+        path: format!("{}.rs", module.replace("::", "/")),
         module: module.split("::").map(String::from).collect(),
         is_dir_module,
         code: strip_comments_and_strings(text),
@@ -421,4 +436,280 @@ fn cycle_finder_reports_a_synthetic_cycle() {
         ("y".to_string(), BTreeSet::from(["z".to_string()])),
     ]);
     assert!(cycles(&acyclic).is_empty());
+}
+
+/// Functions longer than this many lines (signature to closing brace) are split into named
+/// helpers.
+const MAX_FN_LINES: usize = 150;
+
+/// Functions still over [`MAX_FN_LINES`], by file and name. The list only shrinks: a function
+/// split below the limit must leave it, and no other function may join it.
+const OVER_LIMIT: [(&str, &str); 20] = [
+    ("analysis/divergence.rs", "extra_sections"),
+    ("analysis/divergence.rs", "seed_claims"),
+    ("analysis/divergence.rs", "write_report"),
+    ("analysis/report.rs", "seed_claims"),
+    ("analysis/table.rs", "comparison"),
+    ("analysis/table.rs", "summary_row"),
+    ("bench/mod.rs", "run"),
+    ("bench/report.rs", "table"),
+    ("bench/targets.rs", "evaluate_targets"),
+    ("credit/campaign.rs", "merge_campaign"),
+    ("credit/campaign.rs", "run_campaign"),
+    ("credit/campaign.rs", "run_group"),
+    ("divergence/lockstep.rs", "run"),
+    ("divergence/run.rs", "run_batch"),
+    ("divergence/run.rs", "run_study"),
+    ("exec/invariance.rs", "run"),
+    ("gguf/mod.rs", "config_inner"),
+    ("model/mod.rs", "from_weights"),
+    ("spectrum/report.rs", "write_report"),
+    ("tokenizer.rs", "from_gguf_inner"),
+];
+
+/// Every function with a body outside test modules (`#[cfg(test)] mod` blocks, `*_tests.rs`,
+/// `tests.rs`): (file, name, lines from `fn` to the closing brace).
+fn function_lengths(files: &[SourceFile]) -> Vec<(String, String, usize)> {
+    static TEST_MOD: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{").expect("regex"));
+    static FN: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\bfn\s+(\w+)").expect("regex"));
+    let mut out = Vec::new();
+    for f in files {
+        if f.path.ends_with("_tests.rs") || f.path.ends_with("tests.rs") {
+            continue;
+        }
+        let code = f.code.as_bytes();
+        let tests: Vec<(usize, usize)> = TEST_MOD
+            .find_iter(&f.code)
+            .map(|m| (m.start(), matching_brace(code, m.end() - 1)))
+            .collect();
+        for m in FN.captures_iter(&f.code) {
+            let at = m.get(0).expect("match").start();
+            if tests.iter().any(|&(a, b)| (a..b).contains(&at)) {
+                continue;
+            }
+            // The body opens at the first `{` outside the signature's brackets; a `;` first
+            // means a declaration without a body.
+            let mut depth = 0i32;
+            let Some(open) = (at..code.len()).find(|&i| {
+                match code[i] {
+                    b'(' | b'[' | b'<' => depth += 1,
+                    b')' | b']' => depth -= 1,
+                    b'>' if code[i - 1] != b'-' && code[i - 1] != b'=' => depth -= 1,
+                    b'{' | b';' if depth <= 0 => return true,
+                    _ => {}
+                }
+                false
+            }) else {
+                continue;
+            };
+            if code[open] == b';' {
+                continue;
+            }
+            let close = matching_brace(code, open);
+            let line = |i: usize| code[..i].iter().filter(|&&b| b == b'\n').count();
+            out.push((f.path.clone(), m[1].to_string(), line(close) - line(at) + 1));
+        }
+    }
+    out
+}
+
+/// The index just past the `}` matching the `{` at `open`.
+fn matching_brace(code: &[u8], open: usize) -> usize {
+    let mut depth = 0;
+    for (i, &b) in code.iter().enumerate().skip(open) {
+        match b {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    code.len()
+}
+
+/// Functions over the limit that are not listed, and listed ones that are no longer over it.
+fn length_violations(
+    lengths: &[(String, String, usize)],
+    listed: &[(&str, &str)],
+) -> (Vec<String>, Vec<String>) {
+    let over: BTreeSet<(&str, &str)> = lengths
+        .iter()
+        .filter(|(_, _, n)| *n > MAX_FN_LINES)
+        .map(|(f, name, _)| (f.as_str(), name.as_str()))
+        .collect();
+    let listed: BTreeSet<(&str, &str)> = listed.iter().copied().collect();
+    let new = lengths
+        .iter()
+        .filter(|(f, name, n)| *n > MAX_FN_LINES && !listed.contains(&(f.as_str(), name.as_str())))
+        .map(|(f, name, n)| format!("{f}: fn {name} ({n} lines)"))
+        .collect();
+    let fixed = listed
+        .difference(&over)
+        .map(|(f, name)| format!("{f}: fn {name}"))
+        .collect();
+    (new, fixed)
+}
+
+#[test]
+fn no_new_function_over_150_lines() {
+    let files = source_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let lengths = function_lengths(&files);
+    assert!(lengths.len() > 1000, "read {} functions", lengths.len());
+    let (new, fixed) = length_violations(&lengths, &OVER_LIMIT);
+    assert!(
+        new.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them into named helpers):\n  {}",
+        new.join("\n  ")
+    );
+    assert!(
+        fixed.is_empty(),
+        "no longer over {MAX_FN_LINES} lines: remove from OVER_LIMIT:\n  {}",
+        fixed.join("\n  ")
+    );
+}
+
+/// A synthetic file: a long function (braces in strings, comments and a nested block inside),
+/// a short one, a declaration without a body, and a long function in a test module.
+#[test]
+fn function_length_check_flags_a_synthetic_long_function() {
+    let body = "    let x = 1;\n".repeat(MAX_FN_LINES);
+    let text = format!(
+        "pub fn long<T: Into<u8>>(a: T) -> Result<(), ()>\nwhere T: Copy\n{{\n    let s = \"}}\"; // }}\n    if true {{ /* {{ */ }}\n{body}}}\n\
+         fn short() -> u8 {{\n    2\n}}\ntrait X {{ fn decl(&self); }}\n\
+         #[cfg(test)]\nmod tests {{\n    fn long_test() {{\n{body}    }}\n}}\n"
+    );
+    let files = [SourceFile {
+        path: "synthetic.rs".into(),
+        module: vec!["synthetic".into()],
+        is_dir_module: false,
+        code: strip_comments_and_strings(&text),
+    }];
+    let lengths = function_lengths(&files);
+    let names: Vec<(&str, usize)> = lengths.iter().map(|(_, n, l)| (n.as_str(), *l)).collect();
+    assert_eq!(names, vec![("long", MAX_FN_LINES + 6), ("short", 3)]);
+    let (new, fixed) = length_violations(&lengths, &[("synthetic.rs", "short")]);
+    assert_eq!(
+        new,
+        vec![format!(
+            "synthetic.rs: fn long ({} lines)",
+            MAX_FN_LINES + 6
+        )]
+    );
+    assert_eq!(fixed, vec!["synthetic.rs: fn short".to_string()]);
+}
+
+/// Files below the CLI that still read the environment, each with what it reads. The list only
+/// shrinks: a file that stops reading must leave it.
+const ENV_READS_PENDING: [(&str, &str); 1] = [(
+    "registry.rs",
+    "KVCREDIT_HOME, HOME (the cache root), KVCREDIT_PYTHON (pip's Python)",
+)];
+
+/// Process-wide or thread-local state below the CLI that is not a run setting.
+const GLOBALS_NOT_SETTINGS: [(&str, &str); 2] = [
+    (
+        "io/mod.rs",
+        "CONTAINED: whether a panic is being contained, for the panic filter",
+    ),
+    ("registry.rs", "COUNTER: unique names of temporary files"),
+];
+
+/// Run settings still held in process globals with thread-local overrides (filled from
+/// `ExecSettings` by the CLI). The list only shrinks.
+const SETTING_GLOBALS_PENDING: [(&str, &str); 2] = [
+    ("exec/glue.rs", "the glue kernels' default and override"),
+    ("sampling.rs", "the sampler's default and override"),
+];
+
+/// Non-test files (outside `cli/` and `main.rs`) that read the environment, and those that hold
+/// an atomic `static` or a `thread_local!`.
+fn env_and_globals(files: &[SourceFile]) -> (BTreeSet<String>, BTreeSet<String>) {
+    static ENV: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"\benv\s*::\s*var(?:_os|s|s_os)?\s*\(").expect("regex"));
+    static GLOBAL: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"\bstatic\s+\w+\s*:\s*(?:std::sync::atomic::)?Atomic|\bthread_local!")
+            .expect("regex")
+    });
+    static TEST_MOD: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{").expect("regex"));
+    let (mut env, mut globals) = (BTreeSet::new(), BTreeSet::new());
+    for f in files {
+        if f.path.starts_with("cli/") || f.path.ends_with("tests.rs") {
+            continue;
+        }
+        let code = TEST_MOD
+            .find(&f.code)
+            .map_or(f.code.as_str(), |m| &f.code[..m.start()]);
+        if ENV.is_match(code) {
+            env.insert(f.path.clone());
+        }
+        if GLOBAL.is_match(code) {
+            globals.insert(f.path.clone());
+        }
+    }
+    (env, globals)
+}
+
+#[test]
+fn settings_come_as_values_not_from_environment_or_globals() {
+    let files = source_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let (env, globals) = env_and_globals(&files);
+    let pending: BTreeSet<String> = ENV_READS_PENDING
+        .iter()
+        .map(|(f, _)| f.to_string())
+        .collect();
+    assert_eq!(
+        env, pending,
+        "environment read below the CLI (resolve it in src/cli/)"
+    );
+    let known: BTreeSet<String> = GLOBALS_NOT_SETTINGS
+        .iter()
+        .chain(&SETTING_GLOBALS_PENDING)
+        .map(|(f, _)| f.to_string())
+        .collect();
+    assert_eq!(
+        globals, known,
+        "a process or thread-local global below the CLI"
+    );
+}
+
+#[test]
+fn environment_and_global_check_flags_a_synthetic_file() {
+    let file = |path: &str, text: &str| SourceFile {
+        path: path.into(),
+        module: vec![path.trim_end_matches(".rs").replace('/', "::")],
+        is_dir_module: false,
+        code: strip_comments_and_strings(text),
+    };
+    let files = [
+        file(
+            "exec/mod.rs",
+            "fn f() { let v = std::env::var(\"KVCREDIT_X\"); }",
+        ),
+        file("model.rs", "static N: AtomicU8 = AtomicU8::new(0);"),
+        file(
+            "kv.rs",
+            "thread_local! { static C: Cell<u8> = Cell::new(0); }",
+        ),
+        file("cli/run_args.rs", "fn g() { std::env::var_os(\"HOME\"); }"),
+        file(
+            "ok.rs",
+            "// std::env::var(\"X\") in a comment\nfn h() { \"thread_local!\"; }",
+        ),
+        file(
+            "t.rs",
+            "#[cfg(test)]\nmod tests { fn t() { std::env::var(\"X\"); } }",
+        ),
+    ];
+    let (env, globals) = env_and_globals(&files);
+    assert_eq!(env, BTreeSet::from(["exec/mod.rs".to_string()]));
+    assert_eq!(
+        globals,
+        BTreeSet::from(["kv.rs".to_string(), "model.rs".to_string()])
+    );
 }

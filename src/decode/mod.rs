@@ -4,4 +4,5 @@
 //! ([`schedule`]).
 pub mod engine;
 pub mod schedule;
+pub mod stats;
 pub mod stepper;
