@@ -111,15 +111,27 @@ pub struct ReferenceBaseline {
 }
 
 impl TargetFile {
-    /// The file the repository ships (`benches/targets.toml` of the source tree).
-    pub const DEFAULT_PATH: &'static str =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/benches/targets.toml");
+    /// The targets the repository ships (`benches/targets.toml`), embedded in the binary so
+    /// `kvcredit bench` runs without a source tree beside it.
+    pub const SHIPPED: &'static str = include_str!("../../benches/targets.toml");
+
+    /// The shipped targets, parsed and validated.
+    pub fn shipped() -> Result<TargetFile> {
+        TargetFile::parse(TargetFile::SHIPPED, "(built in: benches/targets.toml)")
+    }
 
     /// Read and validate `path`; any problem is one `spec:` line naming the file.
     pub fn load(path: &std::path::Path) -> Result<TargetFile> {
-        let bad = |msg: String| Error::Spec(format!("bench targets {}: {msg}", path.display()));
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let file: TargetFile = toml::from_str(&text).map_err(|e| {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Spec(format!("bench targets {source}: {e}")))?;
+        TargetFile::parse(&text, &source)
+    }
+
+    /// Parse and validate `text`; any problem is one `spec:` line naming `source`.
+    pub fn parse(text: &str, source: &str) -> Result<TargetFile> {
+        let bad = |msg: String| Error::Spec(format!("bench targets {source}: {msg}"));
+        let file: TargetFile = toml::from_str(text).map_err(|e| {
             let line = e
                 .span()
                 .map(|r| text[..r.start.min(text.len())].lines().count().max(1));
