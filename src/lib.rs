@@ -28,6 +28,7 @@ pub mod registry;
 pub mod runtime;
 pub mod sampling;
 pub mod scoped;
+pub mod seed;
 pub mod spectrum;
 pub mod stats;
 pub mod study;
