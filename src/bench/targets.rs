@@ -250,9 +250,21 @@ impl BenchReport {
             .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s))
     }
 
-    /// Check the targets; fills [`Self::targets`].
+    /// Check the report against `file`'s targets (continuation speed, decode step,
+    /// batch-invariant cost, token identity, kernel checks, snapshot memory, in that order);
+    /// fills [`Self::targets`].
     pub fn evaluate_targets(&mut self, file: &TargetFile) {
         let mut targets = Vec::new();
+        self.continuation_speed_targets(file, &mut targets);
+        self.decode_step_targets(file, &mut targets);
+        self.token_identity_targets(&mut targets);
+        self.kernel_check_targets(&mut targets);
+        self.memory_target(file, &mut targets);
+        self.targets = targets;
+    }
+
+    /// Continuations at the target batch against HF generate, per policy.
+    fn continuation_speed_targets(&self, file: &TargetFile, targets: &mut Vec<Target>) {
         // 1. Continuations at batch B ≥ S× HF generate at batch B.
         let (cb, speedup) = (file.continuation.batch, file.continuation.min_speedup);
         let base = self
@@ -301,6 +313,10 @@ impl BenchReport {
                 note,
             });
         }
+    }
+
+    /// The batch-1 decode step against its target and roofline, and the batch-invariant cost relative to stock.
+    fn decode_step_targets(&self, file: &TargetFile, targets: &mut Vec<Target>) {
         // 2. Batch-1 decode step (of the target's shape), with the roofline.
         if let Some((ms, mode)) = self.decode_ms(PolicyKind::Stock, 1) {
             let floor = self.decode.first().and_then(|d| d.floor_ms);
@@ -339,6 +355,10 @@ impl BenchReport {
                 });
             }
         }
+    }
+
+    /// Whether engines and batch sizes sample the same tokens, per policy.
+    fn token_identity_targets(&self, targets: &mut Vec<Target>) {
         // Correctness beside speed: do engines and batch sizes sample the same tokens?
         for policy in [PolicyKind::Stock, PolicyKind::BatchInvariant] {
             let runs: Vec<&ContinuationResult> = self
@@ -375,6 +395,10 @@ impl BenchReport {
                 ),
             });
         }
+    }
+
+    /// The fused sampler and glue bitwise their ATen references, and tokens identical across samplers.
+    fn kernel_check_targets(&self, targets: &mut Vec<Target>) {
         // The fused sampler must choose bitwise the reference's tokens, in the check and in
         // every continuation measurement run under both samplers.
         if let Some(c) = &self.sampler_check {
@@ -434,6 +458,10 @@ impl BenchReport {
                 },
             });
         }
+    }
+
+    /// Snapshot memory for the pivots against the rollout's KV.
+    fn memory_target(&self, file: &TargetFile, targets: &mut Vec<Target>) {
         // 4. Snapshot memory for the pivots ≤ R× the rollout's KV.
         if let Some(m) = &self.memory {
             let max = file.snapshot.max_ratio;
@@ -450,6 +478,5 @@ impl BenchReport {
                 ),
             });
         }
-        self.targets = targets;
     }
 }
