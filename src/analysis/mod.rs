@@ -16,6 +16,7 @@
 //! # Ok::<(), kvcredit::Error>(())
 //! ```
 pub mod divergence;
+mod divergence_data;
 mod divergence_figures;
 pub mod identity;
 pub mod plot;

@@ -2,12 +2,10 @@
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
 use super::estimate::{Estimate, estimate};
-use super::records;
+use super::records::{self, JobId, PassAudit};
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
 use super::spec::{CampaignSpec, Pass, ReplicaSchedule, SpectrumPass};
-use crate::decode::engine::{
-    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
-};
+use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Outcome, Start, Stop};
 use crate::decode::schedule;
 use crate::exec::{ExecPolicy, ExecSettings, PolicyKind};
 use crate::io::parquet::Table;
@@ -621,28 +619,6 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
 struct Shard {
     tables: [Table; 4],
     info: ShardInfo,
-}
-
-/// Where a pass ran each continuation and whether its start was verified, indexed like the
-/// jobs.
-pub(crate) struct PassAudit {
-    /// Batch and row of each job.
-    pub placements: Vec<Placement>,
-    /// The job's starting K/V matched its decode-time fingerprint.
-    pub verified: Vec<bool>,
-    /// The numerical path each job took.
-    pub paths: Vec<crate::decode::engine::NumericalPath>,
-}
-
-/// One continuation job's coordinates.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct JobId {
-    /// Index into the pivots.
-    pub pivot: usize,
-    /// 0 = original token, r = alternative of rank r.
-    pub branch: usize,
-    /// Sample index k.
-    pub sample: usize,
 }
 
 /// One problem of a group up to its passes: its rollout, pivots and continuation jobs.

@@ -1027,7 +1027,8 @@ fn seed_claims(md: &mut String, rows: &[SeedRow]) -> Result<()> {
                 };
                 let _ = writeln!(
                     md,
-                    "| PPL Δ% at b = 0.5, tiered +1.97 / −0.06 / −0.44 vs PDTrim +25.85 / +22.07 / +35.63 | {model} | tiered {}, PDTrim {}; tiered − PDTrim {:+.2} points {} over {windows} windows | {verdict} |",
+                    "| PPL Δ% at b = 0.5, {} | {model} | tiered {}, PDTrim {}; tiered − PDTrim {:+.2} points {} over {windows} windows | {verdict} |",
+                    crate::seed::claims().spectrum.ppl_text(),
                     mean_ci(*tiered),
                     mean_ci(*pdtrim),
                     diff.0,
@@ -1065,7 +1066,9 @@ fn seed_claims(md: &mut String, rows: &[SeedRow]) -> Result<()> {
                 };
                 let _ = writeln!(
                     md,
-                    "| NIAH at b = 0.3 (Qwen), tiered 52.6% vs PDTrim 26.3% | {model} | tiered {t}, PDTrim {p} | {verdict} |"
+                    "| NIAH at b = 0.3 (Qwen), tiered {:.1}% vs PDTrim {:.1}% | {model} | tiered {t}, PDTrim {p} | {verdict} |",
+                    crate::seed::claims().spectrum.niah_pct.0,
+                    crate::seed::claims().spectrum.niah_pct.1,
                 );
             }
             SeedRow::Ttft {
@@ -1076,7 +1079,9 @@ fn seed_claims(md: &mut String, rows: &[SeedRow]) -> Result<()> {
             } => {
                 let _ = writeln!(
                     md,
-                    "| TTFT cut 50–62% at b = 0.5 | {model} ({link}) | {cut:+.1}% (medians of {repeats} repeat{}) | no test |",
+                    "| TTFT cut {:.0}–{:.0}% at b = 0.5 | {model} ({link}) | {cut:+.1}% (medians of {repeats} repeat{}) | no test |",
+                    crate::seed::claims().spectrum.ttft_cut_pct.0,
+                    crate::seed::claims().spectrum.ttft_cut_pct.1,
                     if *repeats == 1 { "" } else { "s" }
                 );
             }
