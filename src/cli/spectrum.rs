@@ -216,7 +216,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
 
 /// Spec, loaded model, output folder and the resolved run configuration.
 fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf, RunConfig)> {
-    let mut spec = SpectrumSpec::load(&a.spec)?;
+    let (mut spec, _) = SpectrumSpec::load(&a.spec)?;
     let cfg = a
         .run
         .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;

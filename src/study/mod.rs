@@ -6,6 +6,7 @@
 //! skips it; its tables' digests ([`crate::io::integrity::SHARD_HASHES`]) are verified before
 //! they are merged. Leftover temporary folders of an interrupted run are removed on the next start.
 pub mod bounds;
+pub mod spec;
 
 use crate::io::integrity::{FileHashes, hash_files, record_shard, verify_shard_file};
 use crate::io::parquet::{Table, concat_files};
