@@ -82,7 +82,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     if let Some(m) = finished_run(&spec, &sha, &out_dir, shard)? {
         println!(
             "already finished at {}: {} problems; nothing to run",
-            m.finished_at.as_deref().unwrap_or("?"),
+            m.run.finished_at.as_deref().unwrap_or("?"),
             m.problems_done
         );
         println!("results: {}", out_dir.display());

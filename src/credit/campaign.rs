@@ -11,7 +11,7 @@ use crate::decode::engine::{
 use crate::decode::schedule;
 use crate::exec::{ExecPolicy, ExecSettings, PolicyKind};
 use crate::io::parquet::Table;
-use crate::io::schema::RecordedSpec;
+use crate::io::schema::{RecordedSpec, RunHeader, RunOrigin};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
@@ -82,7 +82,7 @@ fn shard_dir(out: &Path, problem: usize) -> PathBuf {
 /// Whether the run in `out` is finished: its manifest has `finished_at` and its four tables
 /// are there. A finished run is final; its `shards/` may have been deleted.
 fn is_finished(manifest: &Manifest, out: &Path) -> bool {
-    manifest.finished_at.is_some()
+    manifest.run.finished_at.is_some()
         && TABLES
             .iter()
             .all(|t| out.join(format!("{t}.parquet")).exists())
@@ -103,7 +103,7 @@ pub fn finished_run(
         return Ok(None);
     }
     let m: Manifest = read_json(&path)?;
-    let same = m.spec_sha256 == spec_sha256
+    let same = m.run.spec_sha256 == spec_sha256
         && m.shard == shard
         && m.pool_problems.unwrap_or(1) == spec.passes.pool_problems
         && m.refill.unwrap_or(false) == spec.passes.refill;
@@ -143,13 +143,7 @@ pub fn run_campaign(
     let record = settings.record(spec.policy, Some(settings.engine));
     let mut manifest = if manifest_path.exists() {
         let mut m: Manifest = read_json(&manifest_path)?;
-        if m.spec_sha256 != spec_sha256 {
-            return Err(Error::Spec(format!(
-                "{} holds a run of a different spec (sha256 {}…); use another --out",
-                out.display(),
-                &m.spec_sha256[..12]
-            )));
-        }
+        m.run.check_spec(spec_sha256, out)?;
         if m.shard != opts.shard {
             let was = |s: Option<ShardSpec>| match s {
                 Some(s) => format!("shard {s}"),
@@ -179,38 +173,40 @@ pub fn run_campaign(
                 spec.passes.refill
             )));
         }
-        m.exec.resume_with(&record, &out.display().to_string())?;
+        m.run
+            .exec
+            .resume_with(&record, &out.display().to_string())?;
         if let Some(was) = &m.task {
             was.resume_with(&task.record(), &out.display().to_string())?;
         }
         if is_finished(&m, out) {
             return Ok(m);
         }
-        m.resumed_at.push(now_rfc3339());
+        m.run.resumed_at.push(now_rfc3339());
         m.failure = None;
         m
     } else {
         Manifest {
-            name: spec.name.clone(),
-            spec_sha256: spec_sha256.to_string(),
+            run: RunHeader::start(
+                RunOrigin {
+                    study: "credit",
+                    name: &spec.name,
+                    spec_sha256,
+                    model: &model.name,
+                    model_sha256: model.sha256.as_deref(),
+                    device: &spec.device,
+                },
+                record,
+            ),
             spec: RecordedSpec::Full(Box::new(spec.clone())),
             task: Some(task.record()),
-            model: model.name.clone(),
-            model_sha256: model.sha256.clone(),
             dtype: spec.dtype,
-            device: spec.device.clone(),
-            exec: record,
             replica_schedule: spec.passes.replica_schedule,
             pool_problems: (spec.passes.pool_problems > 1).then_some(spec.passes.pool_problems),
             refill: spec.passes.refill.then_some(true),
             k: u32::try_from(spec.continuations.k)
                 .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
             seed: spec.seed,
-            kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
-            libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
-            started_at: now_rfc3339(),
-            resumed_at: vec![],
-            finished_at: None,
             failure: None,
             problems_total: problems.len(),
             problems_done: 0,
@@ -300,7 +296,7 @@ fn finish(manifest: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<(
         merge_table(&dirs, name, out)?;
     }
     manifest.files_sha256 = table_hashes(out, &TABLES)?;
-    manifest.finished_at = Some(now_rfc3339());
+    manifest.run.finished_at = Some(now_rfc3339());
     write_json(&out.join("manifest.json"), manifest)
 }
 
@@ -354,13 +350,13 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
         .collect::<Result<_>>()?;
     let first = &manifests[0];
     for (d, m) in dirs.iter().zip(&manifests).skip(1) {
-        if m.spec_sha256 != first.spec_sha256 {
+        if m.run.spec_sha256 != first.run.spec_sha256 {
             return Err(Error::Spec(format!(
                 "{} ran a different spec (sha256 {}…) from {} (sha256 {}…); merge shards of one spec",
                 d.display(),
-                &m.spec_sha256[..m.spec_sha256.len().min(12)],
+                &m.run.spec_sha256[..m.run.spec_sha256.len().min(12)],
                 first_dir.display(),
-                &first.spec_sha256[..first.spec_sha256.len().min(12)]
+                &first.run.spec_sha256[..first.run.spec_sha256.len().min(12)]
             )));
         }
         if m.refill != first.refill {
@@ -373,14 +369,14 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
                 on(first)
             )));
         }
-        if m.exec.policy == PolicyKind::Stock && m.exec.engine != first.exec.engine {
+        if m.run.exec.policy == PolicyKind::Stock && m.run.exec.engine != first.run.exec.engine {
             let name = |e: Option<EngineMode>| e.map_or("an unrecorded".into(), |e| e.to_string());
             return Err(Error::Spec(format!(
                 "{} ran the {} engine and {} the {} one (stock numerics differ between them); rerun one with --engine set",
                 d.display(),
-                name(m.exec.engine),
+                name(m.run.exec.engine),
                 first_dir.display(),
-                name(first.exec.engine)
+                name(first.run.exec.engine)
             )));
         }
     }
@@ -458,7 +454,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     }
     if out_manifest.exists() {
         let m: Manifest = read_json(&out_manifest)?;
-        if m.spec_sha256 != first.spec_sha256 || m.merged_from.is_empty() {
+        if m.run.spec_sha256 != first.run.spec_sha256 || m.merged_from.is_empty() {
             return Err(Error::Spec(format!(
                 "{} already holds a run; merge into another --out",
                 out.display()
@@ -470,18 +466,18 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     manifest.shard = None;
     manifest.merged_from = manifests.iter().map(label).collect();
     manifest.problems_total = problems.len();
-    manifest.started_at = manifests
+    manifest.run.started_at = manifests
         .iter()
-        .map(|m| m.started_at.clone())
+        .map(|m| m.run.started_at.clone())
         .min()
         .unwrap_or_default();
     let mut resumed: Vec<String> = manifests
         .iter()
-        .flat_map(|m| m.resumed_at.iter().cloned())
+        .flat_map(|m| m.run.resumed_at.iter().cloned())
         .collect();
     resumed.sort();
-    manifest.resumed_at = resumed;
-    manifest.finished_at = None;
+    manifest.run.resumed_at = resumed;
+    manifest.run.finished_at = None;
     let shards = prepare_shards(out)?;
     for p in &problems {
         copy_shard(
