@@ -13,6 +13,7 @@
 pub mod allocate;
 pub mod eval;
 pub mod figures;
+pub mod grid;
 pub mod importance;
 pub mod quant;
 pub mod report;

@@ -1,11 +1,13 @@
 //! `kvcredit spectrum report`: one Markdown report over run folders (one per model) from the
-//! grids' journals (`ppl.rows.jsonl`, `niah.rows.jsonl`), the probe verdicts (`probe*.parquet`)
+//! grids' finished units ([`super::grid`]; an older run's journals `ppl.rows.jsonl`,
+//! `niah.rows.jsonl`), the probe verdicts (`probe*.parquet`)
 //! and the TTFT rows of `spectrum send` (`ttft*.parquet`): PPL Δ% per variant with a t-interval
 //! over windows, the paired tiered − PDTrim difference at b = 0.5, NIAH accuracy with Wilson
 //! intervals, the probe and gate per quantizer, and the TTFT stage medians with the cut vs
 //! FP16; plus three figures as PNG and SVG ([`super::figures`]): PPL Δ% vs b, NIAH accuracy
 //! by depth, TTFT stage stacks. A figure without data is not drawn.
 use super::eval::{NiahRow, PplRow};
+use super::grid;
 use super::figures::{
     NIAH_STEM, NiahFigure, NiahPanel, PPL_STEM, PplFigure, PplPanel, PplSeries, TTFT_STAGES,
     TTFT_STEM, TtftBar, TtftFigure, TtftPanel,
@@ -545,21 +547,29 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     let mut models: Vec<String> = Vec::new();
     let mut claims: Vec<SeedRow> = Vec::new();
     for dir in dirs {
+        // A grid's rows: its finished units (see [`super::grid`]), else a journal of an
+        // older run.
         let ppl_path = dir.join("ppl.rows.jsonl");
-        let ppl: Vec<PplRow> = if ppl_path.exists() {
-            read_journal(&ppl_path)?
-        } else {
-            Vec::new()
+        let ppl: Vec<PplRow> = match grid::read_rows(dir, "ppl")? {
+            Some(rows) => rows,
+            None if ppl_path.exists() => read_journal(&ppl_path)?,
+            None => Vec::new(),
         };
         let niah_path = dir.join("niah.rows.jsonl");
-        let niah: Vec<NiahRow> = if niah_path.exists() {
-            read_journal(&niah_path)?
-        } else {
-            Vec::new()
+        let niah: Vec<NiahRow> = match grid::read_rows(dir, "niah")? {
+            Some(rows) => rows,
+            None if niah_path.exists() => read_journal(&niah_path)?,
+            None => Vec::new(),
         };
-        // The model of the panels: the journals' settings, else the folder's name; a name
-        // already used gets its folder appended.
-        let mut model = journal_model(&ppl_path)
+        let ppl_run = grid::read_manifest(dir, "ppl")?;
+        let niah_run = grid::read_manifest(dir, "niah")?;
+        // The model of the panels: the grids' specs, else the folder's name; a name already
+        // used gets its folder appended.
+        let mut model = ppl_run
+            .as_ref()
+            .or(niah_run.as_ref())
+            .map(|m| m.spec.model.clone())
+            .or_else(|| journal_model(&ppl_path))
             .or_else(|| journal_model(&niah_path))
             .unwrap_or_else(|| {
                 let n = dir.file_name().map_or_else(
@@ -692,7 +702,10 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                     pdtrim,
                 });
             }
-            let grid_depths = journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64());
+            let grid_depths = match &niah_run {
+                Some(m) => m.spec.niah.as_ref().map(|n| n.depths as u64),
+                None => journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64()),
+            };
             niah_panels.push(niah_panel(&model, &niah, grid_depths));
         }
         probe_tables(&mut md, &parquet_files(dir, "probe", &["probe-trials"])?)?;
