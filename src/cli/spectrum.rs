@@ -8,12 +8,12 @@ use kvcredit::io::parquet::{Column, Table};
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
 use kvcredit::spectrum::allocate::{Policy, Protect};
 use kvcredit::spectrum::eval::{self, Variant};
-use kvcredit::spectrum::importance::ImportanceSpec;
 use kvcredit::spectrum::grid::{self, GridRun};
+use kvcredit::spectrum::importance::ImportanceSpec;
 use kvcredit::spectrum::spec::SpectrumSpec;
-use kvcredit::study::progress::outputs_line;
 use kvcredit::spectrum::transport::{self, ServeOptions};
 use kvcredit::spectrum::{Quantizer, wire};
+use kvcredit::study::progress::outputs_line;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -309,7 +309,11 @@ fn ppl(a: SpecArgs) -> anyhow::Result<()> {
 fn niah(a: SpecArgs) -> anyhow::Result<()> {
     let s = setup(&a)?;
     let (rows, path) = grid::niah(&s.grid(a.quiet))?;
-    let n = s.spec.niah.as_ref().context("the spec has no [niah] section")?;
+    let n = s
+        .spec
+        .niah
+        .as_ref()
+        .context("the spec has no [niah] section")?;
     println!(
         "{} NIAH ~{} tokens, {} depths × {} seeds",
         s.model.name, n.context, n.depths, n.seeds

@@ -11,7 +11,7 @@ use crate::decode::engine::{
 use crate::decode::schedule;
 use crate::exec::{ExecPolicy, ExecSettings, PolicyKind};
 use crate::io::parquet::Table;
-use crate::io::schema::{RecordedSpec, RunHeader, RunOrigin};
+use crate::io::schema::{ExecRecord, RecordedSpec, RunHeader, RunOrigin};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
@@ -143,42 +143,7 @@ pub fn run_campaign(
     let record = settings.record(spec.policy, Some(settings.engine));
     let mut manifest = if manifest_path.exists() {
         let mut m: Manifest = read_json(&manifest_path)?;
-        m.run.check_spec(spec_sha256, out)?;
-        if m.shard != opts.shard {
-            let was = |s: Option<ShardSpec>| match s {
-                Some(s) => format!("shard {s}"),
-                None => "the whole campaign".into(),
-            };
-            return Err(Error::Spec(format!(
-                "{} holds {} and this run asks for {}; use another --out",
-                out.display(),
-                was(m.shard),
-                was(opts.shard)
-            )));
-        }
-        let pool = |p: Option<usize>| p.unwrap_or(1);
-        let asked = spec.passes.pool_problems;
-        if pool(m.pool_problems) != asked {
-            return Err(Error::Spec(format!(
-                "{} holds a run with passes.pool_problems = {} and this run asks for {asked} (other pools, other batches); use another --out",
-                out.display(),
-                pool(m.pool_problems)
-            )));
-        }
-        let refill = m.refill.unwrap_or(false);
-        if refill != spec.passes.refill {
-            return Err(Error::Spec(format!(
-                "{} holds a run with passes.refill = {refill} and this run asks for {} (other schedules, other batches); use another --out",
-                out.display(),
-                spec.passes.refill
-            )));
-        }
-        m.run
-            .exec
-            .resume_with(&record, &out.display().to_string())?;
-        if let Some(was) = &m.task {
-            was.resume_with(&task.record(), &out.display().to_string())?;
-        }
+        check_resume(&mut m, spec, spec_sha256, opts, &record, &task)?;
         if is_finished(&m, out) {
             return Ok(m);
         }
@@ -186,42 +151,15 @@ pub fn run_campaign(
         m.failure = None;
         m
     } else {
-        Manifest {
-            run: RunHeader::start(
-                RunOrigin {
-                    study: "credit",
-                    name: &spec.name,
-                    spec_sha256,
-                    model: &model.name,
-                    model_sha256: model.sha256.as_deref(),
-                    device: &spec.device,
-                },
-                record,
-            ),
-            spec: RecordedSpec::Full(Box::new(spec.clone())),
-            task: Some(task.record()),
-            dtype: spec.dtype,
-            replica_schedule: spec.passes.replica_schedule,
-            pool_problems: (spec.passes.pool_problems > 1).then_some(spec.passes.pool_problems),
-            refill: spec.passes.refill.then_some(true),
-            k: u32::try_from(spec.continuations.k)
-                .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
-            seed: spec.seed,
-            failure: None,
-            problems_total: problems.len(),
-            problems_done: 0,
-            snapshot_checks: 0,
-            snapshot_hits: 0,
-            snapshot_hit_rate: 1.0,
-            snapshot_checks_pivots: Some(0),
-            snapshot_hits_pivots: Some(0),
-            cost: BTreeMap::new(),
-            numerics: BTreeMap::new(),
-            spectrum: None,
-            shard: opts.shard,
-            merged_from: vec![],
-            files_sha256: BTreeMap::new(),
-        }
+        new_manifest(
+            spec,
+            spec_sha256,
+            model,
+            record,
+            &task,
+            problems.len(),
+            opts.shard,
+        )?
     };
     write_json(&manifest_path, &manifest)?;
     prepare_shards(out)?;
@@ -286,6 +224,102 @@ pub fn run_campaign(
     Ok(manifest)
 }
 
+/// Refuse to resume the run `m` in `opts.out_dir` with another spec, shard, pooling, refill,
+/// numerical path or task; fill in what an older run did not record.
+fn check_resume(
+    m: &mut Manifest,
+    spec: &CampaignSpec,
+    spec_sha256: &str,
+    opts: &RunOptions,
+    record: &ExecRecord,
+    task: &SpecTask,
+) -> Result<()> {
+    let out = &opts.out_dir;
+    m.run.check_spec(spec_sha256, out)?;
+    if m.shard != opts.shard {
+        let was = |s: Option<ShardSpec>| match s {
+            Some(s) => format!("shard {s}"),
+            None => "the whole campaign".into(),
+        };
+        return Err(Error::Spec(format!(
+            "{} holds {} and this run asks for {}; use another --out",
+            out.display(),
+            was(m.shard),
+            was(opts.shard)
+        )));
+    }
+    let pool = |p: Option<usize>| p.unwrap_or(1);
+    let asked = spec.passes.pool_problems;
+    if pool(m.pool_problems) != asked {
+        return Err(Error::Spec(format!(
+            "{} holds a run with passes.pool_problems = {} and this run asks for {asked} (other pools, other batches); use another --out",
+            out.display(),
+            pool(m.pool_problems)
+        )));
+    }
+    let refill = m.refill.unwrap_or(false);
+    if refill != spec.passes.refill {
+        return Err(Error::Spec(format!(
+            "{} holds a run with passes.refill = {refill} and this run asks for {} (other schedules, other batches); use another --out",
+            out.display(),
+            spec.passes.refill
+        )));
+    }
+    m.run.exec.resume_with(record, &out.display().to_string())?;
+    if let Some(was) = &m.task {
+        was.resume_with(&task.record(), &out.display().to_string())?;
+    }
+    Ok(())
+}
+
+/// The manifest of a campaign starting now.
+fn new_manifest(
+    spec: &CampaignSpec,
+    spec_sha256: &str,
+    model: &LoadedModel,
+    record: ExecRecord,
+    task: &SpecTask,
+    problems_total: usize,
+    shard: Option<ShardSpec>,
+) -> Result<Manifest> {
+    Ok(Manifest {
+        run: RunHeader::start(
+            RunOrigin {
+                study: "credit",
+                name: &spec.name,
+                spec_sha256,
+                model: &model.name,
+                model_sha256: model.sha256.as_deref(),
+                device: &spec.device,
+            },
+            record,
+        ),
+        spec: RecordedSpec::Full(Box::new(spec.clone())),
+        task: Some(task.record()),
+        dtype: spec.dtype,
+        replica_schedule: spec.passes.replica_schedule,
+        pool_problems: (spec.passes.pool_problems > 1).then_some(spec.passes.pool_problems),
+        refill: spec.passes.refill.then_some(true),
+        k: u32::try_from(spec.continuations.k)
+            .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
+        seed: spec.seed,
+        failure: None,
+        problems_total,
+        problems_done: 0,
+        snapshot_checks: 0,
+        snapshot_hits: 0,
+        snapshot_hit_rate: 1.0,
+        snapshot_checks_pivots: Some(0),
+        snapshot_hits_pivots: Some(0),
+        cost: BTreeMap::new(),
+        numerics: BTreeMap::new(),
+        spectrum: None,
+        shard,
+        merged_from: vec![],
+        files_sha256: BTreeMap::new(),
+    })
+}
+
 /// The end of a run, shared by `campaign run` and `campaign merge`: the manifest's counts and
 /// cost from the problems' shards under `out/shards/`, the tables (the shards' tables
 /// concatenated in problem order) and the finished manifest.
@@ -325,31 +359,10 @@ fn shard_problems(shard: ShardSpec, all: &[Problem], pool: usize) -> Result<Vec<
     Ok(shard.select(&groups).concat())
 }
 
-/// Merge the run folders of one spec's shards (`campaign run --shard i/N`, or unsharded runs)
-/// into `out`: their per-problem shards are copied to `out/shards/` and the tables are written
-/// by the same code that ends an unsharded run, so they are byte-identical to one. Refused,
-/// before anything is written, when the folders ran different specs (`spec_sha256`), hold a
-/// problem twice, or together miss a problem (one not in any folder's shard, or not finished
-/// there).
-pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
-    let Some(first_dir) = dirs.first() else {
-        return Err(Error::Spec("merge: no run folders given".into()));
-    };
-    let manifests: Vec<Manifest> = dirs
-        .iter()
-        .map(|d| {
-            let path = d.join("manifest.json");
-            if !path.is_file() {
-                return Err(Error::Spec(format!(
-                    "{} has no manifest.json (not a campaign run folder)",
-                    d.display()
-                )));
-            }
-            read_json(&path)
-        })
-        .collect::<Result<_>>()?;
-    let first = &manifests[0];
-    for (d, m) in dirs.iter().zip(&manifests).skip(1) {
+/// Refuse to merge run folders of other specs, refill schedules or (under stock) engines.
+fn check_mergeable(dirs: &[PathBuf], manifests: &[Manifest]) -> Result<()> {
+    let (first, first_dir) = (&manifests[0], &dirs[0]);
+    for (d, m) in dirs.iter().zip(manifests).skip(1) {
         if m.run.spec_sha256 != first.run.spec_sha256 {
             return Err(Error::Spec(format!(
                 "{} ran a different spec (sha256 {}…) from {} (sha256 {}…); merge shards of one spec",
@@ -380,6 +393,34 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
             )));
         }
     }
+    Ok(())
+}
+
+/// Merge the run folders of one spec's shards (`campaign run --shard i/N`, or unsharded runs)
+/// into `out`: their per-problem shards are copied to `out/shards/` and the tables are written
+/// by the same code that ends an unsharded run, so they are byte-identical to one. Refused,
+/// before anything is written, when the folders ran different specs (`spec_sha256`), hold a
+/// problem twice, or together miss a problem (one not in any folder's shard, or not finished
+/// there).
+pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
+    let Some(first_dir) = dirs.first() else {
+        return Err(Error::Spec("merge: no run folders given".into()));
+    };
+    let manifests: Vec<Manifest> = dirs
+        .iter()
+        .map(|d| {
+            let path = d.join("manifest.json");
+            if !path.is_file() {
+                return Err(Error::Spec(format!(
+                    "{} has no manifest.json (not a campaign run folder)",
+                    d.display()
+                )));
+            }
+            read_json(&path)
+        })
+        .collect::<Result<_>>()?;
+    check_mergeable(dirs, &manifests)?;
+    let first = &manifests[0];
     let crate::io::schema::RecordedSpec::Full(spec) = &first.spec else {
         return Err(Error::Spec(format!(
             "{}: the manifest does not record the full spec (an older run); it cannot be merged",

@@ -106,23 +106,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     let policy = settings.policy(spec.policy);
     let record = settings.record(spec.policy, Some(EngineMode::Eager));
     let manifest_path = out.join("manifest.json");
-    let previous: Option<Manifest> = if manifest_path.exists() {
-        let mut m: Manifest = read_json(&manifest_path)?;
-        m.run.check_spec(spec_sha256, out)?;
-        m.run
-            .exec
-            .resume_with(&record, &out.display().to_string())?;
-        if let Some(was) = &m.task {
-            was.resume_with(&task.record(), &out.display().to_string())?;
-        }
-        Some(m)
-    } else {
-        None
-    };
-    let mut manifest: Option<Manifest> = previous.map(|mut m| {
-        m.run.resumed_at.push(now_rfc3339());
-        m
-    });
+    let mut manifest = resume(out, spec_sha256, &record, &task)?;
     let batches: Vec<&[Problem]> = problems.chunks(spec.batch_size).collect();
     let mut lock = None;
     for &dtype in &spec.dtypes {
@@ -228,24 +212,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         return Err(Error::Spec("nothing to run".into()));
     };
     if !m.failed_dtypes.is_empty() {
-        let failed: Vec<String> = m.failed_dtypes.values().cloned().collect();
-        let merged = match merge_finished(out) {
-            Ok(done) => {
-                let names: Vec<String> = done
-                    .merged_dtypes
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect();
-                format!("tables of {} merged", names.join(", "))
-            }
-            Err(_) => "no dtype finished".to_string(),
-        };
-        return Err(Error::NonFinite(format!(
-            "{}; {merged} in {}",
-            failed.join("; "),
-            out.display()
-        )));
+        return Err(failed_dtypes(&m, out));
     }
     m.files_sha256 = merge_tables(out, spec, &problems, &spec.dtypes)?;
     refresh(&mut m, out, spec, &problems)?;
@@ -253,6 +220,51 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     m.run.finished_at = Some(now_rfc3339());
     write_json(&manifest_path, &m)?;
     Ok(m)
+}
+
+/// The manifest of the run in `out` to resume, with this invocation's start recorded;
+/// refused for another spec, numerical path or task; `None` without a run there.
+fn resume(
+    out: &Path,
+    spec_sha256: &str,
+    record: &ExecRecord,
+    task: &SpecTask,
+) -> Result<Option<Manifest>> {
+    let manifest_path = out.join("manifest.json");
+    if !manifest_path.exists() {
+        return Ok(None);
+    }
+    let mut m: Manifest = read_json(&manifest_path)?;
+    m.run.check_spec(spec_sha256, out)?;
+    m.run.exec.resume_with(record, &out.display().to_string())?;
+    if let Some(was) = &m.task {
+        was.resume_with(&task.record(), &out.display().to_string())?;
+    }
+    m.run.resumed_at.push(now_rfc3339());
+    Ok(Some(m))
+}
+
+/// The error of a study some of whose dtypes stopped on non-finite logits, once the tables
+/// of the finished dtypes are merged.
+fn failed_dtypes(m: &Manifest, out: &Path) -> Error {
+    let failed: Vec<String> = m.failed_dtypes.values().cloned().collect();
+    let merged = match merge_finished(out) {
+        Ok(done) => {
+            let names: Vec<String> = done
+                .merged_dtypes
+                .unwrap_or_default()
+                .iter()
+                .map(|d| d.to_string())
+                .collect();
+            format!("tables of {} merged", names.join(", "))
+        }
+        Err(_) => "no dtype finished".to_string(),
+    };
+    Error::NonFinite(format!(
+        "{}; {merged} in {}",
+        failed.join("; "),
+        out.display()
+    ))
 }
 
 /// The study's tables from the shards of `dtypes` (every problem of each); returns their

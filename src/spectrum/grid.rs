@@ -13,8 +13,7 @@ use crate::io::schema::{ExecRecord, RunHeader, RunOrigin};
 use crate::runtime::{Dtype, LoadedModel};
 use crate::study::progress::{bar, unit_line};
 use crate::study::{
-    RunLock, commit_shard, lock_run, now_rfc3339, prepare_dir, read_json, table_hashes,
-    write_json,
+    RunLock, commit_shard, lock_run, now_rfc3339, prepare_dir, read_json, table_hashes, write_json,
 };
 use crate::{Error, Result};
 use serde::de::DeserializeOwned;
@@ -385,7 +384,10 @@ fn probe_unit(g: &GridRun, p: &ProbeSpec) -> Result<(Vec<String>, Vec<(&'static 
     let strs = |f: &dyn Fn(usize) -> String| Column::Str((0..n).map(f).collect());
     let table = Table::new()
         .with("model", Column::Str(vec![model.name.clone(); n]))
-        .with("quantizer", strs(&|i| verdicts[i].quantizer.name().to_string()))
+        .with(
+            "quantizer",
+            strs(&|i| verdicts[i].quantizer.name().to_string()),
+        )
         .with("b", Column::F64(vec![p.b; n]))
         .with("context", Column::U32(vec![p.context as u32; n]))
         .with(
@@ -396,7 +398,10 @@ fn probe_unit(g: &GridRun, p: &ProbeSpec) -> Result<(Vec<String>, Vec<(&'static 
             "probe_int4",
             Column::Bool(verdicts.iter().map(|v| v.int4).collect()),
         )
-        .with("selected_policy", strs(&|i| verdicts[i].selected.to_string()))
+        .with(
+            "selected_policy",
+            strs(&|i| verdicts[i].selected.to_string()),
+        )
         .with(
             "gate_ppl_ratio",
             Column::F64(gates.iter().map(|g| g.ppl_ratio).collect()),

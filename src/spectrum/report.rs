@@ -7,11 +7,11 @@
 //! FP16; plus three figures as PNG and SVG ([`super::figures`]): PPL Δ% vs b, NIAH accuracy
 //! by depth, TTFT stage stacks. A figure without data is not drawn.
 use super::eval::{NiahRow, PplRow};
-use super::grid;
 use super::figures::{
     NIAH_STEM, NiahFigure, NiahPanel, PPL_STEM, PplFigure, PplPanel, PplSeries, TTFT_STAGES,
     TTFT_STEM, TtftBar, TtftFigure, TtftPanel,
 };
+use super::grid;
 use crate::analysis::plot::render;
 use crate::analysis::read::Frame;
 use crate::stats;
