@@ -51,6 +51,9 @@ struct UnitRows<R> {
     rows: Vec<R>,
 }
 
+/// A unit's tables, by name (none for the ppl and niah grids, whose tables are built from rows).
+type UnitTables = Vec<(&'static str, Table)>;
+
 /// Everything a grid runs with.
 pub struct GridRun<'a> {
     /// The spec (device as resolved).
@@ -138,7 +141,7 @@ fn run_units<R: Serialize + DeserializeOwned>(
     run: &mut Opened,
     units: &[(String, String)],
     what: &str,
-    mut work: impl FnMut(usize) -> Result<(Vec<R>, Vec<(&'static str, Table)>)>,
+    mut work: impl FnMut(usize) -> Result<(Vec<R>, UnitTables)>,
 ) -> Result<Vec<R>> {
     let pb = bar(units.len(), what, g.quiet)?;
     let mut rows = Vec::new();
@@ -343,7 +346,7 @@ pub fn probe(g: &GridRun) -> Result<(Vec<String>, PathBuf)> {
 }
 
 /// The probe's summary lines and its two tables.
-fn probe_unit(g: &GridRun, p: &ProbeSpec) -> Result<(Vec<String>, Vec<(&'static str, Table)>)> {
+fn probe_unit(g: &GridRun, p: &ProbeSpec) -> Result<(Vec<String>, UnitTables)> {
     let model = g.model;
     let (mut trials, mut verdicts) = (Vec::new(), Vec::new());
     for &q in &p.quantizers {

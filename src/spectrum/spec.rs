@@ -353,4 +353,8 @@ impl crate::study::spec::StudySpec for SpectrumSpec {
     fn validate_loaded(&self, _text: &str) -> Result<()> {
         self.validate()
     }
+
+    fn parse_error(message: String) -> Error {
+        bad(message)
+    }
 }

@@ -12,6 +12,11 @@ pub trait StudySpec: DeserializeOwned {
     /// Every check the spec must pass before a run starts; `text` is the file as read (for
     /// checks on which keys were written out).
     fn validate_loaded(&self, text: &str) -> Result<()>;
+
+    /// The error of a file that does not parse, `message` naming the file and line.
+    fn parse_error(message: String) -> Error {
+        Error::Spec(message)
+    }
 }
 
 /// The spec at `path`, validated, and the SHA-256 of its bytes (the `spec_sha256` of the
@@ -23,7 +28,7 @@ pub fn load_spec<S: StudySpec>(path: &Path) -> Result<(S, String)> {
             .span()
             .map(|s| format!("line {}: ", text[..s.start].matches('\n').count() + 1))
             .unwrap_or_default();
-        Error::Spec(format!(
+        S::parse_error(format!(
             "{}: {line}{}",
             path.display(),
             e.message().trim().replace('\n', " ")
