@@ -6,8 +6,8 @@
 //! `replay.parquet`, `drift.parquet` where present); writes the figures (PNG + SVG: rate bars,
 //! τ ECDF and drift here, the others in `divergence_figures.rs`), then `report.md` atomically,
 //! with a "Figures" section listing the ones written.
-use super::divergence_data::*;
 pub use super::divergence_data::mcnemar_exact;
+use super::divergence_data::*;
 use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
 use crate::stats::{wilson, wilson_rate as rate};
 use crate::{Error, Result};

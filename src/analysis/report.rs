@@ -1469,10 +1469,10 @@ fn not_finished(out: &mut String, unfinished: &[UnfinishedRun]) {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {}/{} | {} | {} | {} |",
-            m.name,
-            m.model,
+            m.run.name,
+            m.run.model,
             m.dtype,
-            m.exec.policy,
+            m.run.exec.policy,
             m.problems_done,
             m.problems_total,
             status,

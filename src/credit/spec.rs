@@ -402,16 +402,7 @@ fn default_schedule() -> ReplicaSchedule {
 impl CampaignSpec {
     /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
     pub fn load(path: &Path) -> Result<(CampaignSpec, String)> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut spec: CampaignSpec = toml::from_str(&text)
-            .map_err(|e| Error::Spec(format!("{}: {}", path.display(), e.message())))?;
-        if let (Some(t), Some(dir)) = (&mut spec.task, path.parent()) {
-            t.resolve_paths(dir);
-        }
-        spec.validate()?;
-        spec.validate_explicit_keys(&text)?;
-        spec.task()?;
-        Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+        crate::study::spec::load_spec(path)
     }
 
     /// The task (`[task]`, or GSM8K from `[problems]`) and its problems, loaded and checked.
@@ -761,6 +752,20 @@ impl ReplicaSchedule {
 impl fmt::Display for ReplicaSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl crate::study::spec::StudySpec for CampaignSpec {
+    fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(t) = &mut self.task {
+            t.resolve_paths(dir);
+        }
+    }
+
+    fn validate_loaded(&self, text: &str) -> Result<()> {
+        self.validate()?;
+        self.validate_explicit_keys(text)?;
+        self.task().map(drop)
     }
 }
 

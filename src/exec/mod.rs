@@ -415,7 +415,7 @@ impl ExecSettings {
 }
 
 /// How a run executed, recorded (flattened) in every manifest — campaign, divergence, and the
-/// spectrum journals' headers: the policy, the tiles it ran with, and the engine.
+/// spectrum grids': the policy, the tiles it ran with, and the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExecRecord {
     /// Execution policy.

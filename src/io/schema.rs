@@ -315,29 +315,104 @@ impl RecordedSpec {
     }
 }
 
-/// What a campaign run records about itself (`manifest.json`).
+/// The header every study's manifest starts with (flattened into it): which study and spec
+/// ran, on which model and numerical path, by which build, and when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// Campaign (configuration) label; the `config` column of its tables.
+pub struct RunHeader {
+    /// The study that wrote the run: `credit`, `divergence` or `spectrum` (absent in runs
+    /// written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub study: Option<String>,
+    /// The spec's label; the `config` column of a campaign's tables.
     pub name: String,
     /// SHA-256 of the spec file's bytes, recorded before anything ran.
     pub spec_sha256: String,
+    /// Model name.
+    pub model: String,
+    /// SHA-256 of the model file, when known.
+    pub model_sha256: Option<String>,
+    /// Run device.
+    pub device: String,
+    /// Execution policy, its tiles and the engine.
+    #[serde(flatten)]
+    pub exec: ExecRecord,
+    /// kvcredit version.
+    pub kvcredit_version: String,
+    /// libtorch version the binary was built against.
+    pub libtorch_version: String,
+    /// When the run first started (UTC, RFC 3339).
+    pub started_at: String,
+    /// When each later invocation resumed it.
+    #[serde(default)]
+    pub resumed_at: Vec<String>,
+    /// When it finished, if it has.
+    pub finished_at: Option<String>,
+}
+
+/// What [`RunHeader::start`] records of the spec and the model.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOrigin<'a> {
+    /// `credit`, `divergence` or `spectrum`.
+    pub study: &'a str,
+    /// The spec's label.
+    pub name: &'a str,
+    /// SHA-256 of the spec file's bytes.
+    pub spec_sha256: &'a str,
+    /// Model name.
+    pub model: &'a str,
+    /// SHA-256 of the model file, when known.
+    pub model_sha256: Option<&'a str>,
+    /// Run device.
+    pub device: &'a str,
+}
+
+impl RunHeader {
+    /// The header of a run starting now.
+    pub fn start(o: RunOrigin, exec: ExecRecord) -> RunHeader {
+        RunHeader {
+            study: Some(o.study.to_string()),
+            name: o.name.to_string(),
+            spec_sha256: o.spec_sha256.to_string(),
+            model: o.model.to_string(),
+            model_sha256: o.model_sha256.map(str::to_string),
+            device: o.device.to_string(),
+            exec,
+            kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
+            libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
+            started_at: super::UtcTime::now().rfc3339(),
+            resumed_at: vec![],
+            finished_at: None,
+        }
+    }
+
+    /// Refuse, in one line, to resume the run in `out` with a spec of another hash.
+    pub fn check_spec(&self, spec_sha256: &str, out: &std::path::Path) -> crate::Result<()> {
+        if self.spec_sha256 == spec_sha256 {
+            return Ok(());
+        }
+        Err(crate::Error::Spec(format!(
+            "{} holds a run of a different spec (sha256 {}…, this spec {}…); use another --out",
+            out.display(),
+            &self.spec_sha256[..self.spec_sha256.len().min(12)],
+            &spec_sha256[..spec_sha256.len().min(12)]
+        )))
+    }
+}
+
+/// What a campaign run records about itself (`manifest.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Study, spec, model, execution, build and times; `run.name` is the campaign
+    /// (configuration) label, the `config` column of its tables.
+    #[serde(flatten)]
+    pub run: RunHeader,
     /// The spec as parsed.
     pub spec: RecordedSpec,
     /// The task: name, grader, prompt and data hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskRecord>,
-    /// Model name.
-    pub model: String,
-    /// SHA-256 of the model file, when known.
-    pub model_sha256: Option<String>,
     /// Run dtype.
     pub dtype: Dtype,
-    /// Run device.
-    pub device: String,
-    /// Execution policy, its tiles and the continuation engine.
-    #[serde(flatten)]
-    pub exec: ExecRecord,
     /// Replica schedule.
     pub replica_schedule: ReplicaSchedule,
     /// `passes.pool_problems` when above 1 (problems run in pooled groups of that size).
@@ -350,17 +425,6 @@ pub struct Manifest {
     pub k: u32,
     /// Campaign seed.
     pub seed: u64,
-    /// kvcredit version.
-    pub kvcredit_version: String,
-    /// libtorch version the binary was built against.
-    pub libtorch_version: String,
-    /// When the run first started (UTC, RFC 3339).
-    pub started_at: String,
-    /// When each later invocation resumed it.
-    #[serde(default)]
-    pub resumed_at: Vec<String>,
-    /// When it finished, if it has.
-    pub finished_at: Option<String>,
     /// The one-line error that stopped the last invocation, if it failed (cleared when a
     /// rerun resumes the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -632,7 +696,7 @@ mod tests {
         assert_eq!(serde_json::to_value(&trust).unwrap(), value);
         assert!(matches!(trust.spec, RecordedSpec::Full(_)));
         assert_eq!(
-            (trust.exec.policy, trust.dtype, trust.exec.engine),
+            (trust.run.exec.policy, trust.dtype, trust.run.exec.engine),
             (PolicyKind::Stock, Dtype::Bf16, Some(EngineMode::Graph))
         );
         assert_eq!(trust.replica_schedule, ReplicaSchedule::Shuffled);

@@ -40,7 +40,7 @@ use tch::{Kind, Tensor};
 pub const WIKITEXT2_TEST: &str = include_str!("../../data/wikitext-2-raw/wiki.test.raw");
 
 /// Version of what decides a row beyond the spec's settings (the quantizers' granularity,
-/// the perplexity protocol): a grid's journal records it, and one written under another
+/// the perplexity protocol): a grid's manifest records it, and one written under another
 /// version is not resumed.
 pub const PROTOCOL: u32 = 2;
 
