@@ -1043,7 +1043,7 @@ fn report_pairs_every_number_with_an_interval_and_draws_the_figures_it_has_data_
     let md = report::report(std::slice::from_ref(&run), &root.join("out"))?;
     assert!(root.join("out/report.md").exists());
     // Window 1 of spectrum: exp(0.5 / 10) − 1 = +5.13%; pooled over both: exp(0.5 / 20) − 1.
-    assert!((report::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
+    assert!((kvcredit::spectrum::eval::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
     assert!(md.contains("| spectrum kivi b=0.5 | 2 | +2.53 |"), "{md}");
     assert!(md.contains("Tiered (kivi) − PDTrim at b = 0.5, paired over windows"));
     // The seed's PPL claim beside ours, with the paired interval the verdict is read from.

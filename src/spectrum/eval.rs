@@ -497,6 +497,11 @@ pub fn perplexity_window(
     Ok(rows)
 }
 
+/// Per-window Δ% of one row.
+pub fn window_delta(r: &PplRow) -> f64 {
+    100.0 * (((r.nll - r.nll_base) / r.tokens as f64).exp() - 1.0)
+}
+
 /// One variant's perplexity over all windows: `(ppl, ppl_base, Δ%, mean KL, mean real b)`.
 pub fn ppl_summary(rows: &[&PplRow]) -> (f64, f64, f64, f64, f64) {
     let tokens: f64 = rows.iter().map(|r| r.tokens as f64).sum();

@@ -9,7 +9,7 @@
 //! ([`super::figures`]): PPL Δ% vs b, NIAH accuracy by depth, TTFT stage stacks. A figure
 //! without data is not drawn.
 use super::compare::{self, NiahDiff, PplDiff};
-use super::eval::{NiahRow, PplRow};
+use super::eval::{NiahRow, PplRow, window_delta};
 use super::figures::{
     NIAH_STEM, NiahFigure, NiahPanel, PPL_STEM, PplFigure, PplPanel, PplSeries, TTFT_STAGES,
     TTFT_STEM, TtftBar, TtftFigure, TtftPanel,
@@ -35,11 +35,6 @@ pub fn read_journal<R: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<R
         rows.extend(r);
     }
     Ok(rows)
-}
-
-/// Per-window Δ% of one row.
-pub fn window_delta(r: &PplRow) -> f64 {
-    100.0 * (((r.nll - r.nll_base) / r.tokens as f64).exp() - 1.0)
 }
 
 /// Mean per-window Δ% of `rows` and its 95% t-interval over windows (`None` with one window).
