@@ -1259,16 +1259,21 @@ fn ppl_records_its_text_and_refuses_a_grid_of_other_settings() {
     );
     // A manifest of another protocol, or one without it (written before it existed), or of
     // another text is refused in one line, and left as it was.
-    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
-        ("protocol", |m| m["protocol"] = 1.into()),
-        ("protocol", |m| {
-            m.as_object_mut().unwrap().remove("protocol");
-        }),
-        ("text", |m| m["text"] = "raw".into()),
-    ];
-    for (what, edit) in edits {
+    let set = |key: &str, value: Option<serde_json::Value>| {
         let mut old = m.clone();
-        edit(&mut old);
+        let fields = old.as_object_mut().unwrap();
+        match value {
+            Some(v) => fields.insert(key.to_string(), v),
+            None => fields.remove(key),
+        };
+        old
+    };
+    let edits = [
+        ("protocol", set("protocol", Some(1.into()))),
+        ("protocol", set("protocol", None)),
+        ("text", set("text", Some("raw".into()))),
+    ];
+    for (what, old) in edits {
         let old = serde_json::to_string_pretty(&old).unwrap();
         std::fs::write(&manifest, &old).unwrap();
         let (code, _, err) = run(&spec(""), &lf);
