@@ -748,7 +748,7 @@ impl Checker<'_> {
         let status = FloorStatus::of(
             Some(tokens),
             self.manifest.replica_schedule.as_str(),
-            &self.manifest.exec.policy.to_string(),
+            &self.manifest.run.exec.policy.to_string(),
         );
         if status == FloorStatus::StructuralZero {
             let n = tokens.total;
@@ -900,14 +900,14 @@ pub fn check_run(dir: &Path) -> Result<CheckReport> {
         if let Some(g) = &groupings {
             ck.replica_grouping(g);
         }
-        let stock = manifest.exec.policy == PolicyKind::Stock;
+        let stock = manifest.run.exec.policy == PolicyKind::Stock;
         if stock {
             rules.push(Rule::ReplicaFloor);
         }
         rules.push(Rule::ReplicaPath);
         ck.replica_floor();
     }
-    if manifest.exec.policy == PolicyKind::BatchInvariant {
+    if manifest.run.exec.policy == PolicyKind::BatchInvariant {
         rules.push(Rule::BatchInvariant);
         for pass in [Pass::Replica, Pass::Refeed, Pass::RefeedReplica] {
             ck.identical(Rule::BatchInvariant, pass);

@@ -27,6 +27,8 @@ pub mod profile;
 pub mod registry;
 pub mod runtime;
 pub mod sampling;
+pub mod scoped;
+pub mod seed;
 pub mod spectrum;
 pub mod stats;
 pub mod study;

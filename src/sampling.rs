@@ -255,7 +255,7 @@ pub fn set_default(sampler: Option<Sampler>) {
 
 /// Run `f` with `sampler` drawing this thread's tokens (the previous choice is restored).
 pub fn with_sampler<T>(sampler: Sampler, f: impl FnOnce() -> T) -> T {
-    crate::runtime::scoped(&OVERRIDE, sampler, f)
+    crate::scoped::scoped(&OVERRIDE, sampler, f)
 }
 
 const SAMPLING_SOURCE: &str = include_str!("../kernels/sampling.cu");

@@ -216,43 +216,7 @@ fn from_gguf_inner(g: &GgufFile) -> Result<TokenizerInfo> {
         .collect();
     tokenizer.add_tokens(user).map_err(tk)?;
 
-    if add_bos || add_eos {
-        let text = |i: u32| tokens[i as usize].to_string();
-        let mut single = Vec::new();
-        let mut pair = Vec::new();
-        let mut specials = Vec::new();
-        if let (true, Some(b)) = (add_bos, bos) {
-            single.push(text(b));
-            pair.push(text(b));
-            specials.push(json!({"id": text(b), "ids": [b], "tokens": [text(b)]}));
-        }
-        single.push("$A".to_string());
-        pair.push("$A".to_string());
-        if let (true, Some(e)) = (add_eos, eos) {
-            single.push(text(e));
-            pair.push(text(e));
-            if !add_bos || Some(e) != bos {
-                specials.push(json!({"id": text(e), "ids": [e], "tokens": [text(e)]}));
-            }
-        }
-        if let (true, Some(b)) = (add_bos, bos) {
-            pair.push(text(b));
-        }
-        pair.push("$B:1".to_string());
-        if let (true, Some(e)) = (add_eos, eos) {
-            pair.push(text(e));
-        }
-        let specials: serde_json::Map<String, serde_json::Value> = specials
-            .into_iter()
-            .map(|s| (s["id"].as_str().unwrap_or_default().to_string(), s))
-            .collect();
-        let post: PostProcessorWrapper = serde_json::from_value(json!({
-            "type": "TemplateProcessing",
-            "single": single.iter().map(|p| piece(p)).collect::<Vec<_>>(),
-            "pair": pair.iter().map(|p| piece(p)).collect::<Vec<_>>(),
-            "special_tokens": specials,
-        }))
-        .map_err(tk)?;
+    if let Some(post) = template_post_processor(&tokens, (add_bos, bos), (add_eos, eos))? {
         tokenizer.with_post_processor(Some(post));
     }
 
@@ -273,6 +237,55 @@ fn from_gguf_inner(g: &GgufFile) -> Result<TokenizerInfo> {
         eos_token: eos.map(|e| tokens[e as usize].to_string()),
         chat_template: g.opt_str("tokenizer.chat_template")?.map(str::to_string),
     })
+}
+
+/// The template that adds BOS and/or EOS around one sequence or a pair (`None` when neither
+/// is added).
+fn template_post_processor(
+    tokens: &[&str],
+    (add_bos, bos): (bool, Option<u32>),
+    (add_eos, eos): (bool, Option<u32>),
+) -> Result<Option<PostProcessorWrapper>> {
+    if !(add_bos || add_eos) {
+        return Ok(None);
+    }
+    let text = |i: u32| tokens[i as usize].to_string();
+    let mut single = Vec::new();
+    let mut pair = Vec::new();
+    let mut specials = Vec::new();
+    if let (true, Some(b)) = (add_bos, bos) {
+        single.push(text(b));
+        pair.push(text(b));
+        specials.push(json!({"id": text(b), "ids": [b], "tokens": [text(b)]}));
+    }
+    single.push("$A".to_string());
+    pair.push("$A".to_string());
+    if let (true, Some(e)) = (add_eos, eos) {
+        single.push(text(e));
+        pair.push(text(e));
+        if !add_bos || Some(e) != bos {
+            specials.push(json!({"id": text(e), "ids": [e], "tokens": [text(e)]}));
+        }
+    }
+    if let (true, Some(b)) = (add_bos, bos) {
+        pair.push(text(b));
+    }
+    pair.push("$B:1".to_string());
+    if let (true, Some(e)) = (add_eos, eos) {
+        pair.push(text(e));
+    }
+    let specials: serde_json::Map<String, serde_json::Value> = specials
+        .into_iter()
+        .map(|s| (s["id"].as_str().unwrap_or_default().to_string(), s))
+        .collect();
+    let post: PostProcessorWrapper = serde_json::from_value(json!({
+        "type": "TemplateProcessing",
+        "single": single.iter().map(|p| piece(p)).collect::<Vec<_>>(),
+        "pair": pair.iter().map(|p| piece(p)).collect::<Vec<_>>(),
+        "special_tokens": specials,
+    }))
+    .map_err(tk)?;
+    Ok(Some(post))
 }
 
 /// An end-of-generation set: `first` in order, then the other ids of `extra` ascending; no

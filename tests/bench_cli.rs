@@ -201,3 +201,74 @@ fn bench_rejects_bad_settings_in_one_line() {
         );
     }
 }
+
+/// The binary copied alone into an empty folder and run from there (no source tree beside it,
+/// as on a GPU machine) prints `bench --help` and runs a synthetic bench on its built-in
+/// targets; `--targets` still replaces them (a missing file is then the error).
+#[test]
+fn bench_runs_from_a_lone_copy_of_the_binary() {
+    let dir = common::scratch("bench", "lone-binary");
+    let exe = dir.join("kvcredit");
+    std::fs::copy(env!("CARGO_BIN_EXE_kvcredit"), &exe).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&exe)
+            .args(args)
+            .current_dir(&dir)
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .expect("the copied binary runs");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (
+            out.status.code().unwrap_or(-1),
+            text(&out.stdout),
+            text(&out.stderr),
+        )
+    };
+    let (code, stdout, stderr) = run(&["bench", "--help"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("--targets"), "{stdout}");
+
+    let bench = [
+        "bench",
+        "--synthetic",
+        "tiny-qwen2",
+        "--dtype",
+        "fp32",
+        "--prompt",
+        "8",
+        "--batches",
+        "1",
+        "--steps",
+        "1",
+        "--rollout-tokens",
+        "4",
+        "--pivots",
+        "1",
+        "--k",
+        "1",
+        "--new-tokens",
+        "2",
+        "--cont-batches",
+        "2",
+        "--samplers",
+        "aten",
+        "--quiet",
+        "--out",
+        "report",
+    ];
+    let (code, stdout, stderr) = run(&bench);
+    assert_eq!(code, 0, "bench failed beside no source tree: {stderr}");
+    assert!(stdout.contains("wrote "), "{stdout}");
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("report/bench-tiny-qwen2-fp32-cpu.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        !json["targets"].as_array().unwrap().is_empty(),
+        "built-in targets evaluated"
+    );
+
+    let (code, _, stderr) = run(&[&bench[..], &["--targets", "no-such-targets.toml"]].concat());
+    assert_ne!(code, 0);
+    assert!(stderr.contains("no-such-targets.toml"), "{stderr}");
+}

@@ -6,7 +6,7 @@ use kvcredit::bench::{
 };
 
 fn shipped() -> TargetFile {
-    TargetFile::load(std::path::Path::new(TargetFile::DEFAULT_PATH)).unwrap()
+    TargetFile::shipped().unwrap()
 }
 
 #[test]
@@ -46,7 +46,7 @@ fn the_shipped_file_holds_the_issue_targets_and_h200_baselines() {
 fn bad_target_files_are_one_line_errors() {
     let dir = std::env::temp_dir().join(format!("kvcredit-targets-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let text = std::fs::read_to_string(TargetFile::DEFAULT_PATH).unwrap();
+    let text = TargetFile::SHIPPED;
     let first = "{ shape = \"qwen2.5-0.5b\", batch = 1, generate_tokens_per_s = 15.0 }";
     assert!(text.contains(first));
     for (name, bad, needle) in [

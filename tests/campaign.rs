@@ -1118,7 +1118,7 @@ fn a_finished_run_is_left_as_it_is() {
         "another spec's run is not this one"
     );
     let m = common::run_campaign_file(&spec_path, &model, &out);
-    assert!(m.resumed_at.is_empty(), "{:?}", m.resumed_at);
+    assert!(m.run.resumed_at.is_empty(), "{:?}", m.run.resumed_at);
     assert_eq!(read("manifest.json"), manifest, "manifest rewritten");
     assert!(!out.join("shards").exists(), "shards recomputed");
 
@@ -1135,7 +1135,7 @@ fn a_finished_run_is_left_as_it_is() {
             .is_none()
     );
     let m = common::run_campaign_file(&spec_path, &model, &out);
-    assert_eq!(m.resumed_at.len(), 1);
+    assert_eq!(m.run.resumed_at.len(), 1);
     assert!(out.join("shards/problem-00001").exists(), "not resumed");
     for (t, before) in schema::TABLES.iter().zip(&tables) {
         assert!(

@@ -879,6 +879,8 @@ fn decode_worker_over_loopback_matches_in_process_and_survives_bad_frames() -> R
     let mut s = connect();
     let r = transport::request(&mut s, &frame, last[0], 3, None)?;
     assert_eq!(r.tokens, want);
+    // Closed, so that its idle time-out does not race the stalled client's for the last slot.
+    drop(s);
     worker.join().unwrap()?;
     drop(stalled);
     let log: Vec<String> = log_rx.try_iter().collect();
@@ -1043,7 +1045,7 @@ fn report_pairs_every_number_with_an_interval_and_draws_the_figures_it_has_data_
     let md = report::report(std::slice::from_ref(&run), &root.join("out"))?;
     assert!(root.join("out/report.md").exists());
     // Window 1 of spectrum: exp(0.5 / 10) − 1 = +5.13%; pooled over both: exp(0.5 / 20) − 1.
-    assert!((report::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
+    assert!((kvcredit::spectrum::eval::window_delta(&row("s", "k", 1, 10.5)) - 5.127).abs() < 1e-3);
     assert!(md.contains("| spectrum kivi b=0.5 | 2 | +2.53 |"), "{md}");
     assert!(md.contains("Tiered (kivi) − PDTrim at b = 0.5, paired over windows"));
     // The seed's PPL claim beside ours, with the paired interval the verdict is read from.
@@ -1205,7 +1207,7 @@ fn wikitext_is_tokenized_with_lf_line_ends_unless_raw_is_asked() -> Result<()> {
 }
 
 #[test]
-fn ppl_records_its_text_and_refuses_a_journal_of_other_settings() {
+fn ppl_records_its_text_and_refuses_a_grid_of_other_settings() {
     let dir = common::scratch("spectrum", "ppl-text");
     let model = common::chat_fixture(&dir.join("model"), 4096);
     let spec = |text: &str| {
@@ -1245,28 +1247,43 @@ fn ppl_records_its_text_and_refuses_a_journal_of_other_settings() {
     assert_eq!((t_lf.as_str(), t_raw.as_str()), ("lf", "raw"));
     // The first window's text holds a line end: the uncompressed NLLs differ.
     assert_ne!(base_lf.to_bits(), base_raw.to_bits());
-    // The journal header records the text and the protocol.
-    let journal = lf.join("ppl.rows.jsonl");
-    let written = std::fs::read_to_string(&journal).unwrap();
-    let (head, rest) = written.split_once('\n').unwrap();
-    let header: serde_json::Value = serde_json::from_str(head).unwrap();
-    assert_eq!(header["grid"]["text"], "lf");
+    // The grid's manifest records the text and the protocol.
+    let manifest = lf.join("ppl.manifest.json");
+    let written = std::fs::read_to_string(&manifest).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(m["text"], "lf", "{written}");
     assert_eq!(
-        header["protocol"],
+        m["protocol"],
         kvcredit::spectrum::eval::PROTOCOL,
-        "{head}"
+        "{written}"
     );
-    // A journal whose header lacks them (written before either existed) is refused.
-    let mut old = header.clone();
-    old.as_object_mut().unwrap().remove("protocol");
-    old["grid"].as_object_mut().unwrap().remove("text");
-    std::fs::write(&journal, format!("{old}\n{rest}")).unwrap();
-    let (code, _, err) = run(&spec(""), &lf);
-    assert_ne!(code, 0);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("ppl.rows.jsonl"), "{err}");
-    // Negative control: the journal as written resumes.
-    std::fs::write(&journal, &written).unwrap();
+    // A manifest of another protocol, or one without it (written before it existed), or of
+    // another text is refused in one line, and left as it was.
+    let set = |key: &str, value: Option<serde_json::Value>| {
+        let mut old = m.clone();
+        let fields = old.as_object_mut().unwrap();
+        match value {
+            Some(v) => fields.insert(key.to_string(), v),
+            None => fields.remove(key),
+        };
+        old
+    };
+    let edits = [
+        ("protocol", set("protocol", Some(1.into()))),
+        ("protocol", set("protocol", None)),
+        ("text", set("text", Some("raw".into()))),
+    ];
+    for (what, old) in edits {
+        let old = serde_json::to_string_pretty(&old).unwrap();
+        std::fs::write(&manifest, &old).unwrap();
+        let (code, _, err) = run(&spec(""), &lf);
+        assert_ne!(code, 0, "{what}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(what) && err.contains("(ppl)"), "{err}");
+        assert_eq!(std::fs::read_to_string(&manifest).unwrap(), old);
+    }
+    // Negative control: the manifest as written resumes.
+    std::fs::write(&manifest, &written).unwrap();
     let (code, _, err) = run(&spec(""), &lf);
     assert_eq!(code, 0, "{err}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -4,7 +4,7 @@
 //! donor-following bars and divergence vs prefill chunk size. Each is drawn from the run-dir
 //! tables as `divergence.rs` reduced them, as PNG + SVG through [`render`]; a figure whose
 //! table is absent (or holds nothing it could draw) is skipped.
-use super::divergence::{Cells, Forced, PatchRow, ReplayRow};
+use super::divergence_data::{Cells, Forced, PatchRow, ReplayRow};
 use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
 use crate::Result;
 use crate::stats::wilson;
@@ -345,7 +345,7 @@ fn accuracy(cells: &Cells, level: f64) -> Result<Option<HBarFigure>> {
             c.on_only,
             c.off_only,
             c.n,
-            super::divergence::mcnemar_exact(c.on_only, c.off_only)
+            super::divergence_data::mcnemar_exact(c.on_only, c.off_only)
         ));
     }
     let acc = vec![

@@ -16,6 +16,7 @@
 //! # Ok::<(), kvcredit::Error>(())
 //! ```
 pub mod divergence;
+mod divergence_data;
 mod divergence_figures;
 pub mod identity;
 pub mod plot;
@@ -130,7 +131,7 @@ fn load_partial(dir: &Path, manifest: Manifest) -> Result<RunData> {
     done.sort();
     let label = format!(
         "{} (partial {}/{})",
-        manifest.name,
+        manifest.run.name,
         done.len(),
         manifest.problems_total
     );
@@ -160,7 +161,7 @@ pub fn load_runs(dirs: &[PathBuf], partial: bool) -> Result<(Vec<RunData>, Vec<U
     let (mut runs, mut unfinished) = (Vec::new(), Vec::new());
     for dir in dirs {
         let manifest = read::read_manifest(dir)?;
-        if manifest.finished_at.is_some() || dir.join(read::ESTIMATES).exists() {
+        if manifest.run.finished_at.is_some() || dir.join(read::ESTIMATES).exists() {
             runs.push(load_finished(dir, manifest)?);
             continue;
         }
@@ -228,7 +229,7 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
                 &meta.replica_schedule,
                 m.replica_schedule.as_str(),
             )?;
-            same("policy", cfg, &meta.policy, &m.exec.policy.to_string())?;
+            same("policy", cfg, &meta.policy, &m.run.exec.policy.to_string())?;
             let task = m.task.as_ref().map(|t| t.describe());
             if let (Some(was), Some(now)) = (&meta.task, &task) {
                 same("task", cfg, was, now)?;

@@ -16,22 +16,6 @@ use super::summary::{
 /// File name of the report.
 pub const REPORT: &str = "report.md";
 
-/// The seed paper's ranges over its six stock configurations (the abstract's numbers).
-pub mod seed_paper {
-    /// Excess over the replica floor, any-informative, percentage points.
-    pub const EXCESS_PP: (f64, f64) = (14.0, 28.0);
-    /// Excess, treatment-independent conditioning, percentage points.
-    pub const EXCESS_TI_PP: (f64, f64) = (7.0, 21.0);
-    /// Problem-clustered t (the abstract does not say which conditioning).
-    pub const CLUSTERED_T: (f64, f64) = (2.9, 6.4);
-    /// Jaccard(exact, refeed) of the critical sets (threshold not stated).
-    pub const JACCARD: (f64, f64) = (0.34, 0.90);
-    /// Jaccard(exact, replica), the replica ceiling.
-    pub const CEILING: (f64, f64) = (0.63, 0.96);
-    /// Replica floor, fraction of eligible estimates.
-    pub const FLOOR: (f64, f64) = (0.09, 0.23);
-}
-
 fn dash() -> String {
     "—".into()
 }
@@ -379,7 +363,7 @@ fn paired_contrast(out: &mut String, summaries: &[ConfigSummary], t: Pass) {
 }
 
 fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
-    use seed_paper as sp;
+    let sp = &crate::seed::claims().credit;
     // The paper's replica runs under another batch schedule; a same-schedule replica has a
     // floor of 0 by construction, and so has one that exercised no numerical difference:
     // those configurations are left out of the ranges.
@@ -447,24 +431,24 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
             100.0,
             1
         ),
-        sp::EXCESS_PP.0,
-        sp::EXCESS_PP.1,
+        sp.excess_pp.0,
+        sp.excess_pp.1,
         range(
             rows(ti).filter_map(|r| r.excess.map(|e| e.estimate)),
             100.0,
             1
         ),
-        sp::EXCESS_TI_PP.0,
-        sp::EXCESS_TI_PP.1,
+        sp.excess_ti_pp.0,
+        sp.excess_ti_pp.1,
         range(ts, 1.0, 2),
-        sp::CLUSTERED_T.0,
-        sp::CLUSTERED_T.1,
+        sp.clustered_t.0,
+        sp.clustered_t.1,
         {
             let r = range(rows(ai).filter_map(|r| r.replica.rate), 100.0, 1);
             if r == "—" { r } else { format!("{r}%") }
         },
-        100.0 * sp::FLOOR.0,
-        100.0 * sp::FLOOR.1,
+        100.0 * sp.floor.0,
+        100.0 * sp.floor.1,
     );
     // One Jaccard range per threshold value τ (configurations with other K share only the
     // thresholds they have in common), never pooled over τ.
@@ -502,12 +486,12 @@ fn versus_paper(out: &mut String, summaries: &[ConfigSummary]) {
              | replica ceiling Jaccard(exact, replica) at τ = {label} (min \\|∪\\| {}) | {} | {:.2}–{:.2} (τ not stated) |",
             union(ju),
             range(jv, 1.0, 2),
-            sp::JACCARD.0,
-            sp::JACCARD.1,
+            sp.jaccard.0,
+            sp.jaccard.1,
             union(cu),
             range(cv, 1.0, 2),
-            sp::CEILING.0,
-            sp::CEILING.1,
+            sp.ceiling.0,
+            sp.ceiling.1,
         );
     }
     let bi: Vec<&ConfigSummary> = summaries
@@ -667,7 +651,7 @@ fn claim_verdicts(cells: Vec<ClaimCell>, kind: ClaimKind, opts: &AnalyzeOptions)
 /// with its verdict in each configuration, read off the test in that row after a Holm
 /// adjustment across the configurations.
 fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOptions) {
-    use seed_paper as sp;
+    let sp = &crate::seed::claims().credit;
     let ai = Conditioning::AnyInformative;
     let ti = Conditioning::TreatmentIndependent;
     let lvl = 100.0 * opts.level;
@@ -769,18 +753,18 @@ fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOpt
     let _ = write!(
         out,
         "| seed paper (6 stock configs) | stock | | | {:.0}–{:.0}% | {:.0}–{:.0} | {:.1}–{:.1} | {:.0}–{:.0} | | | | not stated | {:.2}–{:.2} | {:.2}–{:.2} | | | |\n\n",
-        100.0 * sp::FLOOR.0,
-        100.0 * sp::FLOOR.1,
-        sp::EXCESS_PP.0,
-        sp::EXCESS_PP.1,
-        sp::CLUSTERED_T.0,
-        sp::CLUSTERED_T.1,
-        sp::EXCESS_TI_PP.0,
-        sp::EXCESS_TI_PP.1,
-        sp::JACCARD.0,
-        sp::JACCARD.1,
-        sp::CEILING.0,
-        sp::CEILING.1,
+        100.0 * sp.floor.0,
+        100.0 * sp.floor.1,
+        sp.excess_pp.0,
+        sp.excess_pp.1,
+        sp.clustered_t.0,
+        sp.clustered_t.1,
+        sp.excess_ti_pp.0,
+        sp.excess_ti_pp.1,
+        sp.jaccard.0,
+        sp.jaccard.1,
+        sp.ceiling.0,
+        sp.ceiling.1,
     );
     let stock: Vec<&ConfigSummary> = summaries
         .iter()
@@ -818,7 +802,7 @@ fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOpt
 
 /// The seed claims, one line each, one verdict per stock configuration.
 fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions) {
-    use seed_paper as sp;
+    let sp = &crate::seed::claims().credit;
     let ai = Conditioning::AnyInformative;
     let ti = Conditioning::TreatmentIndependent;
     let alpha = 1.0 - opts.level;
@@ -873,23 +857,32 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
         None => ClaimCell::Text("no disagreements".into()),
     };
     type Claim<'a> = (
-        &'a str,
+        String,
         ClaimKind,
         Box<dyn Fn(&ConfigSummary) -> ClaimCell + 'a>,
     );
     let claims: Vec<Claim> = vec![
         (
-            "re-feed excess above the replica floor > 0, any-informative (seed: +14 to +28 pp)",
+            format!(
+                "re-feed excess above the replica floor > 0, any-informative (seed: {:+.0} to {:+.0} pp)",
+                sp.excess_pp.0, sp.excess_pp.1
+            ),
             ClaimKind::Signed,
-            Box::new(move |s| excess_claim(s, ai, sp::EXCESS_PP)),
+            Box::new(move |s| excess_claim(s, ai, sp.excess_pp)),
         ),
         (
-            "re-feed excess > 0, treatment-independent (seed: +7 to +21 pp)",
+            format!(
+                "re-feed excess > 0, treatment-independent (seed: {:+.0} to {:+.0} pp)",
+                sp.excess_ti_pp.0, sp.excess_ti_pp.1
+            ),
             ClaimKind::Signed,
-            Box::new(move |s| excess_claim(s, ti, sp::EXCESS_TI_PP)),
+            Box::new(move |s| excess_claim(s, ti, sp.excess_ti_pp)),
         ),
         (
-            "problem-clustered t of the excess significant, any-informative (seed: t = 2.9 to 6.4)",
+            format!(
+                "problem-clustered t of the excess significant, any-informative (seed: t = {:.1} to {:.1})",
+                sp.clustered_t.0, sp.clustered_t.1
+            ),
             ClaimKind::Signed,
             Box::new(move |s| {
                 if !floor_measurable(s) {
@@ -909,7 +902,11 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
             }),
         ),
         (
-            "replica floor > 0 (seed: 9 to 23%)",
+            format!(
+                "replica floor > 0 (seed: {:.0} to {:.0}%)",
+                100.0 * sp.floor.0,
+                100.0 * sp.floor.1
+            ),
             ClaimKind::Signed,
             Box::new(move |s| {
                 if !floor_measurable(s) {
@@ -919,7 +916,7 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
                     Some(r) => ClaimCell::Test {
                         p: r.replica.rate_p,
                         claimed_side: r.replica.rate.is_some_and(|x| x > 0.0),
-                        note: overlaps(r.replica.rate_ci.map(|c| (c.lo, c.hi)), sp::FLOOR, 1.0)
+                        note: overlaps(r.replica.rate_ci.map(|c| (c.lo, c.hi)), sp.floor, 1.0)
                             .to_string(),
                     },
                     None => ClaimCell::Text("no test".into()),
@@ -927,7 +924,10 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
             }),
         ),
         (
-            "Jaccard(exact, refeed) below the replica ceiling, paired test at the first τ ≥ 1/2 (seed: 0.34–0.90 vs 0.63–0.96)",
+            format!(
+                "Jaccard(exact, refeed) below the replica ceiling, paired test at the first τ ≥ 1/2 (seed: {:.2}–{:.2} vs {:.2}–{:.2})",
+                sp.jaccard.0, sp.jaccard.1, sp.ceiling.0, sp.ceiling.1
+            ),
             ClaimKind::Signed,
             Box::new(move |s| {
                 if !floor_measurable(s) {
@@ -940,24 +940,24 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
                     Some(g) => ClaimCell::Test {
                         p: Some(g.p_value),
                         claimed_side: g.estimate.is_some_and(|x| x > 0.0),
-                        note: overlaps(jaccard_ci(&r.treatment, i), sp::JACCARD, 1.0).to_string(),
+                        note: overlaps(jaccard_ci(&r.treatment, i), sp.jaccard, 1.0).to_string(),
                     },
                     None => ClaimCell::Text("no test (empty unions)".into()),
                 }
             }),
         ),
         (
-            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), any-informative",
+            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), any-informative".into(),
             ClaimKind::Signed,
             Box::new(move |s| mostly(s, ai)),
         ),
         (
-            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), treatment-independent",
+            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), treatment-independent".into(),
             ClaimKind::Signed,
             Box::new(move |s| mostly(s, ti)),
         ),
         (
-            "re-feed unbiased: mean(Â_refeed − Â_exact) equivalent to 0 (TOST), any-informative",
+            "re-feed unbiased: mean(Â_refeed − Â_exact) equivalent to 0 (TOST), any-informative".into(),
             ClaimKind::Equivalence(opts.equivalence_margin),
             Box::new(move |s| match row_of(s, ai) {
                 Some(r) => ClaimCell::Test {
@@ -1469,10 +1469,10 @@ fn not_finished(out: &mut String, unfinished: &[UnfinishedRun]) {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {}/{} | {} | {} | {} |",
-            m.name,
-            m.model,
+            m.run.name,
+            m.run.model,
             m.dtype,
-            m.exec.policy,
+            m.run.exec.policy,
             m.problems_done,
             m.problems_total,
             status,

@@ -124,16 +124,16 @@ fn rate(tokens: u64, seconds: f64) -> Option<f64> {
 /// invocation and its timestamps cover the passes' device time, else why not; an unfinished
 /// run is an error.
 pub fn manifest_wall(m: &Manifest) -> Result<(Option<f64>, WallSource)> {
-    let Some(finished) = &m.finished_at else {
+    let Some(finished) = &m.run.finished_at else {
         return Err(Error::Spec(format!(
             "campaign `{}` has not finished ({} of {} problems); finish it with `kvcredit campaign run` first",
-            m.name, m.problems_done, m.problems_total
+            m.run.name, m.problems_done, m.problems_total
         )));
     };
     if !m.merged_from.is_empty() {
         return Ok((None, WallSource::Merged));
     }
-    if !m.resumed_at.is_empty() {
+    if !m.run.resumed_at.is_empty() {
         return Ok((None, WallSource::Resumed));
     }
     let parse = |what: &str, t: &str| {
@@ -141,7 +141,7 @@ pub fn manifest_wall(m: &Manifest) -> Result<(Option<f64>, WallSource)> {
             Error::Output(format!("manifest {what} `{t}` is not an RFC 3339 UTC time"))
         })
     };
-    let secs = (parse("finished_at", finished)? - parse("started_at", &m.started_at)?) as f64;
+    let secs = (parse("finished_at", finished)? - parse("started_at", &m.run.started_at)?) as f64;
     // Device seconds are timed inside the run, so they fit in its wall time (to the second
     // the timestamps are rounded to) unless the shards came from elsewhere.
     let device: f64 = m.cost.values().map(|c| c.device_seconds).sum();
@@ -221,13 +221,13 @@ impl CampaignBench {
             }
         };
         CampaignBench {
-            spec_name: m.name.clone(),
-            spec_sha256: m.spec_sha256.clone(),
+            spec_name: m.run.name.clone(),
+            spec_sha256: m.run.spec_sha256.clone(),
             run_dir: run_dir.display().to_string(),
-            model: m.model.clone(),
+            model: m.run.model.clone(),
             dtype: m.dtype.to_string(),
-            device: m.device.clone(),
-            exec: m.exec,
+            device: m.run.device.clone(),
+            exec: m.run.exec,
             pool_problems,
             refill: m.refill.unwrap_or(false),
             batch_size,
@@ -244,8 +244,8 @@ impl CampaignBench {
                 tokens_per_wall_s: wall_seconds.and_then(|w| rate(sum.tokens, w)),
             },
             load_seconds: None,
-            kvcredit_version: m.kvcredit_version.clone(),
-            libtorch_version: m.libtorch_version.clone(),
+            kvcredit_version: m.run.kvcredit_version.clone(),
+            libtorch_version: m.run.libtorch_version.clone(),
         }
     }
 
@@ -393,14 +393,14 @@ mod tests {
     #[test]
     fn wall_time_is_refused_where_the_timestamps_do_not_time_the_run() {
         let mut m = manifest();
-        m.resumed_at.push("2026-12-01T11:00:00Z".into());
+        m.run.resumed_at.push("2026-12-01T11:00:00Z".into());
         assert_eq!(manifest_wall(&m).unwrap(), (None, WallSource::Resumed));
         let mut m = manifest();
-        m.finished_at = Some("2026-12-01T10:00:05Z".into());
+        m.run.finished_at = Some("2026-12-01T10:00:05Z".into());
         assert_eq!(manifest_wall(&m).unwrap(), (None, WallSource::Inconsistent));
-        m.finished_at = Some("yesterday".into());
+        m.run.finished_at = Some("yesterday".into());
         assert!(manifest_wall(&m).is_err());
-        m.finished_at = None;
+        m.run.finished_at = None;
         assert!(
             manifest_wall(&m)
                 .unwrap_err()

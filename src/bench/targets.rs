@@ -200,15 +200,27 @@ pub struct ReferenceBaseline {
 }
 
 impl TargetFile {
-    /// The file the repository ships (`benches/targets.toml` of the source tree).
-    pub const DEFAULT_PATH: &'static str =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/benches/targets.toml");
+    /// The targets the repository ships (`benches/targets.toml`), embedded in the binary so
+    /// `kvcredit bench` runs without a source tree beside it.
+    pub const SHIPPED: &'static str = include_str!("../../benches/targets.toml");
+
+    /// The shipped targets, parsed and validated.
+    pub fn shipped() -> Result<TargetFile> {
+        TargetFile::parse(TargetFile::SHIPPED, "(built in: benches/targets.toml)")
+    }
 
     /// Read and validate `path`; any problem is one `spec:` line naming the file.
     pub fn load(path: &std::path::Path) -> Result<TargetFile> {
-        let bad = |msg: String| Error::Spec(format!("bench targets {}: {msg}", path.display()));
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let file: TargetFile = toml::from_str(&text).map_err(|e| {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Spec(format!("bench targets {source}: {e}")))?;
+        TargetFile::parse(&text, &source)
+    }
+
+    /// Parse and validate `text`; any problem is one `spec:` line naming `source`.
+    pub fn parse(text: &str, source: &str) -> Result<TargetFile> {
+        let bad = |msg: String| Error::Spec(format!("bench targets {source}: {msg}"));
+        let file: TargetFile = toml::from_str(text).map_err(|e| {
             let line = e
                 .span()
                 .map(|r| text[..r.start.min(text.len())].lines().count().max(1));
@@ -331,9 +343,21 @@ impl BenchReport {
             .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s))
     }
 
-    /// Check the targets of `file`; fills [`Self::targets`].
+    /// Check the report against `file`'s targets (continuation speed, decode step,
+    /// batch-invariant cost, token identity, kernel checks, snapshot memory, in that order);
+    /// fills [`Self::targets`].
     pub fn evaluate_targets(&mut self, file: &TargetFile) {
         let mut targets = Vec::new();
+        self.continuation_speed_targets(file, &mut targets);
+        self.decode_step_targets(file, &mut targets);
+        self.token_identity_targets(&mut targets);
+        self.kernel_check_targets(&mut targets);
+        self.memory_target(file, &mut targets);
+        self.targets = targets;
+    }
+
+    /// Continuations at the target batch against HF generate, per policy.
+    fn continuation_speed_targets(&self, file: &TargetFile, targets: &mut Vec<Target>) {
         // 1. Continuations at batch B ≥ S× HF generate at batch B.
         let (cb, speedup) = (file.continuation.batch, file.continuation.min_speedup);
         let base = self
@@ -382,6 +406,10 @@ impl BenchReport {
                 note,
             });
         }
+    }
+
+    /// The batch-1 decode step against its target and roofline, and the batch-invariant cost relative to stock.
+    fn decode_step_targets(&self, file: &TargetFile, targets: &mut Vec<Target>) {
         // 2. Batch-1 decode step (of the target's shape), with the roofline.
         if let Some((ms, mode)) = self.decode_ms(PolicyKind::Stock, 1) {
             let floor = self.decode.first().and_then(|d| d.floor_ms);
@@ -420,6 +448,10 @@ impl BenchReport {
                 });
             }
         }
+    }
+
+    /// Whether engines and batch sizes sample the same tokens, per policy.
+    fn token_identity_targets(&self, targets: &mut Vec<Target>) {
         // Correctness beside speed: do engines and batch sizes sample the same tokens?
         for policy in [PolicyKind::Stock, PolicyKind::BatchInvariant] {
             let runs: Vec<&ContinuationResult> = self
@@ -456,6 +488,10 @@ impl BenchReport {
                 ),
             });
         }
+    }
+
+    /// The fused sampler and glue bitwise their ATen references, and tokens identical across samplers.
+    fn kernel_check_targets(&self, targets: &mut Vec<Target>) {
         // The fused sampler must choose bitwise the reference's tokens, in the check and in
         // every continuation measurement run under both samplers.
         if let Some(c) = &self.sampler_check {
@@ -515,6 +551,10 @@ impl BenchReport {
                 },
             });
         }
+    }
+
+    /// Snapshot memory for the pivots against the rollout's KV.
+    fn memory_target(&self, file: &TargetFile, targets: &mut Vec<Target>) {
         // 4. Snapshot memory for the pivots ≤ R× the rollout's KV.
         if let Some(m) = &self.memory {
             let max = file.snapshot.max_ratio;
@@ -531,6 +571,5 @@ impl BenchReport {
                 ),
             });
         }
-        self.targets = targets;
     }
 }

@@ -75,8 +75,9 @@ pub struct Args {
     /// and the table says so ("vs eager HF generate (weak baseline)").
     #[arg(long)]
     hf: Vec<PathBuf>,
-    /// Targets and reference baselines (TOML; default: the repository's
-    /// benches/targets.toml). Read before anything is measured; a bad file is an error.
+    /// Targets and reference baselines (TOML) replacing the built-in ones (the repository's
+    /// benches/targets.toml, embedded at build time). Read before anything is measured; a bad
+    /// file is an error.
     #[arg(long)]
     targets: Option<PathBuf>,
     /// Output folder of the JSON report.
@@ -136,11 +137,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for s in &a.samplers {
         s.check_device(device)?;
     }
-    let targets_path = a
-        .targets
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(bench::TargetFile::DEFAULT_PATH));
-    let targets = bench::TargetFile::load(&targets_path)?;
+    let targets = match &a.targets {
+        Some(path) => bench::TargetFile::load(path)?,
+        None => bench::TargetFile::shipped()?,
+    };
     let Chosen {
         decoder: model,
         what,

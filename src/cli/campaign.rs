@@ -82,10 +82,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     if let Some(m) = finished_run(&spec, &sha, &out_dir, shard)? {
         println!(
             "already finished at {}: {} problems; nothing to run",
-            m.finished_at.as_deref().unwrap_or("?"),
+            m.run.finished_at.as_deref().unwrap_or("?"),
             m.problems_done
         );
-        println!("results: {}", out_dir.display());
+        println!("{}", kvcredit::study::progress::outputs_line(&out_dir));
         return Ok(());
     }
     let model = load_model(&spec, &cfg, allow_extrapolation)?;
@@ -117,7 +117,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         m.snapshot_hits,
         m.snapshot_checks
     );
-    println!("results: {}", out_dir.display());
+    println!("{}", kvcredit::study::progress::outputs_line(&out_dir));
     Ok(())
 }
 
@@ -183,7 +183,7 @@ fn merge(dirs: &[PathBuf], out: &Path) -> anyhow::Result<()> {
         m.snapshot_hits,
         m.snapshot_checks
     );
-    println!("results: {}", out.display());
+    println!("{}", kvcredit::study::progress::outputs_line(out));
     Ok(())
 }
 

@@ -104,6 +104,6 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!("results: {}", out_dir.display());
+    println!("{}", kvcredit::study::progress::outputs_line(&out_dir));
     Ok(())
 }

@@ -5,7 +5,9 @@
 //! below the CLI reads these settings from the environment.
 use anyhow::bail;
 use kvcredit::decode::engine::EngineMode;
+use kvcredit::exec::glue::Glue;
 use kvcredit::runtime::{self, Dtype};
+use kvcredit::sampling::Sampler;
 use kvcredit::{ExecPolicy, ExecSettings, PolicyKind};
 use tch::Device;
 
@@ -58,6 +60,22 @@ pub struct Defaults {
     pub policy: PolicyKind,
 }
 
+/// An `aten|fused` choice from the environment variable `var` (read through `env`); an unknown
+/// name is a spec error naming the variable.
+fn env_choice<T>(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    what: &str,
+    parse: fn(&str) -> kvcredit::Result<T>,
+) -> anyhow::Result<Option<T>> {
+    let Some(s) = env(var) else {
+        return Ok(None);
+    };
+    let choice = parse(s.trim())
+        .map_err(|_| kvcredit::Error::Spec(format!("{var}=`{s}`: not a {what} (aten, fused)")))?;
+    Ok(Some(choice))
+}
+
 /// The only value of a flag that takes one here.
 fn one<T: Copy>(v: &[T], flag: &str) -> anyhow::Result<Option<T>> {
     match v {
@@ -80,7 +98,22 @@ impl RunArgs {
             .clone()
             .unwrap_or_else(|| default_device.to_string());
         let device = runtime::parse_device(&name)?;
-        let exec = ExecSettings::resolve(device, self.tiles.as_deref(), engine)?;
+        let env = |name: &str| std::env::var(name).ok().filter(|s| !s.trim().is_empty());
+        let tiles = self.tiles.clone().or_else(|| env("KVCREDIT_BI_TILES"));
+        let engine = match (engine, env("KVCREDIT_ENGINE")) {
+            (Some(e), _) => Some(e),
+            (None, Some(s)) => Some(
+                <EngineMode as clap::ValueEnum>::from_str(s.trim(), true).map_err(|_| {
+                    kvcredit::Error::Spec(format!(
+                        "KVCREDIT_ENGINE=`{s}`: not an engine (auto, eager, static, graph)"
+                    ))
+                })?,
+            ),
+            (None, None) => None,
+        };
+        let sampler = env_choice(&env, "KVCREDIT_SAMPLER", "sampler", Sampler::parse)?;
+        let glue = env_choice(&env, "KVCREDIT_GLUE", "glue", Glue::parse)?;
+        let exec = ExecSettings::resolve(device, tiles.as_deref(), engine, sampler, glue)?;
         kvcredit::sampling::set_default(exec.sampler);
         kvcredit::exec::glue::set_default(exec.glue);
         Ok((device, name, exec))

@@ -2,17 +2,18 @@
 //! the two workers of a real tiered transfer (`serve`, `send`).
 use super::run_args::{Defaults, RunArgs, RunConfig};
 use anyhow::{Context, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use kvcredit::PolicyKind;
 use kvcredit::decode::engine::EngineMode;
 use kvcredit::io::parquet::{Column, Table};
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
 use kvcredit::spectrum::allocate::{Policy, Protect};
-use kvcredit::spectrum::eval::{self, PplOptions, TextNorm, Variant};
+use kvcredit::spectrum::eval::{self, TextNorm, Variant};
+use kvcredit::spectrum::grid::{self, GridRun};
 use kvcredit::spectrum::importance::ImportanceSpec;
 use kvcredit::spectrum::spec::SpectrumSpec;
 use kvcredit::spectrum::transport::{self, ServeOptions};
 use kvcredit::spectrum::{Quantizer, wire};
+use kvcredit::study::progress::outputs_line;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -52,7 +53,7 @@ pub struct SpecArgs {
     /// Output folder (default: runs/<name>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// `--device` overrides the spec's; `--tiles` (recorded in the journals; dtype and policy
+    /// `--device` overrides the spec's; `--tiles` (recorded in the grids' manifests; dtype and policy
     /// are the spec's).
     #[command(flatten)]
     run: RunArgs,
@@ -217,9 +218,17 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     }
 }
 
-/// Spec, loaded model, output folder and the resolved run configuration.
-fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf, RunConfig)> {
-    let mut spec = SpectrumSpec::load(&a.spec)?;
+/// Spec, its hash, loaded model, output folder and the resolved run configuration.
+struct Setup {
+    spec: SpectrumSpec,
+    sha: String,
+    model: LoadedModel,
+    out: PathBuf,
+    cfg: RunConfig,
+}
+
+fn setup(a: &SpecArgs) -> anyhow::Result<Setup> {
+    let (mut spec, sha) = SpectrumSpec::load(&a.spec)?;
     let cfg = a
         .run
         .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;
@@ -230,180 +239,40 @@ fn setup(a: &SpecArgs) -> anyhow::Result<(SpectrumSpec, LoadedModel, PathBuf, Ru
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs").join(&spec.name));
-    Ok((spec, model, out, cfg))
+    Ok(Setup {
+        spec,
+        sha,
+        model,
+        out,
+        cfg,
+    })
 }
 
-fn bar(len: usize, what: &str, quiet: bool) -> anyhow::Result<ProgressBar> {
-    let b = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(len as u64)
-    };
-    b.set_style(ProgressStyle::with_template(&format!(
-        "{what} {{bar:30}} {{pos}}/{{len}} [{{elapsed_precise}}<{{eta_precise}}]"
-    ))?);
-    Ok(b)
-}
-
-/// Finished units (text windows, haystacks) of a grid, one JSON line each after a header line
-/// naming the settings, so that a killed run resumes where it stopped. A torn last line is
-/// dropped; a header that differs from this run's settings is an error.
-struct Journal {
-    path: PathBuf,
-    file: std::fs::File,
-}
-
-#[derive(serde::Deserialize)]
-struct Unit<R> {
-    unit: String,
-    rows: Vec<R>,
-}
-
-impl Journal {
-    fn open<R: serde::de::DeserializeOwned>(
-        path: PathBuf,
-        header: &serde_json::Value,
-    ) -> anyhow::Result<(Journal, Vec<Unit<R>>)> {
-        let head = serde_json::to_string(header)?;
-        let mut units = Vec::new();
-        let mut keep = format!("{head}\n");
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            let mut lines = text.lines();
-            if let Some(first) = lines.next() {
-                if first != head {
-                    bail!(
-                        "{}: written under other settings (model, section, grid, importance, protect or protocol); remove it or use another --out",
-                        path.display()
-                    );
-                }
-                for line in lines {
-                    match serde_json::from_str::<Unit<R>>(line) {
-                        Ok(u) => {
-                            keep.push_str(line);
-                            keep.push('\n');
-                            units.push(u);
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
+impl Setup {
+    /// The grid's run settings; the engine is `eager` (the grids step the decoder themselves).
+    fn grid(&self, quiet: bool) -> GridRun<'_> {
+        GridRun {
+            spec: &self.spec,
+            spec_sha256: &self.sha,
+            model: &self.model,
+            dtype: self.cfg.dtype,
+            policy: self.cfg.policy,
+            exec: self
+                .cfg
+                .exec
+                .record(self.spec.policy, Some(EngineMode::Eager)),
+            out: &self.out,
+            quiet,
         }
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        }
-        kvcredit::io::write_atomic(&path, keep.as_bytes())?;
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("open {}", path.display()))?;
-        Ok((Journal { path, file }, units))
     }
-
-    fn append<R: serde::Serialize>(&mut self, unit: String, rows: &[R]) -> anyhow::Result<()> {
-        use std::io::Write;
-        let mut line = serde_json::to_string(&serde_json::json!({"unit": unit, "rows": rows}))?;
-        line.push('\n');
-        self.file
-            .write_all(line.as_bytes())
-            .and_then(|_| self.file.sync_data())
-            .with_context(|| format!("append {}", self.path.display()))
-    }
-}
-
-/// One line per finished unit on stderr when it is not a terminal (logs of batch runs).
-fn progress_line(quiet: bool, line: std::fmt::Arguments) {
-    use std::io::IsTerminal;
-    if !quiet && !std::io::stderr().is_terminal() {
-        eprintln!("{line}");
-    }
-}
-
-/// The settings a grid's rows depend on: a resumed run must share them.
-/// The policy, its tiles and the engine (`eager`: the grids step the decoder themselves) are
-/// the shared [`kvcredit::io::schema::ExecRecord`], flattened.
-fn journal_header(
-    spec: &SpectrumSpec,
-    cfg: &RunConfig,
-    section: &str,
-    body: serde_json::Value,
-) -> anyhow::Result<serde_json::Value> {
-    let mut h = serde_json::json!({
-        "section": section,
-        "model": spec.model,
-        "dtype": spec.dtype,
-        "device": spec.device,
-        "importance": spec.importance,
-        "protect": spec.protect,
-        "protocol": eval::PROTOCOL,
-        "grid": body,
-    });
-    let exec = cfg.exec.record(spec.policy, Some(EngineMode::Eager));
-    if let (Some(h), serde_json::Value::Object(e)) =
-        (h.as_object_mut(), serde_json::to_value(exec)?)
-    {
-        h.extend(e);
-    }
-    Ok(h)
 }
 
 fn ppl(a: SpecArgs) -> anyhow::Result<()> {
-    let (spec, model, out, cfg) = setup(&a)?;
-    let p = spec.ppl.clone().context("the spec has no [ppl] section")?;
-    let o = PplOptions {
-        context: p.context,
-        continuation: p.continuation,
-        windows: p.windows,
-        variants: spec.ppl_variants()?,
-        importance: spec.importance,
-        protect: spec.protect,
-        policy: cfg.policy,
-        text: p.text,
-    };
-    let ids = eval::wikitext_ids(&model, p.windows * (p.context + p.continuation), p.text)?;
-    let path = out.join("ppl.parquet");
-    let (mut journal, done) = Journal::open::<eval::PplRow>(
-        out.join("ppl.rows.jsonl"),
-        &journal_header(&spec, &cfg, "ppl", serde_json::to_value(&p)?)?,
-    )?;
-    let mut rows: Vec<eval::PplRow> = Vec::new();
-    let mut finished = std::collections::BTreeSet::new();
-    for u in done {
-        finished.insert(u.unit);
-        rows.extend(u.rows);
-    }
-    let pb = bar(o.windows, "ppl windows", a.quiet)?;
-    let t0 = Instant::now();
-    for w in 0..o.windows {
-        let unit = format!("window {w}");
-        if finished.contains(&unit) {
-            pb.inc(1);
-            continue;
-        }
-        let t = Instant::now();
-        let mine = eval::perplexity_window(&model.decoder, &ids, &o, w)?;
-        journal.append(unit, &mine)?;
-        let shared = mine.iter().filter(|r| r.shared_with.is_some()).count();
-        rows.extend(mine);
-        eval::ppl_table(&rows, &model.name, &o).write(&path)?;
-        pb.inc(1);
-        progress_line(
-            a.quiet,
-            format_args!(
-                "ppl window {}/{} done in {:.1} s ({} variants, {shared} shared a plan; {:.0} s total)",
-                w + 1,
-                o.windows,
-                t.elapsed().as_secs_f64(),
-                o.variants.len(),
-                t0.elapsed().as_secs_f64()
-            ),
-        );
-    }
-    pb.finish_and_clear();
-    rows.sort_by_key(|r| r.window);
-    eval::ppl_table(&rows, &model.name, &o).write(&path)?;
+    let s = setup(&a)?;
+    let (rows, o, path) = grid::ppl(&s.grid(a.quiet))?;
     println!(
         "{} n={} m={} windows={} importance {} (sinks {}, recent {})",
-        model.name,
+        s.model.name,
         o.context,
         o.continuation,
         o.windows,
@@ -436,82 +305,21 @@ fn ppl(a: SpecArgs) -> anyhow::Result<()> {
         );
     }
     println!("rows: {}", path.display());
+    println!("{}", outputs_line(&s.out));
     Ok(())
 }
 
-fn depths(n: usize) -> Vec<f64> {
-    if n == 1 {
-        return vec![0.5];
-    }
-    (0..n).map(|i| i as f64 / (n - 1) as f64).collect()
-}
-
 fn niah(a: SpecArgs) -> anyhow::Result<()> {
-    let (spec, model, out, cfg) = setup(&a)?;
-    let n = spec
+    let s = setup(&a)?;
+    let (rows, path) = grid::niah(&s.grid(a.quiet))?;
+    let n = s
+        .spec
         .niah
-        .clone()
+        .as_ref()
         .context("the spec has no [niah] section")?;
-    let variants = spec.niah_variants()?;
-    // Seed-major: every depth of seed 0 first, so a grid cut short still spans all depths.
-    let ds = depths(n.depths);
-    let cases: Vec<(f64, u64)> = (0..n.seeds as u64)
-        .flat_map(|s| ds.iter().map(move |&d| (d, s)))
-        .collect();
-    let path = out.join("niah.parquet");
-    let (mut journal, done) = Journal::open::<eval::NiahRow>(
-        out.join("niah.rows.jsonl"),
-        &journal_header(&spec, &cfg, "niah", serde_json::to_value(&n)?)?,
-    )?;
-    let mut rows: Vec<eval::NiahRow> = Vec::new();
-    let mut finished = std::collections::BTreeSet::new();
-    for u in done {
-        finished.insert(u.unit);
-        rows.extend(u.rows);
-    }
-    let pb = bar(cases.len(), "niah haystacks", a.quiet)?;
-    let (t0, total) = (Instant::now(), cases.len());
-    for (k, (depth, seed)) in cases.into_iter().enumerate() {
-        let unit = format!("depth {depth} seed {seed}");
-        if finished.contains(&unit) {
-            pb.inc(1);
-            continue;
-        }
-        let t = Instant::now();
-        let case = eval::niah_case(&model, n.context, depth, seed)?;
-        let mine = eval::niah(
-            &model,
-            &case,
-            &variants,
-            &spec.importance,
-            spec.protect,
-            &cfg.policy,
-            n.max_new_tokens,
-        )?;
-        journal.append(unit, &mine)?;
-        let shared = mine.iter().filter(|r| r.shared_with.is_some()).count();
-        rows.extend(mine);
-        eval::niah_table(&rows, &model.name, &spec.importance).write(&path)?;
-        pb.inc(1);
-        progress_line(
-            a.quiet,
-            format_args!(
-                "niah haystack {}/{total} (depth {depth:.3}, seed {seed}, {} tokens, {} prompt) done in {:.1} s ({} variants, {shared} shared a plan; {:.0} s total)",
-                k + 1,
-                case.ids.len(),
-                case.prompt_format,
-                t.elapsed().as_secs_f64(),
-                variants.len(),
-                t0.elapsed().as_secs_f64()
-            ),
-        );
-    }
-    pb.finish_and_clear();
-    rows.sort_by(|x, y| x.depth.total_cmp(&y.depth).then(x.seed.cmp(&y.seed)));
-    eval::niah_table(&rows, &model.name, &spec.importance).write(&path)?;
     println!(
         "{} NIAH ~{} tokens, {} depths × {} seeds",
-        model.name, n.context, n.depths, n.seeds
+        s.model.name, n.context, n.depths, n.seeds
     );
     let mut keys: Vec<(String, String, Option<f64>)> = Vec::new();
     for r in &rows {
@@ -534,114 +342,18 @@ fn niah(a: SpecArgs) -> anyhow::Result<()> {
         );
     }
     println!("rows: {}", path.display());
+    println!("{}", outputs_line(&s.out));
     Ok(())
 }
 
 fn probe(a: SpecArgs) -> anyhow::Result<()> {
-    let (spec, model, out, cfg) = setup(&a)?;
-    let p = spec
-        .probe
-        .clone()
-        .context("the spec has no [probe] section")?;
-    let mut trials = Vec::new();
-    let mut verdicts = Vec::new();
-    let pb = bar(p.quantizers.len() + 1, "probe", a.quiet)?;
-    for &q in &p.quantizers {
-        let (v, rows) = eval::probe(
-            &model,
-            p.context,
-            p.b,
-            q,
-            &spec.importance,
-            spec.protect,
-            &cfg.policy,
-            p.max_new_tokens,
-        )?;
-        trials.extend(rows);
-        verdicts.push(v);
-        pb.inc(1);
-    }
-    let o = PplOptions {
-        context: p.gate_context,
-        continuation: p.gate_continuation,
-        windows: p.gate_windows,
-        variants: Vec::new(),
-        importance: spec.importance,
-        protect: spec.protect,
-        policy: cfg.policy,
-        text: p.gate_text,
-    };
-    let ids = eval::wikitext_ids(
-        &model,
-        p.gate_windows * (p.gate_context + p.gate_continuation),
-        p.gate_text,
-    )?;
-    let gates = eval::gate(
-        &model.decoder,
-        &ids,
-        &o,
-        &p.quantizers,
-        p.gate_max_ppl_ratio,
-    )?;
-    pb.finish_and_clear();
-    eval::niah_table(&trials, &model.name, &spec.importance)
-        .write(&out.join("probe-trials.parquet"))?;
-    let n = verdicts.len();
-    let table = Table::new()
-        .with("model", Column::Str(vec![model.name.clone(); n]))
-        .with(
-            "quantizer",
-            Column::Str(
-                verdicts
-                    .iter()
-                    .map(|v| v.quantizer.name().to_string())
-                    .collect(),
-            ),
-        )
-        .with("b", Column::F64(vec![p.b; n]))
-        .with("context", Column::U32(vec![p.context as u32; n]))
-        .with(
-            "trials_passed",
-            Column::U32(verdicts.iter().map(|v| v.passed as u32).collect()),
-        )
-        .with(
-            "probe_int4",
-            Column::Bool(verdicts.iter().map(|v| v.int4).collect()),
-        )
-        .with(
-            "selected_policy",
-            Column::Str(verdicts.iter().map(|v| v.selected.to_string()).collect()),
-        )
-        .with(
-            "gate_ppl_ratio",
-            Column::F64(gates.iter().map(|g| g.ppl_ratio).collect()),
-        )
-        .with("gate_kl", Column::F64(gates.iter().map(|g| g.kl).collect()))
-        .with(
-            "gate_max_ppl_ratio",
-            Column::F64(vec![p.gate_max_ppl_ratio; n]),
-        )
-        .with(
-            "gate_int4",
-            Column::Bool(gates.iter().map(|g| g.int4).collect()),
-        )
-        .with("gate_text", Column::Str(vec![p.gate_text.to_string(); n]));
-    let path = out.join("probe.parquet");
-    table.write(&path)?;
-    for (v, g) in verdicts.iter().zip(&gates) {
-        println!(
-            "{} {:<10} probe {}/3 → {} (INT4 {}); gate PPL ratio {:.4}, KL {:.5} → INT4 {}",
-            model.name,
-            v.quantizer.name(),
-            v.passed,
-            v.selected,
-            if v.int4 { "on" } else { "off" },
-            g.ppl_ratio,
-            g.kl,
-            if g.int4 { "on" } else { "off" }
-        );
+    let s = setup(&a)?;
+    let (lines, path) = grid::probe(&s.grid(a.quiet))?;
+    for line in lines {
+        println!("{line}");
     }
     println!("rows: {}", path.display());
+    println!("{}", outputs_line(&s.out));
     Ok(())
 }
 

@@ -2,16 +2,14 @@
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
 use super::estimate::{Estimate, estimate};
-use super::records;
+use super::records::{self, JobId, PassAudit};
 use super::rollout::{self, Pivot, Rollout, RolloutParams};
 use super::spec::{CampaignSpec, Pass, ReplicaSchedule, SpectrumPass};
-use crate::decode::engine::{
-    self, Decoding, EngineMode, EngineOptions, Job, Outcome, Placement, Start, Stop,
-};
+use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Outcome, Start, Stop};
 use crate::decode::schedule;
 use crate::exec::{ExecPolicy, ExecSettings, PolicyKind};
 use crate::io::parquet::Table;
-use crate::io::schema::RecordedSpec;
+use crate::io::schema::{ExecRecord, RecordedSpec, RunHeader, RunOrigin};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
@@ -82,7 +80,7 @@ fn shard_dir(out: &Path, problem: usize) -> PathBuf {
 /// Whether the run in `out` is finished: its manifest has `finished_at` and its four tables
 /// are there. A finished run is final; its `shards/` may have been deleted.
 fn is_finished(manifest: &Manifest, out: &Path) -> bool {
-    manifest.finished_at.is_some()
+    manifest.run.finished_at.is_some()
         && TABLES
             .iter()
             .all(|t| out.join(format!("{t}.parquet")).exists())
@@ -103,7 +101,7 @@ pub fn finished_run(
         return Ok(None);
     }
     let m: Manifest = read_json(&path)?;
-    let same = m.spec_sha256 == spec_sha256
+    let same = m.run.spec_sha256 == spec_sha256
         && m.shard == shard
         && m.pool_problems.unwrap_or(1) == spec.passes.pool_problems
         && m.refill.unwrap_or(false) == spec.passes.refill;
@@ -143,89 +141,23 @@ pub fn run_campaign(
     let record = settings.record(spec.policy, Some(settings.engine));
     let mut manifest = if manifest_path.exists() {
         let mut m: Manifest = read_json(&manifest_path)?;
-        if m.spec_sha256 != spec_sha256 {
-            return Err(Error::Spec(format!(
-                "{} holds a run of a different spec (sha256 {}…); use another --out",
-                out.display(),
-                &m.spec_sha256[..12]
-            )));
-        }
-        if m.shard != opts.shard {
-            let was = |s: Option<ShardSpec>| match s {
-                Some(s) => format!("shard {s}"),
-                None => "the whole campaign".into(),
-            };
-            return Err(Error::Spec(format!(
-                "{} holds {} and this run asks for {}; use another --out",
-                out.display(),
-                was(m.shard),
-                was(opts.shard)
-            )));
-        }
-        let pool = |p: Option<usize>| p.unwrap_or(1);
-        let asked = spec.passes.pool_problems;
-        if pool(m.pool_problems) != asked {
-            return Err(Error::Spec(format!(
-                "{} holds a run with passes.pool_problems = {} and this run asks for {asked} (other pools, other batches); use another --out",
-                out.display(),
-                pool(m.pool_problems)
-            )));
-        }
-        let refill = m.refill.unwrap_or(false);
-        if refill != spec.passes.refill {
-            return Err(Error::Spec(format!(
-                "{} holds a run with passes.refill = {refill} and this run asks for {} (other schedules, other batches); use another --out",
-                out.display(),
-                spec.passes.refill
-            )));
-        }
-        m.exec.resume_with(&record, &out.display().to_string())?;
-        if let Some(was) = &m.task {
-            was.resume_with(&task.record(), &out.display().to_string())?;
-        }
+        check_resume(&mut m, spec, spec_sha256, opts, &record, &task)?;
         if is_finished(&m, out) {
             return Ok(m);
         }
-        m.resumed_at.push(now_rfc3339());
+        m.run.resumed_at.push(now_rfc3339());
         m.failure = None;
         m
     } else {
-        Manifest {
-            name: spec.name.clone(),
-            spec_sha256: spec_sha256.to_string(),
-            spec: RecordedSpec::Full(Box::new(spec.clone())),
-            task: Some(task.record()),
-            model: model.name.clone(),
-            model_sha256: model.sha256.clone(),
-            dtype: spec.dtype,
-            device: spec.device.clone(),
-            exec: record,
-            replica_schedule: spec.passes.replica_schedule,
-            pool_problems: (spec.passes.pool_problems > 1).then_some(spec.passes.pool_problems),
-            refill: spec.passes.refill.then_some(true),
-            k: u32::try_from(spec.continuations.k)
-                .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
-            seed: spec.seed,
-            kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
-            libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
-            started_at: now_rfc3339(),
-            resumed_at: vec![],
-            finished_at: None,
-            failure: None,
-            problems_total: problems.len(),
-            problems_done: 0,
-            snapshot_checks: 0,
-            snapshot_hits: 0,
-            snapshot_hit_rate: 1.0,
-            snapshot_checks_pivots: Some(0),
-            snapshot_hits_pivots: Some(0),
-            cost: BTreeMap::new(),
-            numerics: BTreeMap::new(),
-            spectrum: None,
-            shard: opts.shard,
-            merged_from: vec![],
-            files_sha256: BTreeMap::new(),
-        }
+        new_manifest(
+            spec,
+            spec_sha256,
+            model,
+            record,
+            &task,
+            problems.len(),
+            opts.shard,
+        )?
     };
     write_json(&manifest_path, &manifest)?;
     prepare_shards(out)?;
@@ -290,6 +222,102 @@ pub fn run_campaign(
     Ok(manifest)
 }
 
+/// Refuse to resume the run `m` in `opts.out_dir` with another spec, shard, pooling, refill,
+/// numerical path or task; fill in what an older run did not record.
+fn check_resume(
+    m: &mut Manifest,
+    spec: &CampaignSpec,
+    spec_sha256: &str,
+    opts: &RunOptions,
+    record: &ExecRecord,
+    task: &SpecTask,
+) -> Result<()> {
+    let out = &opts.out_dir;
+    m.run.check_spec(spec_sha256, out)?;
+    if m.shard != opts.shard {
+        let was = |s: Option<ShardSpec>| match s {
+            Some(s) => format!("shard {s}"),
+            None => "the whole campaign".into(),
+        };
+        return Err(Error::Spec(format!(
+            "{} holds {} and this run asks for {}; use another --out",
+            out.display(),
+            was(m.shard),
+            was(opts.shard)
+        )));
+    }
+    let pool = |p: Option<usize>| p.unwrap_or(1);
+    let asked = spec.passes.pool_problems;
+    if pool(m.pool_problems) != asked {
+        return Err(Error::Spec(format!(
+            "{} holds a run with passes.pool_problems = {} and this run asks for {asked} (other pools, other batches); use another --out",
+            out.display(),
+            pool(m.pool_problems)
+        )));
+    }
+    let refill = m.refill.unwrap_or(false);
+    if refill != spec.passes.refill {
+        return Err(Error::Spec(format!(
+            "{} holds a run with passes.refill = {refill} and this run asks for {} (other schedules, other batches); use another --out",
+            out.display(),
+            spec.passes.refill
+        )));
+    }
+    m.run.exec.resume_with(record, &out.display().to_string())?;
+    if let Some(was) = &m.task {
+        was.resume_with(&task.record(), &out.display().to_string())?;
+    }
+    Ok(())
+}
+
+/// The manifest of a campaign starting now.
+fn new_manifest(
+    spec: &CampaignSpec,
+    spec_sha256: &str,
+    model: &LoadedModel,
+    record: ExecRecord,
+    task: &SpecTask,
+    problems_total: usize,
+    shard: Option<ShardSpec>,
+) -> Result<Manifest> {
+    Ok(Manifest {
+        run: RunHeader::start(
+            RunOrigin {
+                study: "credit",
+                name: &spec.name,
+                spec_sha256,
+                model: &model.name,
+                model_sha256: model.sha256.as_deref(),
+                device: &spec.device,
+            },
+            record,
+        ),
+        spec: RecordedSpec::Full(Box::new(spec.clone())),
+        task: Some(task.record()),
+        dtype: spec.dtype,
+        replica_schedule: spec.passes.replica_schedule,
+        pool_problems: (spec.passes.pool_problems > 1).then_some(spec.passes.pool_problems),
+        refill: spec.passes.refill.then_some(true),
+        k: u32::try_from(spec.continuations.k)
+            .map_err(|_| Error::Spec("continuations.k does not fit in 32 bits".into()))?,
+        seed: spec.seed,
+        failure: None,
+        problems_total,
+        problems_done: 0,
+        snapshot_checks: 0,
+        snapshot_hits: 0,
+        snapshot_hit_rate: 1.0,
+        snapshot_checks_pivots: Some(0),
+        snapshot_hits_pivots: Some(0),
+        cost: BTreeMap::new(),
+        numerics: BTreeMap::new(),
+        spectrum: None,
+        shard,
+        merged_from: vec![],
+        files_sha256: BTreeMap::new(),
+    })
+}
+
 /// The end of a run, shared by `campaign run` and `campaign merge`: the manifest's counts and
 /// cost from the problems' shards under `out/shards/`, the tables (the shards' tables
 /// concatenated in problem order) and the finished manifest.
@@ -300,7 +328,7 @@ fn finish(manifest: &mut Manifest, out: &Path, problems: &[Problem]) -> Result<(
         merge_table(&dirs, name, out)?;
     }
     manifest.files_sha256 = table_hashes(out, &TABLES)?;
-    manifest.finished_at = Some(now_rfc3339());
+    manifest.run.finished_at = Some(now_rfc3339());
     write_json(&out.join("manifest.json"), manifest)
 }
 
@@ -329,6 +357,43 @@ fn shard_problems(shard: ShardSpec, all: &[Problem], pool: usize) -> Result<Vec<
     Ok(shard.select(&groups).concat())
 }
 
+/// Refuse to merge run folders of other specs, refill schedules or (under stock) engines.
+fn check_mergeable(dirs: &[PathBuf], manifests: &[Manifest]) -> Result<()> {
+    let (first, first_dir) = (&manifests[0], &dirs[0]);
+    for (d, m) in dirs.iter().zip(manifests).skip(1) {
+        if m.run.spec_sha256 != first.run.spec_sha256 {
+            return Err(Error::Spec(format!(
+                "{} ran a different spec (sha256 {}…) from {} (sha256 {}…); merge shards of one spec",
+                d.display(),
+                &m.run.spec_sha256[..m.run.spec_sha256.len().min(12)],
+                first_dir.display(),
+                &first.run.spec_sha256[..first.run.spec_sha256.len().min(12)]
+            )));
+        }
+        if m.refill != first.refill {
+            let on = |m: &Manifest| m.refill.unwrap_or(false);
+            return Err(Error::Spec(format!(
+                "{} ran with passes.refill = {} and {} with {}; merge shards of one schedule",
+                d.display(),
+                on(m),
+                first_dir.display(),
+                on(first)
+            )));
+        }
+        if m.run.exec.policy == PolicyKind::Stock && m.run.exec.engine != first.run.exec.engine {
+            let name = |e: Option<EngineMode>| e.map_or("an unrecorded".into(), |e| e.to_string());
+            return Err(Error::Spec(format!(
+                "{} ran the {} engine and {} the {} one (stock numerics differ between them); rerun one with --engine set",
+                d.display(),
+                name(m.run.exec.engine),
+                first_dir.display(),
+                name(first.run.exec.engine)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Merge the run folders of one spec's shards (`campaign run --shard i/N`, or unsharded runs)
 /// into `out`: their per-problem shards are copied to `out/shards/` and the tables are written
 /// by the same code that ends an unsharded run, so they are byte-identical to one. Refused,
@@ -352,38 +417,8 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
             read_json(&path)
         })
         .collect::<Result<_>>()?;
+    check_mergeable(dirs, &manifests)?;
     let first = &manifests[0];
-    for (d, m) in dirs.iter().zip(&manifests).skip(1) {
-        if m.spec_sha256 != first.spec_sha256 {
-            return Err(Error::Spec(format!(
-                "{} ran a different spec (sha256 {}…) from {} (sha256 {}…); merge shards of one spec",
-                d.display(),
-                &m.spec_sha256[..m.spec_sha256.len().min(12)],
-                first_dir.display(),
-                &first.spec_sha256[..first.spec_sha256.len().min(12)]
-            )));
-        }
-        if m.refill != first.refill {
-            let on = |m: &Manifest| m.refill.unwrap_or(false);
-            return Err(Error::Spec(format!(
-                "{} ran with passes.refill = {} and {} with {}; merge shards of one schedule",
-                d.display(),
-                on(m),
-                first_dir.display(),
-                on(first)
-            )));
-        }
-        if m.exec.policy == PolicyKind::Stock && m.exec.engine != first.exec.engine {
-            let name = |e: Option<EngineMode>| e.map_or("an unrecorded".into(), |e| e.to_string());
-            return Err(Error::Spec(format!(
-                "{} ran the {} engine and {} the {} one (stock numerics differ between them); rerun one with --engine set",
-                d.display(),
-                name(m.exec.engine),
-                first_dir.display(),
-                name(first.exec.engine)
-            )));
-        }
-    }
     let crate::io::schema::RecordedSpec::Full(spec) = &first.spec else {
         return Err(Error::Spec(format!(
             "{}: the manifest does not record the full spec (an older run); it cannot be merged",
@@ -458,7 +493,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     }
     if out_manifest.exists() {
         let m: Manifest = read_json(&out_manifest)?;
-        if m.spec_sha256 != first.spec_sha256 || m.merged_from.is_empty() {
+        if m.run.spec_sha256 != first.run.spec_sha256 || m.merged_from.is_empty() {
             return Err(Error::Spec(format!(
                 "{} already holds a run; merge into another --out",
                 out.display()
@@ -470,18 +505,18 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
     manifest.shard = None;
     manifest.merged_from = manifests.iter().map(label).collect();
     manifest.problems_total = problems.len();
-    manifest.started_at = manifests
+    manifest.run.started_at = manifests
         .iter()
-        .map(|m| m.started_at.clone())
+        .map(|m| m.run.started_at.clone())
         .min()
         .unwrap_or_default();
     let mut resumed: Vec<String> = manifests
         .iter()
-        .flat_map(|m| m.resumed_at.iter().cloned())
+        .flat_map(|m| m.run.resumed_at.iter().cloned())
         .collect();
     resumed.sort();
-    manifest.resumed_at = resumed;
-    manifest.finished_at = None;
+    manifest.run.resumed_at = resumed;
+    manifest.run.finished_at = None;
     let shards = prepare_shards(out)?;
     for p in &problems {
         copy_shard(
@@ -621,28 +656,6 @@ fn refresh_manifest(m: &mut Manifest, out: &Path, problems: &[Problem]) -> Resul
 struct Shard {
     tables: [Table; 4],
     info: ShardInfo,
-}
-
-/// Where a pass ran each continuation and whether its start was verified, indexed like the
-/// jobs.
-pub(crate) struct PassAudit {
-    /// Batch and row of each job.
-    pub placements: Vec<Placement>,
-    /// The job's starting K/V matched its decode-time fingerprint.
-    pub verified: Vec<bool>,
-    /// The numerical path each job took.
-    pub paths: Vec<crate::decode::engine::NumericalPath>,
-}
-
-/// One continuation job's coordinates.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct JobId {
-    /// Index into the pivots.
-    pub pivot: usize,
-    /// 0 = original token, r = alternative of rank r.
-    pub branch: usize,
-    /// Sample index k.
-    pub sample: usize,
 }
 
 /// One problem of a group up to its passes: its rollout, pivots and continuation jobs.

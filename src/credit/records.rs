@@ -1,16 +1,37 @@
 //! The campaign's Parquet tables (schemas documented in the README): one builder per table.
-use super::campaign::{JobId, PassAudit};
 use super::estimate::Estimate;
 use super::rollout::{Pivot, Rollout};
 use super::spec::Pass;
 use crate::Result;
-use crate::decode::engine::Outcome;
+use crate::decode::engine::{NumericalPath, Outcome, Placement};
 use crate::io::hex;
 use crate::io::parquet::{Column, Table};
 use crate::io::schema::col;
 use crate::runtime::LoadedModel;
 use crate::tasks::Grade;
 use std::collections::BTreeMap;
+
+/// Where a pass ran each continuation and whether its start was verified, indexed like the
+/// jobs.
+pub(crate) struct PassAudit {
+    /// Batch and row of each job.
+    pub placements: Vec<Placement>,
+    /// The job's starting K/V matched its decode-time fingerprint.
+    pub verified: Vec<bool>,
+    /// The numerical path each job took.
+    pub paths: Vec<NumericalPath>,
+}
+
+/// One continuation job's coordinates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobId {
+    /// Index into the pivots.
+    pub pivot: usize,
+    /// 0 = original token, r = alternative of rank r.
+    pub branch: usize,
+    /// Sample index k.
+    pub sample: usize,
+}
 
 /// Columns every table starts with.
 pub struct Context<'a> {

@@ -13,7 +13,7 @@ use crate::tasks::{Grade, Problem, SpecTask, Task, TaskSpec, grade};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-pub use crate::io::schema::{Pass, PassSchedule, PassState, ReplicaSchedule};
+use std::fmt;
 use std::path::Path;
 
 /// A whole campaign.
@@ -391,7 +391,7 @@ impl PassSpec {
     pub fn has_replica_schedule(&self) -> bool {
         self.run
             .iter()
-            .any(|p| p.schedule() == crate::io::schema::PassSchedule::Replica)
+            .any(|p| p.schedule() == PassSchedule::Replica)
     }
 }
 
@@ -402,16 +402,7 @@ fn default_schedule() -> ReplicaSchedule {
 impl CampaignSpec {
     /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
     pub fn load(path: &Path) -> Result<(CampaignSpec, String)> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut spec: CampaignSpec = toml::from_str(&text)
-            .map_err(|e| Error::Spec(format!("{}: {}", path.display(), e.message())))?;
-        if let (Some(t), Some(dir)) = (&mut spec.task, path.parent()) {
-            t.resolve_paths(dir);
-        }
-        spec.validate()?;
-        spec.validate_explicit_keys(&text)?;
-        spec.task()?;
-        Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+        crate::study::spec::load_spec(path)
     }
 
     /// The task (`[task]`, or GSM8K from `[problems]`) and its problems, loaded and checked.
@@ -455,7 +446,7 @@ impl CampaignSpec {
         self.passes
             .run
             .iter()
-            .any(|p| p.state() == crate::io::schema::PassState::Spectrum)
+            .any(|p| p.state() == PassState::Spectrum)
     }
 
     /// Reject specs that cannot run.
@@ -624,6 +615,157 @@ impl CampaignSpec {
     /// Continuation sampling rule.
     pub fn continuation_sampling(&self) -> Sampling {
         Sampling::from_temperature(self.continuations.temperature)
+    }
+}
+
+/// A pass: how the pivot state is obtained ([`PassState`]) and under which batch schedule its
+/// continuations run ([`PassSchedule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    /// Resume from the rollout's own (verified) decode-time KV, under exact's schedule.
+    Exact,
+    /// The exact pass's state under the replica's schedule: the noise floor.
+    Replica,
+    /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt, under exact's
+    /// schedule: the re-fed state's own effect.
+    Refeed,
+    /// Resume from the decode-time KV after SpectrumKV compression at a byte budget
+    /// (`[passes.spectrum]`): tiered, quantized, packed, then dequantized into a cache; under
+    /// exact's schedule.
+    Spectrum,
+    /// The re-fed state under the replica's schedule (what a replica-vs-refeed design measures).
+    RefeedReplica,
+    /// The spectrum state under the replica's schedule.
+    SpectrumReplica,
+}
+
+/// Where a pass's pivot state comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassState {
+    /// The rollout's decode-time snapshot, verified.
+    Decode,
+    /// A fresh prefill of the prefix's token ids.
+    Refeed,
+    /// The decode-time snapshot compressed with SpectrumKV.
+    Spectrum,
+}
+
+/// Which batch schedule a pass's continuations run under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassSchedule {
+    /// Exact's batches, natural key axis.
+    Exact,
+    /// The replica's batches and noise sources (`[passes]` `replica_*`).
+    Replica,
+}
+
+impl Pass {
+    /// All passes, in column order.
+    pub const ALL: [Pass; 6] = [
+        Pass::Exact,
+        Pass::Replica,
+        Pass::Refeed,
+        Pass::Spectrum,
+        Pass::RefeedReplica,
+        Pass::SpectrumReplica,
+    ];
+
+    /// The passes compared with exact against the replica floor (the analysis's treatments).
+    pub const TREATMENTS: [Pass; 4] = [
+        Pass::Refeed,
+        Pass::Spectrum,
+        Pass::RefeedReplica,
+        Pass::SpectrumReplica,
+    ];
+
+    /// The pass's name in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pass::Exact => "exact",
+            Pass::Replica => "replica",
+            Pass::Refeed => "refeed",
+            Pass::Spectrum => "spectrum",
+            Pass::RefeedReplica => "refeed_replica",
+            Pass::SpectrumReplica => "spectrum_replica",
+        }
+    }
+
+    /// Where the pass's pivot state comes from.
+    pub fn state(self) -> PassState {
+        match self {
+            Pass::Exact | Pass::Replica => PassState::Decode,
+            Pass::Refeed | Pass::RefeedReplica => PassState::Refeed,
+            Pass::Spectrum | Pass::SpectrumReplica => PassState::Spectrum,
+        }
+    }
+
+    /// The schedule its continuations run under.
+    pub fn schedule(self) -> PassSchedule {
+        match self {
+            Pass::Exact | Pass::Refeed | Pass::Spectrum => PassSchedule::Exact,
+            Pass::Replica | Pass::RefeedReplica | Pass::SpectrumReplica => PassSchedule::Replica,
+        }
+    }
+
+    /// Whether the pass resumes the rollout's own decode-time KV, verified against its
+    /// fingerprint (exact and replica); refeed and spectrum start from a state built anew.
+    pub fn resumes_snapshot(self) -> bool {
+        self.state() == PassState::Decode
+    }
+
+    /// The pass a name denotes (`exact`, `replica`, `refeed`, `spectrum`, `refeed_replica`,
+    /// `spectrum_replica`).
+    pub fn parse(s: &str) -> Option<Pass> {
+        Pass::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for Pass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the replica pass is scheduled relative to exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaSchedule {
+    /// Exactly the exact pass's batches (must then be bitwise identical to it).
+    Same,
+    /// Jobs in reverse order, at most `replica_batch_size` at a time, grouped so that the
+    /// batches' memberships differ from exact's (see `decode::schedule`), as a serving engine
+    /// might.
+    Shuffled,
+}
+
+impl ReplicaSchedule {
+    /// The schedule's name in records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaSchedule::Same => "same",
+            ReplicaSchedule::Shuffled => "shuffled",
+        }
+    }
+}
+
+impl fmt::Display for ReplicaSchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl crate::study::spec::StudySpec for CampaignSpec {
+    fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(t) = &mut self.task {
+            t.resolve_paths(dir);
+        }
+    }
+
+    fn validate_loaded(&self, text: &str) -> Result<()> {
+        self.validate()?;
+        self.validate_explicit_keys(text)?;
+        self.task().map(drop)
     }
 }
 

@@ -5,7 +5,9 @@
 //! dropped from the batch once at least half of it has finished; that compaction is part of
 //! the schedule, so the same schedule always runs the same batches. A job whose branch token
 //! is a stop token ends with no tokens; it keeps its row (and its snapshot check) all the same.
+pub use super::stats::EngineStats;
 pub use super::stepper::Stepper;
+pub use crate::exec::EngineMode;
 use crate::exec::ExecPolicy;
 use crate::kv_cache::{KvCache, Snapshot, SnapshotKv};
 use crate::model::Decoder;
@@ -134,60 +136,6 @@ pub struct PassRun {
 
 const TEXT_STOP_EVERY: usize = 8;
 
-/// How the decode steps of continuations are executed.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum EngineMode {
-    /// `graph` on a CUDA device when this binary can capture graphs, `eager` otherwise.
-    // Commands take `--engine`, else `KVCREDIT_ENGINE`, resolved once with their other
-    // arguments (`crate::exec::ExecSettings::resolve`); nothing here reads the environment.
-    #[default]
-    Auto,
-    /// One [`Decoder::forward`] per step, attending over each row's valid keys.
-    Eager,
-    /// [`Decoder::forward_static`] per step: device-resident inputs, attention over the batch
-    /// cache's fixed capacity, K/V written by scatter; no host syncs but the token readback.
-    Static,
-    /// The static step captured once per batch size as a CUDA graph and replayed (falls back
-    /// to `static`, with a warning, if a capture fails).
-    Graph,
-}
-
-impl std::fmt::Display for EngineMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            EngineMode::Auto => "auto",
-            EngineMode::Eager => "eager",
-            EngineMode::Static => "static",
-            EngineMode::Graph => "graph",
-        })
-    }
-}
-
-impl EngineMode {
-    /// The concrete mode `Auto` stands for on `device` (other modes are returned as they are).
-    pub fn resolve(self, device: tch::Device) -> EngineMode {
-        if self != EngineMode::Auto {
-            return self;
-        }
-        if device.is_cuda() && crate::cuda_graph::compiled() {
-            EngineMode::Graph
-        } else {
-            EngineMode::Eager
-        }
-    }
-}
-
 /// Engine settings beyond the decoding itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -263,70 +211,6 @@ fn digest(xs: impl Iterator<Item = u32>) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// What an engine run did besides decoding.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EngineStats {
-    /// The mode that ran.
-    pub mode: String,
-    /// Decode steps (batched forwards).
-    pub steps: u64,
-    /// Rows decoded over all steps, finished rows awaiting compaction included.
-    pub row_steps: u64,
-    /// Tokens kept.
-    pub tokens: u64,
-    /// Seconds spent copying snapshots into batches.
-    pub gather_seconds: f64,
-    /// Seconds spent verifying fingerprints before decoding (device comparisons, host copies).
-    pub verify_seconds: f64,
-    /// Seconds inside decode steps, waiting for the device included.
-    #[serde(default)]
-    pub step_seconds: f64,
-    /// Seconds spent after decoding waiting for the host copies' hashes.
-    #[serde(default)]
-    pub hash_wait_seconds: f64,
-    /// Snapshot copies hashed (other rows were compared with them on the device); distinct
-    /// per batch, while a queue hashes a snapshot again when no resident row shares it.
-    pub hashed_snapshots: u64,
-    /// CUDA graphs captured (one per batch size met).
-    pub graph_captures: u64,
-    /// Seconds spent capturing them (warm-up run included).
-    pub capture_seconds: f64,
-    /// Nodes (kernels, copies) of the last captured graph: the launches of one step.
-    pub graph_nodes: Option<u64>,
-    /// Why graphs were abandoned for the static step, if they were.
-    pub graph_fallback: Option<String>,
-}
-
-impl EngineStats {
-    /// One line for tables.
-    pub fn describe(&self) -> String {
-        let mut s = format!(
-            "[{}: {} steps in {:.3} s, {:.0}% rows live, gather {:.3} s, verify {:.3} s ({} hashed, {:.3} s waited for)",
-            self.mode,
-            self.steps,
-            self.step_seconds,
-            100.0 * self.tokens as f64 / self.row_steps.max(1) as f64,
-            self.gather_seconds,
-            self.verify_seconds,
-            self.hashed_snapshots,
-            self.hash_wait_seconds
-        );
-        if self.graph_captures > 0 {
-            s += &format!(
-                ", {} graph captures in {:.3} s",
-                self.graph_captures, self.capture_seconds
-            );
-            if let Some(n) = self.graph_nodes {
-                s += &format!(", {n} nodes/step");
-            }
-        }
-        if let Some(why) = &self.graph_fallback {
-            s += &format!(", graphs abandoned: {why}");
-        }
-        s + "]"
-    }
 }
 
 /// Run `jobs` in the order `order`, `batch` at a time. Returns outcomes indexed like `jobs`.

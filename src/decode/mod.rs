@@ -5,4 +5,5 @@
 pub mod engine;
 pub mod mask_check;
 pub mod schedule;
+pub mod stats;
 pub mod stepper;

@@ -14,8 +14,9 @@
 //! All three produce the same tokens under the batch-invariant policy (the static forward is
 //! bitwise the eager one there); under the stock policy the static modes attend over a longer
 //! key axis, which may round differently, like any other change of shape.
-use super::engine::{EngineMode, EngineStats};
+use super::stats::EngineStats;
 use crate::cuda_graph::CudaGraph;
+use crate::exec::EngineMode;
 use crate::exec::ExecPolicy;
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};

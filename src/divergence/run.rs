@@ -12,7 +12,7 @@ use super::spec::{DivergenceSpec, LayerSet, strategy_label};
 use crate::decode::engine::{EngineMode, Stop};
 use crate::exec::{ExecPolicy, ExecSettings};
 use crate::io::parquet::{Column, Table};
-use crate::io::schema::ExecRecord;
+use crate::io::schema::{ExecRecord, RunHeader, RunOrigin};
 use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
 use crate::sampling::{NoiseKey, Sampling};
 use crate::study::{
@@ -32,26 +32,16 @@ pub const TABLES: [&str; 5] = ["pairs", "forced", "drift", "patches", "replay"];
 /// What a run records about itself: the numerical path of every comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Study label.
-    pub name: String,
-    /// SHA-256 of the spec file's bytes, recorded before anything ran.
-    pub spec_sha256: String,
+    /// Study, spec, model, execution, build and times; the engine is always `eager` (the
+    /// study steps the decoder itself).
+    #[serde(flatten)]
+    pub run: RunHeader,
     /// The spec as parsed.
     pub spec: DivergenceSpec,
     /// The task: name, grader, prompt and data hash (absent in runs written before it was
     /// recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<crate::io::schema::TaskRecord>,
-    /// Model name.
-    pub model: String,
-    /// SHA-256 of the model file, when known.
-    pub model_sha256: Option<String>,
-    /// Run device.
-    pub device: String,
-    /// Execution policy and its tiles; the engine is always `eager` (the study steps the
-    /// decoder itself).
-    #[serde(flatten)]
-    pub exec: ExecRecord,
     /// TF32 for fp32 matmuls: libtorch's default (`allow_tf32` for cuBLAS off) is never
     /// changed by kvcredit.
     pub tf32: bool,
@@ -59,17 +49,6 @@ pub struct Manifest {
     pub attention: String,
     /// Cache-OFF prefill: one chunk of the whole sequence per step.
     pub off_chunking: String,
-    /// kvcredit version.
-    pub kvcredit_version: String,
-    /// libtorch version the binary was built against.
-    pub libtorch_version: String,
-    /// When the run first started (UTC, RFC 3339).
-    pub started_at: String,
-    /// When each later invocation resumed it.
-    #[serde(default)]
-    pub resumed_at: Vec<String>,
-    /// When it finished, if it has.
-    pub finished_at: Option<String>,
     /// Problems × dtypes in the spec.
     pub shards_total: usize,
     /// Problems × dtypes with a finished shard.
@@ -127,27 +106,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
     let policy = settings.policy(spec.policy);
     let record = settings.record(spec.policy, Some(EngineMode::Eager));
     let manifest_path = out.join("manifest.json");
-    let previous: Option<Manifest> = if manifest_path.exists() {
-        let mut m: Manifest = read_json(&manifest_path)?;
-        if m.spec_sha256 != spec_sha256 {
-            return Err(Error::Spec(format!(
-                "{} holds a run of a different spec (sha256 {}…); use another --out",
-                out.display(),
-                &m.spec_sha256[..12]
-            )));
-        }
-        m.exec.resume_with(&record, &out.display().to_string())?;
-        if let Some(was) = &m.task {
-            was.resume_with(&task.record(), &out.display().to_string())?;
-        }
-        Some(m)
-    } else {
-        None
-    };
-    let mut manifest: Option<Manifest> = previous.map(|mut m| {
-        m.resumed_at.push(now_rfc3339());
-        m
-    });
+    let mut manifest = resume(out, spec_sha256, &record, &task)?;
     let batches: Vec<&[Problem]> = problems.chunks(spec.batch_size).collect();
     let mut lock = None;
     for &dtype in &spec.dtypes {
@@ -253,31 +212,59 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         return Err(Error::Spec("nothing to run".into()));
     };
     if !m.failed_dtypes.is_empty() {
-        let failed: Vec<String> = m.failed_dtypes.values().cloned().collect();
-        let merged = match merge_finished(out) {
-            Ok(done) => {
-                let names: Vec<String> = done
-                    .merged_dtypes
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect();
-                format!("tables of {} merged", names.join(", "))
-            }
-            Err(_) => "no dtype finished".to_string(),
-        };
-        return Err(Error::NonFinite(format!(
-            "{}; {merged} in {}",
-            failed.join("; "),
-            out.display()
-        )));
+        return Err(failed_dtypes(&m, out));
     }
     m.files_sha256 = merge_tables(out, spec, &problems, &spec.dtypes)?;
     refresh(&mut m, out, spec, &problems)?;
     m.merged_dtypes = None;
-    m.finished_at = Some(now_rfc3339());
+    m.run.finished_at = Some(now_rfc3339());
     write_json(&manifest_path, &m)?;
     Ok(m)
+}
+
+/// The manifest of the run in `out` to resume, with this invocation's start recorded;
+/// refused for another spec, numerical path or task; `None` without a run there.
+fn resume(
+    out: &Path,
+    spec_sha256: &str,
+    record: &ExecRecord,
+    task: &SpecTask,
+) -> Result<Option<Manifest>> {
+    let manifest_path = out.join("manifest.json");
+    if !manifest_path.exists() {
+        return Ok(None);
+    }
+    let mut m: Manifest = read_json(&manifest_path)?;
+    m.run.check_spec(spec_sha256, out)?;
+    m.run.exec.resume_with(record, &out.display().to_string())?;
+    if let Some(was) = &m.task {
+        was.resume_with(&task.record(), &out.display().to_string())?;
+    }
+    m.run.resumed_at.push(now_rfc3339());
+    Ok(Some(m))
+}
+
+/// The error of a study some of whose dtypes stopped on non-finite logits, once the tables
+/// of the finished dtypes are merged.
+fn failed_dtypes(m: &Manifest, out: &Path) -> Error {
+    let failed: Vec<String> = m.failed_dtypes.values().cloned().collect();
+    let merged = match merge_finished(out) {
+        Ok(done) => {
+            let names: Vec<String> = done
+                .merged_dtypes
+                .unwrap_or_default()
+                .iter()
+                .map(|d| d.to_string())
+                .collect();
+            format!("tables of {} merged", names.join(", "))
+        }
+        Err(_) => "no dtype finished".to_string(),
+    };
+    Error::NonFinite(format!(
+        "{}; {merged} in {}",
+        failed.join("; "),
+        out.display()
+    ))
 }
 
 /// The study's tables from the shards of `dtypes` (every problem of each); returns their
@@ -321,22 +308,22 @@ fn new_manifest(
     task: &SpecTask,
 ) -> Manifest {
     Manifest {
-        name: spec.name.clone(),
-        spec_sha256: sha.to_string(),
+        run: RunHeader::start(
+            RunOrigin {
+                study: "divergence",
+                name: &spec.name,
+                spec_sha256: sha,
+                model: &model.name,
+                model_sha256: model.sha256.as_deref(),
+                device: &spec.device,
+            },
+            exec,
+        ),
         spec: spec.clone(),
         task: Some(task.record()),
-        model: model.name.clone(),
-        model_sha256: model.sha256.clone(),
-        device: spec.device.clone(),
-        exec,
         tf32: false,
         attention: "kvcredit eager attention via the execution policy".into(),
         off_chunking: "whole sequence in one forward per step".into(),
-        kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
-        libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
-        started_at: now_rfc3339(),
-        resumed_at: vec![],
-        finished_at: None,
         shards_total: problems.len() * spec.dtypes.len(),
         shards_done: 0,
         seconds: BTreeMap::new(),

@@ -211,21 +211,7 @@ pub fn strategy_label(s: &Sampling) -> String {
 impl DivergenceSpec {
     /// Parse and validate a spec; returns it with the SHA-256 of the file's bytes.
     pub fn load(path: &Path) -> Result<(DivergenceSpec, String)> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let mut spec: DivergenceSpec = toml::from_str(&text).map_err(|e| {
-            Error::Spec(format!(
-                "{}: {}",
-                path.display(),
-                e.message().replace('\n', " ")
-            ))
-        })?;
-        if let (Some(t), Some(dir)) = (&mut spec.task, path.parent()) {
-            t.resolve_paths(dir);
-        }
-        spec.validate()?;
-        spec.check_strategy_keys(&text)?;
-        spec.task()?;
-        Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+        crate::study::spec::load_spec(path)
     }
 
     /// The task (`[task]`, or GSM8K from `[problems]`) and its problems, loaded and checked.
@@ -423,5 +409,19 @@ impl DivergenceSpec {
             }
         }
         Ok(())
+    }
+}
+
+impl crate::study::spec::StudySpec for DivergenceSpec {
+    fn resolve_paths(&mut self, dir: &Path) {
+        if let Some(t) = &mut self.task {
+            t.resolve_paths(dir);
+        }
+    }
+
+    fn validate_loaded(&self, text: &str) -> Result<()> {
+        self.validate()?;
+        self.check_strategy_keys(text)?;
+        self.task().map(drop)
     }
 }

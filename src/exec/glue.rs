@@ -103,7 +103,7 @@ pub fn set_default(glue: Option<Glue>) {
 /// Run `f` with `glue` on this thread (the previous choice is restored; ATen where the fused
 /// glue cannot run).
 pub fn with_glue<T>(glue: Glue, f: impl FnOnce() -> T) -> T {
-    crate::runtime::scoped(&OVERRIDE, glue, f)
+    crate::scoped::scoped(&OVERRIDE, glue, f)
 }
 
 /// The implementation for `x`: fused where it runs and handles `x`'s element type.

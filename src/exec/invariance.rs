@@ -123,6 +123,30 @@ pub struct StockAgreement {
 }
 
 impl StockAgreement {
+    /// Add one sequence: `reference` (its logits under the checked policy, `[n, V]`) against
+    /// a stock prefill of `seq`.
+    fn add(&mut self, model: &Decoder, seq: &[i64], reference: &Tensor) -> Result<()> {
+        let n = seq.len();
+        let mut cache = model.new_cache(1, n as i64)?;
+        let stock = model
+            .forward(&ids(seq)?, &mut cache, &ExecPolicy::Stock, &LogitsAt::All)?
+            .f_get(0)?
+            .f_to_kind(Kind::Double)?;
+        let mine = reference.f_to_kind(Kind::Double)?;
+        let diff = mine.f_sub(&stock)?.f_abs()?.f_max()?.f_double_value(&[])?;
+        if diff.is_nan() || diff > self.max_abs {
+            self.max_abs = diff;
+        }
+        let same = mine
+            .f_argmax(-1, false)?
+            .f_eq_tensor(&stock.f_argmax(-1, false)?)?
+            .f_sum(Kind::Int64)?
+            .f_int64_value(&[])?;
+        self.rows += n;
+        self.argmax_equal += same as usize;
+        Ok(())
+    }
+
     /// Share of rows with the same argmax.
     pub fn argmax_rate(&self) -> f64 {
         if self.rows == 0 {
@@ -255,23 +279,7 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
             .forward(&ids(&seq)?, &mut ref_cache, &policy, &LogitsAt::All)?
             .f_get(0)?;
         if let Some(agree) = vs_stock.as_mut() {
-            let mut cache = model.new_cache(1, n as i64)?;
-            let stock = model
-                .forward(&ids(&seq)?, &mut cache, &ExecPolicy::Stock, &LogitsAt::All)?
-                .f_get(0)?
-                .f_to_kind(Kind::Double)?;
-            let mine = reference.f_to_kind(Kind::Double)?;
-            let diff = mine.f_sub(&stock)?.f_abs()?.f_max()?.f_double_value(&[])?;
-            if diff.is_nan() || diff > agree.max_abs {
-                agree.max_abs = diff;
-            }
-            let same = mine
-                .f_argmax(-1, false)?
-                .f_eq_tensor(&stock.f_argmax(-1, false)?)?
-                .f_sum(Kind::Int64)?
-                .f_int64_value(&[])?;
-            agree.rows += n;
-            agree.argmax_equal += same as usize;
+            agree.add(model, &seq, &reference)?;
         }
 
         // A shorter prefill, then decode steps.

@@ -59,7 +59,7 @@ impl std::fmt::Display for PolicyKind {
 }
 
 /// How reductions are executed: the policy with the settings its ops run with. (Serialized as
-/// `"stock"` or `{"batch_invariant": tiles}`; records use [`crate::io::schema::ExecRecord`].)
+/// `"stock"` or `{"batch_invariant": tiles}`; records use [`ExecRecord`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecPolicy {
@@ -254,22 +254,58 @@ impl ExecPolicy {
     }
 }
 
-/// An `aten|fused` choice from the environment variable `var` (read through `env`), parsed
-/// and checked against the device; an unknown name is a spec error naming the variable.
-fn env_choice<T: Copy>(
-    env: &dyn Fn(&str) -> Option<String>,
-    var: &str,
-    what: &str,
-    parse: fn(&str) -> crate::Result<T>,
-    check: impl Fn(T) -> crate::Result<()>,
-) -> crate::Result<Option<T>> {
-    let Some(s) = env(var) else {
-        return Ok(None);
-    };
-    let choice = parse(s.trim())
-        .map_err(|_| crate::Error::Spec(format!("{var}=`{s}`: not a {what} (aten, fused)")))?;
-    check(choice)?;
-    Ok(Some(choice))
+/// How the decode steps of continuations are executed.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineMode {
+    /// `graph` on a CUDA device when this binary can capture graphs, `eager` otherwise.
+    // Commands take `--engine`, else `KVCREDIT_ENGINE`, resolved once with their other
+    // arguments ([`ExecSettings::resolve`]); nothing here reads the environment.
+    #[default]
+    Auto,
+    /// One [`crate::model::Decoder::forward`] per step, attending over each row's valid keys.
+    Eager,
+    /// [`crate::model::Decoder::forward_static`] per step: device-resident inputs, attention over the batch
+    /// cache's fixed capacity, K/V written by scatter; no host syncs but the token readback.
+    Static,
+    /// The static step captured once per batch size as a CUDA graph and replayed (falls back
+    /// to `static`, with a warning, if a capture fails).
+    Graph,
+}
+
+impl std::fmt::Display for EngineMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineMode::Auto => "auto",
+            EngineMode::Eager => "eager",
+            EngineMode::Static => "static",
+            EngineMode::Graph => "graph",
+        })
+    }
+}
+
+impl EngineMode {
+    /// The concrete mode `Auto` stands for on `device` (other modes are returned as they are).
+    pub fn resolve(self, device: tch::Device) -> EngineMode {
+        if self != EngineMode::Auto {
+            return self;
+        }
+        if device.is_cuda() && crate::cuda_graph::compiled() {
+            EngineMode::Graph
+        } else {
+            EngineMode::Eager
+        }
+    }
 }
 
 /// What a run resolves once from its arguments besides device and dtype: the batch-invariant
@@ -280,7 +316,7 @@ pub struct ExecSettings {
     /// Tiles of the batch-invariant policy.
     pub tiles: BiTiles,
     /// Continuation engine, resolved (never `auto`).
-    pub engine: crate::decode::engine::EngineMode,
+    pub engine: EngineMode,
     /// The sampler asked for (`None`: the device's default, [`crate::sampling::Sampler`]);
     /// not recorded, since both samplers choose bitwise the same tokens.
     pub sampler: Option<crate::sampling::Sampler>,
@@ -310,44 +346,27 @@ impl ExecSettings {
     pub fn defaults(device: tch::Device) -> ExecSettings {
         ExecSettings {
             tiles: BiTiles::for_device(device),
-            engine: crate::decode::engine::EngineMode::Auto.resolve(device),
+            engine: EngineMode::Auto.resolve(device),
             sampler: None,
             glue: None,
         }
     }
 
-    /// Resolve arguments as typed, for `device`: tile overrides `tiles` (else the environment
-    /// variable `KVCREDIT_BI_TILES`) over the device's defaults, and `engine` (else
-    /// `KVCREDIT_ENGINE`, else `auto`) resolved for the device, and the sampler
-    /// `KVCREDIT_SAMPLER` and the glue `KVCREDIT_GLUE` (`aten` or `fused`; checked against the
-    /// device). The four variables are a documented fallback read here, once, and nowhere else.
+    /// Resolve arguments as typed, for `device`: tile overrides `tiles` over the device's
+    /// defaults, `engine` (else `auto`) resolved for the device, and the sampler and glue
+    /// asked for (`None`: the device's default), checked against the device.
     pub fn resolve(
         device: tch::Device,
         tiles: Option<&str>,
-        engine: Option<crate::decode::engine::EngineMode>,
+        engine: Option<EngineMode>,
+        sampler: Option<crate::sampling::Sampler>,
+        glue: Option<glue::Glue>,
     ) -> crate::Result<ExecSettings> {
-        use crate::decode::engine::EngineMode;
-        let env = |name: &str| std::env::var(name).ok().filter(|s| !s.trim().is_empty());
-        let overrides = match tiles
-            .map(str::to_string)
-            .or_else(|| env("KVCREDIT_BI_TILES"))
-        {
-            Some(s) => TileOverrides::parse(&s)?,
+        let overrides = match tiles {
+            Some(s) => TileOverrides::parse(s)?,
             None => TileOverrides::default(),
         };
-        let engine = match engine {
-            Some(e) => e,
-            None => match env("KVCREDIT_ENGINE") {
-                Some(s) => {
-                    <EngineMode as clap::ValueEnum>::from_str(s.trim(), true).map_err(|_| {
-                        crate::Error::Spec(format!(
-                            "KVCREDIT_ENGINE=`{s}`: not an engine (auto, eager, static, graph)"
-                        ))
-                    })?
-                }
-                None => EngineMode::Auto,
-            },
-        };
+        let engine = engine.unwrap_or(EngineMode::Auto);
         let cuda = matches!(device, tch::Device::Cuda(_));
         let base = match overrides.kernels {
             Some(BiKernels::Aten) if cuda => BiTiles::CUDA_ATEN,
@@ -365,16 +384,12 @@ impl ExecSettings {
                 tiles.key_chunk
             )));
         }
-        let sampler = env_choice(
-            &env,
-            "KVCREDIT_SAMPLER",
-            "sampler",
-            crate::sampling::Sampler::parse,
-            |s| s.check_device(device),
-        )?;
-        let glue = env_choice(&env, "KVCREDIT_GLUE", "glue", glue::Glue::parse, |g| {
-            g.check_device(device)
-        })?;
+        if let Some(s) = sampler {
+            s.check_device(device)?;
+        }
+        if let Some(g) = glue {
+            g.check_device(device)?;
+        }
         Ok(ExecSettings {
             tiles,
             engine: engine.resolve(device),
@@ -390,16 +405,57 @@ impl ExecSettings {
 
     /// What a manifest records of a run of `kind` with these settings (`engine`: the one that
     /// ran, if any; tiles only under the batch-invariant policy).
-    pub fn record(
-        &self,
-        kind: PolicyKind,
-        engine: Option<crate::decode::engine::EngineMode>,
-    ) -> crate::io::schema::ExecRecord {
-        crate::io::schema::ExecRecord {
+    pub fn record(&self, kind: PolicyKind, engine: Option<EngineMode>) -> ExecRecord {
+        ExecRecord {
             policy: kind,
             tiles: self.policy(kind).tiles(),
             engine,
         }
+    }
+}
+
+/// How a run executed, recorded (flattened) in every manifest — campaign, divergence, and the
+/// spectrum grids': the policy, the tiles it ran with, and the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecRecord {
+    /// Execution policy.
+    pub policy: PolicyKind,
+    /// The batch-invariant policy's tiles (absent under stock, and in runs written before they
+    /// were recorded). Other tiles give other numerics, so a run resumes only with the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiles: Option<BiTiles>,
+    /// Continuation engine as resolved (never `auto`); `eager` for studies that step the
+    /// decoder themselves; absent in runs written before it was recorded. Under the stock
+    /// policy it decides rounding, so a stock run resumes only with the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineMode>,
+}
+
+impl ExecRecord {
+    /// Refuse to resume a run recorded as `self` with `now` (same policy): another engine under
+    /// stock, or other tiles under batch-invariant; fill in what an older run did not record.
+    pub fn resume_with(&mut self, now: &ExecRecord, what: &str) -> crate::Result<()> {
+        if let (Some(was), Some(e)) = (self.engine, now.engine)
+            && self.policy == PolicyKind::Stock
+            && was != e
+        {
+            return Err(crate::Error::Spec(format!(
+                "{what} was run with the {was} engine and would resume with {e} (stock numerics differ between them); pass --engine {was} (or set KVCREDIT_ENGINE={was}) to resume"
+            )));
+        }
+        if let (Some(was), Some(t)) = (self.tiles, now.tiles)
+            && was != t
+        {
+            return Err(crate::Error::Spec(format!(
+                "{what} was run with batch-invariant tiles {} and would resume with {} (other tiles, other numerics); pass --tiles {} to resume",
+                was.describe(),
+                t.describe(),
+                was.describe()
+            )));
+        }
+        self.engine = self.engine.or(now.engine);
+        self.tiles = self.tiles.or(now.tiles);
+        Ok(())
     }
 }
 
@@ -441,19 +497,22 @@ mod tests {
 
     #[test]
     fn fused_kernels_are_the_cuda_default_and_refused_on_the_cpu() -> crate::Result<()> {
-        let cpu = ExecSettings::resolve(Device::Cpu, Some("kernels=aten"), None)?;
+        let cpu = ExecSettings::resolve(Device::Cpu, Some("kernels=aten"), None, None, None)?;
         assert_eq!(cpu.tiles, BiTiles::CPU);
-        let err = ExecSettings::resolve(Device::Cpu, Some("kernels=fused"), None)
+        let err = ExecSettings::resolve(Device::Cpu, Some("kernels=fused"), None, None, None)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("kernels=fused needs a CUDA device"), "{err}");
-        let aten = ExecSettings::resolve(Device::Cuda(0), Some("kernels=aten"), None)?;
+        let aten = ExecSettings::resolve(Device::Cuda(0), Some("kernels=aten"), None, None, None)?;
         assert_eq!(aten.tiles, BiTiles::CUDA_ATEN);
         if crate::cuda_graph::compiled() {
-            let auto = ExecSettings::resolve(Device::Cuda(0), Some(""), None)?;
+            let auto = ExecSettings::resolve(Device::Cuda(0), Some(""), None, None, None)?;
             assert_eq!(auto.tiles, BiTiles::CUDA);
-            assert!(ExecSettings::resolve(Device::Cuda(0), Some("key_chunk=48"), None).is_err());
+            assert!(
+                ExecSettings::resolve(Device::Cuda(0), Some("key_chunk=48"), None, None, None)
+                    .is_err()
+            );
         }
         Ok(())
     }

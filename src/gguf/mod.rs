@@ -168,80 +168,9 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
             ))
         })?;
 
-    let scaling = rope_scaling(g, &key)?;
-    if g.tensor_info("rope_freqs.weight").is_some() {
-        return Err(Error::Config(
-            "per-frequency RoPE factors (`rope_freqs.weight`, llama-3.1 style scaling) are not supported".into(),
-        ));
-    }
-    if g.tensor_info("rope_factors_long.weight").is_some()
-        || g.tensor_info("rope_factors_short.weight").is_some()
-    {
-        return Err(Error::Config(
-            "LongRoPE factors (`rope_factors_long/short.weight`) are not supported from GGUF; load the Hugging Face folder instead".into(),
-        ));
-    }
-    let rope = Rope {
-        theta: g.opt_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0),
-        scaling,
-    };
-    // llama.cpp: sliding-window layers of Gemma-3 use `rope.freq_base_swa` (default 10000) and
-    // no frequency scaling.
-    let rope_local = (arch == Arch::Gemma3).then(|| -> Result<Rope> {
-        Ok(Rope {
-            theta: g.opt_f64(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
-            scaling: RopeScaling::None,
-        })
-    });
-    let rope_local = rope_local.transpose()?;
+    let (rope, rope_local) = ropes(g, arch, &key)?;
 
-    let window = g
-        .opt_u64(&key("attention.sliding_window"))?
-        .filter(|&w| w > 0);
-    let layer_types: Vec<LayerKind> = match (arch, window) {
-        (_, None) | (Arch::Qwen2 | Arch::Qwen3 | Arch::Olmo2, _) => {
-            vec![LayerKind::Full; num_layers]
-        }
-        (Arch::Llama | Arch::Phi3, Some(w)) => {
-            vec![LayerKind::Sliding { window: w as usize }; num_layers]
-        }
-        (Arch::Gemma2 | Arch::Gemma3, Some(w)) => {
-            let sliding = LayerKind::Sliding { window: w as usize };
-            let pattern_key = key("attention.sliding_window_pattern");
-            match g.get(&pattern_key) {
-                Some(Value::Array(a)) => {
-                    if a.len() != num_layers {
-                        return Err(Error::Config(format!(
-                            "`{pattern_key}` has {} entries for {num_layers} layers",
-                            a.len()
-                        )));
-                    }
-                    a.iter()
-                        .map(|v| match v.as_bool() {
-                            Some(true) => Ok(sliding),
-                            Some(false) => Ok(LayerKind::Full),
-                            None => Err(Error::Config(format!("`{pattern_key}` must hold bools"))),
-                        })
-                        .collect::<Result<_>>()?
-                }
-                _ => {
-                    // llama.cpp `set_swa_pattern(n)`: layer i slides iff i % n < n - 1
-                    // (Gemma-2: n = 2, Gemma-3: n = 6; n = 0 means every layer).
-                    let default = if arch == Arch::Gemma2 { 2 } else { 6 };
-                    let n = g.opt_u64(&pattern_key)?.unwrap_or(default) as usize;
-                    (0..num_layers)
-                        .map(|i| {
-                            if n == 0 || i % n < n - 1 {
-                                sliding
-                            } else {
-                                LayerKind::Full
-                            }
-                        })
-                        .collect()
-                }
-            }
-        }
-    };
+    let layer_types = layer_types(g, arch, &key, num_layers)?;
 
     // Attention scale: explicit key, else Gemma's query_pre_attn_scalar rule as llama.cpp
     // applies it (27B models scale by hidden/heads, the others by the head size).
@@ -305,6 +234,95 @@ fn config_inner(g: &GgufFile) -> Result<ArchConfig> {
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The RoPE of global layers and, for Gemma-3, of sliding-window layers; per-frequency and
+/// LongRoPE factors are refused.
+fn ropes(g: &GgufFile, arch: Arch, key: &dyn Fn(&str) -> String) -> Result<(Rope, Option<Rope>)> {
+    let scaling = rope_scaling(g, key)?;
+    if g.tensor_info("rope_freqs.weight").is_some() {
+        return Err(Error::Config(
+            "per-frequency RoPE factors (`rope_freqs.weight`, llama-3.1 style scaling) are not supported".into(),
+        ));
+    }
+    if g.tensor_info("rope_factors_long.weight").is_some()
+        || g.tensor_info("rope_factors_short.weight").is_some()
+    {
+        return Err(Error::Config(
+            "LongRoPE factors (`rope_factors_long/short.weight`) are not supported from GGUF; load the Hugging Face folder instead".into(),
+        ));
+    }
+    let rope = Rope {
+        theta: g.opt_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+        scaling,
+    };
+    // llama.cpp: sliding-window layers of Gemma-3 use `rope.freq_base_swa` (default 10000) and
+    // no frequency scaling.
+    let rope_local = (arch == Arch::Gemma3).then(|| -> Result<Rope> {
+        Ok(Rope {
+            theta: g.opt_f64(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+            scaling: RopeScaling::None,
+        })
+    });
+    let rope_local = rope_local.transpose()?;
+    Ok((rope, rope_local))
+}
+
+/// Each layer's attention span: full, or sliding over `<arch>.attention.sliding_window`
+/// (Gemma's by its pattern key, else llama.cpp's default pattern).
+fn layer_types(
+    g: &GgufFile,
+    arch: Arch,
+    key: &dyn Fn(&str) -> String,
+    num_layers: usize,
+) -> Result<Vec<LayerKind>> {
+    let window = g
+        .opt_u64(&key("attention.sliding_window"))?
+        .filter(|&w| w > 0);
+    Ok(match (arch, window) {
+        (_, None) | (Arch::Qwen2 | Arch::Qwen3 | Arch::Olmo2, _) => {
+            vec![LayerKind::Full; num_layers]
+        }
+        (Arch::Llama | Arch::Phi3, Some(w)) => {
+            vec![LayerKind::Sliding { window: w as usize }; num_layers]
+        }
+        (Arch::Gemma2 | Arch::Gemma3, Some(w)) => {
+            let sliding = LayerKind::Sliding { window: w as usize };
+            let pattern_key = key("attention.sliding_window_pattern");
+            match g.get(&pattern_key) {
+                Some(Value::Array(a)) => {
+                    if a.len() != num_layers {
+                        return Err(Error::Config(format!(
+                            "`{pattern_key}` has {} entries for {num_layers} layers",
+                            a.len()
+                        )));
+                    }
+                    a.iter()
+                        .map(|v| match v.as_bool() {
+                            Some(true) => Ok(sliding),
+                            Some(false) => Ok(LayerKind::Full),
+                            None => Err(Error::Config(format!("`{pattern_key}` must hold bools"))),
+                        })
+                        .collect::<Result<_>>()?
+                }
+                _ => {
+                    // llama.cpp `set_swa_pattern(n)`: layer i slides iff i % n < n - 1
+                    // (Gemma-2: n = 2, Gemma-3: n = 6; n = 0 means every layer).
+                    let default = if arch == Arch::Gemma2 { 2 } else { 6 };
+                    let n = g.opt_u64(&pattern_key)?.unwrap_or(default) as usize;
+                    (0..num_layers)
+                        .map(|i| {
+                            if n == 0 || i % n < n - 1 {
+                                sliding
+                            } else {
+                                LayerKind::Full
+                            }
+                        })
+                        .collect()
+                }
+            }
+        }
+    })
 }
 
 /// RoPE scaling from `<arch>.rope.scaling.*` (llama.cpp's keys): linear, or YaRN with

@@ -2,12 +2,14 @@
 //! cost, the manifest, and the file names of a run dir. Policy, dtype, engine and replica
 //! schedule are enums that serialize to the same strings earlier runs hold.
 use crate::credit::spec::CampaignSpec;
-use crate::decode::engine::EngineMode;
-use crate::exec::{BiTiles, PolicyKind};
 use crate::runtime::Dtype;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+
+pub use crate::credit::spec::{Pass, PassSchedule, PassState, ReplicaSchedule};
+pub use crate::exec::ExecRecord;
+pub use crate::tasks::spec::TaskRecord;
 
 /// File names inside a run dir.
 pub const MANIFEST: &str = "manifest.json";
@@ -255,143 +257,6 @@ pub fn run_columns(table: &str, refill: bool) -> Option<Vec<&'static str>> {
     Some(cols)
 }
 
-/// A pass: how the pivot state is obtained ([`PassState`]) and under which batch schedule its
-/// continuations run ([`PassSchedule`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Pass {
-    /// Resume from the rollout's own (verified) decode-time KV, under exact's schedule.
-    Exact,
-    /// The exact pass's state under the replica's schedule: the noise floor.
-    Replica,
-    /// Re-prefill prompt and generated ids up to the pivot as a fresh prompt, under exact's
-    /// schedule: the re-fed state's own effect.
-    Refeed,
-    /// Resume from the decode-time KV after SpectrumKV compression at a byte budget
-    /// (`[passes.spectrum]`): tiered, quantized, packed, then dequantized into a cache; under
-    /// exact's schedule.
-    Spectrum,
-    /// The re-fed state under the replica's schedule (what a replica-vs-refeed design measures).
-    RefeedReplica,
-    /// The spectrum state under the replica's schedule.
-    SpectrumReplica,
-}
-
-/// Where a pass's pivot state comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PassState {
-    /// The rollout's decode-time snapshot, verified.
-    Decode,
-    /// A fresh prefill of the prefix's token ids.
-    Refeed,
-    /// The decode-time snapshot compressed with SpectrumKV.
-    Spectrum,
-}
-
-/// Which batch schedule a pass's continuations run under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PassSchedule {
-    /// Exact's batches, natural key axis.
-    Exact,
-    /// The replica's batches and noise sources (`[passes]` `replica_*`).
-    Replica,
-}
-
-impl Pass {
-    /// All passes, in column order.
-    pub const ALL: [Pass; 6] = [
-        Pass::Exact,
-        Pass::Replica,
-        Pass::Refeed,
-        Pass::Spectrum,
-        Pass::RefeedReplica,
-        Pass::SpectrumReplica,
-    ];
-
-    /// The passes compared with exact against the replica floor (the analysis's treatments).
-    pub const TREATMENTS: [Pass; 4] = [
-        Pass::Refeed,
-        Pass::Spectrum,
-        Pass::RefeedReplica,
-        Pass::SpectrumReplica,
-    ];
-
-    /// The pass's name in records.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pass::Exact => "exact",
-            Pass::Replica => "replica",
-            Pass::Refeed => "refeed",
-            Pass::Spectrum => "spectrum",
-            Pass::RefeedReplica => "refeed_replica",
-            Pass::SpectrumReplica => "spectrum_replica",
-        }
-    }
-
-    /// Where the pass's pivot state comes from.
-    pub fn state(self) -> PassState {
-        match self {
-            Pass::Exact | Pass::Replica => PassState::Decode,
-            Pass::Refeed | Pass::RefeedReplica => PassState::Refeed,
-            Pass::Spectrum | Pass::SpectrumReplica => PassState::Spectrum,
-        }
-    }
-
-    /// The schedule its continuations run under.
-    pub fn schedule(self) -> PassSchedule {
-        match self {
-            Pass::Exact | Pass::Refeed | Pass::Spectrum => PassSchedule::Exact,
-            Pass::Replica | Pass::RefeedReplica | Pass::SpectrumReplica => PassSchedule::Replica,
-        }
-    }
-
-    /// Whether the pass resumes the rollout's own decode-time KV, verified against its
-    /// fingerprint (exact and replica); refeed and spectrum start from a state built anew.
-    pub fn resumes_snapshot(self) -> bool {
-        self.state() == PassState::Decode
-    }
-
-    /// The pass a name denotes (`exact`, `replica`, `refeed`, `spectrum`, `refeed_replica`,
-    /// `spectrum_replica`).
-    pub fn parse(s: &str) -> Option<Pass> {
-        Pass::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-}
-
-impl fmt::Display for Pass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How the replica pass is scheduled relative to exact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplicaSchedule {
-    /// Exactly the exact pass's batches (must then be bitwise identical to it).
-    Same,
-    /// Jobs in reverse order, at most `replica_batch_size` at a time, grouped so that the
-    /// batches' memberships differ from exact's (see `decode::schedule`), as a serving engine
-    /// might.
-    Shuffled,
-}
-
-impl ReplicaSchedule {
-    /// The schedule's name in records.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReplicaSchedule::Same => "same",
-            ReplicaSchedule::Shuffled => "shuffled",
-        }
-    }
-}
-
-impl fmt::Display for ReplicaSchedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// Work and time spent in one pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct PassCost {
@@ -450,132 +315,104 @@ impl RecordedSpec {
     }
 }
 
-/// How a run executed, recorded (flattened) in every manifest — campaign, divergence, and the
-/// spectrum journals' headers: the policy, the tiles it ran with, and the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecRecord {
-    /// Execution policy.
-    pub policy: PolicyKind,
-    /// The batch-invariant policy's tiles (absent under stock, and in runs written before they
-    /// were recorded). Other tiles give other numerics, so a run resumes only with the same.
+/// The header every study's manifest starts with (flattened into it): which study and spec
+/// ran, on which model and numerical path, by which build, and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunHeader {
+    /// The study that wrote the run: `credit`, `divergence` or `spectrum` (absent in runs
+    /// written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tiles: Option<BiTiles>,
-    /// Continuation engine as resolved (never `auto`); `eager` for studies that step the
-    /// decoder themselves; absent in runs written before it was recorded. Under the stock
-    /// policy it decides rounding, so a stock run resumes only with the same one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<EngineMode>,
-}
-
-impl ExecRecord {
-    /// Refuse to resume a run recorded as `self` with `now` (same policy): another engine under
-    /// stock, or other tiles under batch-invariant; fill in what an older run did not record.
-    pub fn resume_with(&mut self, now: &ExecRecord, what: &str) -> crate::Result<()> {
-        if let (Some(was), Some(e)) = (self.engine, now.engine)
-            && self.policy == PolicyKind::Stock
-            && was != e
-        {
-            return Err(crate::Error::Spec(format!(
-                "{what} was run with the {was} engine and would resume with {e} (stock numerics differ between them); pass --engine {was} (or set KVCREDIT_ENGINE={was}) to resume"
-            )));
-        }
-        if let (Some(was), Some(t)) = (self.tiles, now.tiles)
-            && was != t
-        {
-            return Err(crate::Error::Spec(format!(
-                "{what} was run with batch-invariant tiles {} and would resume with {} (other tiles, other numerics); pass --tiles {} to resume",
-                was.describe(),
-                t.describe(),
-                was.describe()
-            )));
-        }
-        self.engine = self.engine.or(now.engine);
-        self.tiles = self.tiles.or(now.tiles);
-        Ok(())
-    }
-}
-
-/// The task a run used (`task` in campaign and divergence manifests; absent in runs written
-/// before it was recorded).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskRecord {
-    /// Task label (`gsm8k`, or a file task's name).
+    pub study: Option<String>,
+    /// The spec's label; the `config` column of a campaign's tables.
     pub name: String,
-    /// Grader name (`numeric`, `exact`, `choice`, `regex`, `math`).
-    pub grader: String,
-    /// How prompts were made (`zero-shot-chat`, `chat, 2-shot`, ...).
-    pub prompt: String,
-    /// The problems file of a file task (as resolved when the run started).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file: Option<String>,
-    /// SHA-256 of the problems file's bytes (for GSM8K, of the bundled test split).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file_sha256: Option<String>,
+    /// SHA-256 of the spec file's bytes, recorded before anything ran.
+    pub spec_sha256: String,
+    /// Model name.
+    pub model: String,
+    /// SHA-256 of the model file, when known.
+    pub model_sha256: Option<String>,
+    /// Run device.
+    pub device: String,
+    /// Execution policy, its tiles and the engine.
+    #[serde(flatten)]
+    pub exec: ExecRecord,
+    /// kvcredit version.
+    pub kvcredit_version: String,
+    /// libtorch version the binary was built against.
+    pub libtorch_version: String,
+    /// When the run first started (UTC, RFC 3339).
+    pub started_at: String,
+    /// When each later invocation resumed it.
+    #[serde(default)]
+    pub resumed_at: Vec<String>,
+    /// When it finished, if it has.
+    pub finished_at: Option<String>,
 }
 
-impl TaskRecord {
-    /// Refuse to resume a run recorded with `self` on a task that differs in data or grading.
-    pub fn resume_with(&self, now: &TaskRecord, what: &str) -> crate::Result<()> {
-        if self.file_sha256 != now.file_sha256 || self.grader != now.grader {
-            return Err(crate::Error::Spec(format!(
-                "{what} was run on task `{}` (grader {}, data sha256 {}) and the spec now gives `{}` (grader {}, data sha256 {}); use another --out",
-                self.name,
-                self.grader,
-                short(&self.file_sha256),
-                now.name,
-                now.grader,
-                short(&now.file_sha256)
-            )));
-        }
-        Ok(())
-    }
-
-    /// One line for reports: name, grader, prompt, file and its hash.
-    pub fn describe(&self) -> String {
-        let mut s = format!(
-            "`{}`, grader `{}`, prompt {}",
-            self.name, self.grader, self.prompt
-        );
-        if let Some(f) = &self.file {
-            s.push_str(&format!(", file `{f}`"));
-        }
-        if self.file_sha256.is_some() {
-            s.push_str(&format!(", data sha256 {}", short(&self.file_sha256)));
-        }
-        s
-    }
+/// What [`RunHeader::start`] records of the spec and the model.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOrigin<'a> {
+    /// `credit`, `divergence` or `spectrum`.
+    pub study: &'a str,
+    /// The spec's label.
+    pub name: &'a str,
+    /// SHA-256 of the spec file's bytes.
+    pub spec_sha256: &'a str,
+    /// Model name.
+    pub model: &'a str,
+    /// SHA-256 of the model file, when known.
+    pub model_sha256: Option<&'a str>,
+    /// Run device.
+    pub device: &'a str,
 }
 
-fn short(sha: &Option<String>) -> String {
-    match sha {
-        Some(s) => format!("{}…", &s[..s.len().min(12)]),
-        None => "-".into(),
+impl RunHeader {
+    /// The header of a run starting now.
+    pub fn start(o: RunOrigin, exec: ExecRecord) -> RunHeader {
+        RunHeader {
+            study: Some(o.study.to_string()),
+            name: o.name.to_string(),
+            spec_sha256: o.spec_sha256.to_string(),
+            model: o.model.to_string(),
+            model_sha256: o.model_sha256.map(str::to_string),
+            device: o.device.to_string(),
+            exec,
+            kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
+            libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
+            started_at: super::UtcTime::now().rfc3339(),
+            resumed_at: vec![],
+            finished_at: None,
+        }
+    }
+
+    /// Refuse, in one line, to resume the run in `out` with a spec of another hash.
+    pub fn check_spec(&self, spec_sha256: &str, out: &std::path::Path) -> crate::Result<()> {
+        if self.spec_sha256 == spec_sha256 {
+            return Ok(());
+        }
+        Err(crate::Error::Spec(format!(
+            "{} holds a run of a different spec (sha256 {}…, this spec {}…); use another --out",
+            out.display(),
+            &self.spec_sha256[..self.spec_sha256.len().min(12)],
+            &spec_sha256[..spec_sha256.len().min(12)]
+        )))
     }
 }
 
 /// What a campaign run records about itself (`manifest.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Campaign (configuration) label; the `config` column of its tables.
-    pub name: String,
-    /// SHA-256 of the spec file's bytes, recorded before anything ran.
-    pub spec_sha256: String,
+    /// Study, spec, model, execution, build and times; `run.name` is the campaign
+    /// (configuration) label, the `config` column of its tables.
+    #[serde(flatten)]
+    pub run: RunHeader,
     /// The spec as parsed.
     pub spec: RecordedSpec,
     /// The task: name, grader, prompt and data hash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskRecord>,
-    /// Model name.
-    pub model: String,
-    /// SHA-256 of the model file, when known.
-    pub model_sha256: Option<String>,
     /// Run dtype.
     pub dtype: Dtype,
-    /// Run device.
-    pub device: String,
-    /// Execution policy, its tiles and the continuation engine.
-    #[serde(flatten)]
-    pub exec: ExecRecord,
     /// Replica schedule.
     pub replica_schedule: ReplicaSchedule,
     /// `passes.pool_problems` when above 1 (problems run in pooled groups of that size).
@@ -588,17 +425,6 @@ pub struct Manifest {
     pub k: u32,
     /// Campaign seed.
     pub seed: u64,
-    /// kvcredit version.
-    pub kvcredit_version: String,
-    /// libtorch version the binary was built against.
-    pub libtorch_version: String,
-    /// When the run first started (UTC, RFC 3339).
-    pub started_at: String,
-    /// When each later invocation resumed it.
-    #[serde(default)]
-    pub resumed_at: Vec<String>,
-    /// When it finished, if it has.
-    pub finished_at: Option<String>,
     /// The one-line error that stopped the last invocation, if it failed (cleared when a
     /// rerun resumes the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -827,6 +653,7 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::{BiTiles, EngineMode, PolicyKind};
     use std::path::{Path, PathBuf};
 
     fn load(path: &Path) -> (Manifest, serde_json::Value) {
@@ -869,7 +696,7 @@ mod tests {
         assert_eq!(serde_json::to_value(&trust).unwrap(), value);
         assert!(matches!(trust.spec, RecordedSpec::Full(_)));
         assert_eq!(
-            (trust.exec.policy, trust.dtype, trust.exec.engine),
+            (trust.run.exec.policy, trust.dtype, trust.run.exec.engine),
             (PolicyKind::Stock, Dtype::Bf16, Some(EngineMode::Graph))
         );
         assert_eq!(trust.replica_schedule, ReplicaSchedule::Shuffled);

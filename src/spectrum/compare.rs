@@ -14,8 +14,7 @@
 //!
 //! The pairs: at each budget, every variant against PDTrim, against `snapkv`, and against
 //! `uniform-int8`; `spectrum` against `spectrum-position` with the same quantizer.
-use super::eval::{NiahRow, PplRow};
-use super::report::window_delta;
+use super::eval::{NiahRow, PplRow, window_delta};
 use crate::Result;
 use crate::analysis::divergence::mcnemar_exact;
 use crate::stats::{self, BootstrapCi};

@@ -40,7 +40,7 @@ use tch::{Kind, Tensor};
 pub const WIKITEXT2_TEST: &str = include_str!("../../data/wikitext-2-raw/wiki.test.raw");
 
 /// Version of what decides a row beyond the spec's settings (the quantizers' granularity,
-/// the perplexity protocol): a grid's journal records it, and one written under another
+/// the perplexity protocol): a grid's manifest records it, and one written under another
 /// version is not resumed.
 pub const PROTOCOL: u32 = 2;
 
@@ -495,6 +495,11 @@ pub fn perplexity_window(
         rows.push(row(nll_of(&lp)?, kl, agree, c.frame.len(), None));
     }
     Ok(rows)
+}
+
+/// Per-window Δ% of one row.
+pub fn window_delta(r: &PplRow) -> f64 {
+    100.0 * (((r.nll - r.nll_base) / r.tokens as f64).exp() - 1.0)
 }
 
 /// One variant's perplexity over all windows: `(ppl, ppl_base, Δ%, mean KL, mean real b)`.

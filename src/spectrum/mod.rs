@@ -11,12 +11,14 @@
 //! - [`allocate`]: tier plans under a budget (greedy SpectrumKV, its position-only variant,
 //!   the importance-ranked binary `snapkv`, PDTrim, uniform).
 //! - [`wire`]: the versioned, fingerprinted byte format; [`transport`]: TCP workers.
-//! - [`eval`]: perplexity, NIAH and the INT4 probe; [`report`] and [`compare`]: the report
-//!   over run folders with paired policy comparisons.
+//! - [`eval`]: perplexity, NIAH and the INT4 probe; [`grid`]: their grids as resumable runs
+//!   (manifest and shards); [`report`] and [`compare`]: the report over run folders with
+//!   paired policy comparisons.
 pub mod allocate;
 pub mod compare;
 pub mod eval;
 pub mod figures;
+pub mod grid;
 pub mod importance;
 pub mod quant;
 pub mod report;

@@ -1,18 +1,20 @@
 //! `kvcredit spectrum report`: one Markdown report over run folders (one per model) from the
-//! grids' journals (`ppl.rows.jsonl`, `niah.rows.jsonl`), the probe verdicts (`probe*.parquet`)
-//! and the TTFT rows of `spectrum send` (`ttft*.parquet`): the perplexity protocol of each run,
-//! PPL Δ% per variant with a t-interval over windows, the paired policy differences at each b
-//! with their intervals, Holm-adjusted p-values and power ([`super::compare`]), NIAH accuracy
-//! with Wilson intervals and paired McNemar comparisons, the probe and gate per quantizer, and
-//! the TTFT stage medians with the cut vs FP16; plus three figures as PNG and SVG
+//! grids' finished units ([`super::grid`]; an older run's journals `ppl.rows.jsonl`,
+//! `niah.rows.jsonl`), the probe verdicts (`probe*.parquet`) and the TTFT rows of
+//! `spectrum send` (`ttft*.parquet`): the perplexity protocol of each run, PPL Δ% per variant
+//! with a t-interval over windows, the paired policy differences at each b with their
+//! intervals, Holm-adjusted p-values and power ([`super::compare`]), NIAH accuracy with Wilson
+//! intervals and paired McNemar comparisons, the probe and gate per quantizer, and the TTFT
+//! stage medians with the cut vs FP16; plus three figures as PNG and SVG
 //! ([`super::figures`]): PPL Δ% vs b, NIAH accuracy by depth, TTFT stage stacks. A figure
 //! without data is not drawn.
 use super::compare::{self, NiahDiff, PplDiff};
-use super::eval::{NiahRow, PplRow};
+use super::eval::{NiahRow, PplRow, window_delta};
 use super::figures::{
     NIAH_STEM, NiahFigure, NiahPanel, PPL_STEM, PplFigure, PplPanel, PplSeries, TTFT_STAGES,
     TTFT_STEM, TtftBar, TtftFigure, TtftPanel,
 };
+use super::grid;
 use crate::analysis::plot::render;
 use crate::analysis::read::Frame;
 use crate::stats;
@@ -33,11 +35,6 @@ pub fn read_journal<R: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<R
         rows.extend(r);
     }
     Ok(rows)
-}
-
-/// Per-window Δ% of one row.
-pub fn window_delta(r: &PplRow) -> f64 {
-    100.0 * (((r.nll - r.nll_base) / r.tokens as f64).exp() - 1.0)
 }
 
 /// Mean per-window Δ% of `rows` and its 95% t-interval over windows (`None` with one window).
@@ -549,21 +546,29 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     let mut models: Vec<String> = Vec::new();
     let mut claims: Vec<SeedRow> = Vec::new();
     for dir in dirs {
+        // A grid's rows: its finished units (see [`super::grid`]), else a journal of an
+        // older run.
         let ppl_path = dir.join("ppl.rows.jsonl");
-        let ppl: Vec<PplRow> = if ppl_path.exists() {
-            read_journal(&ppl_path)?
-        } else {
-            Vec::new()
+        let ppl: Vec<PplRow> = match grid::read_rows(dir, "ppl")? {
+            Some(rows) => rows,
+            None if ppl_path.exists() => read_journal(&ppl_path)?,
+            None => Vec::new(),
         };
         let niah_path = dir.join("niah.rows.jsonl");
-        let niah: Vec<NiahRow> = if niah_path.exists() {
-            read_journal(&niah_path)?
-        } else {
-            Vec::new()
+        let niah: Vec<NiahRow> = match grid::read_rows(dir, "niah")? {
+            Some(rows) => rows,
+            None if niah_path.exists() => read_journal(&niah_path)?,
+            None => Vec::new(),
         };
-        // The model of the panels: the journals' settings, else the folder's name; a name
-        // already used gets its folder appended.
-        let mut model = journal_model(&ppl_path)
+        let ppl_run = grid::read_manifest(dir, "ppl")?;
+        let niah_run = grid::read_manifest(dir, "niah")?;
+        // The model of the panels: the grids' specs, else the folder's name; a name already
+        // used gets its folder appended.
+        let mut model = ppl_run
+            .as_ref()
+            .or(niah_run.as_ref())
+            .map(|m| m.spec.model.clone())
+            .or_else(|| journal_model(&ppl_path))
             .or_else(|| journal_model(&niah_path))
             .unwrap_or_else(|| {
                 let n = dir.file_name().map_or_else(
@@ -581,7 +586,7 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         }
         let _ = writeln!(md, "\n## {}\n", dir.display());
         if !ppl.is_empty() {
-            ppl_protocol(&mut md, journal_header(&ppl_path).as_ref());
+            ppl_protocol(&mut md, ppl_settings(ppl_run.as_ref(), &ppl_path).as_ref());
             md.push_str("| variant | windows | Δ% pooled | mean per-window Δ% | 95% t-interval | b_real | shared |\n| --- | --- | --- | --- | --- | --- | --- |\n");
             let keys = variants(
                 ppl.iter()
@@ -708,7 +713,10 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                     .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
             );
             niah_diff_table(&mut md, &compare::niah_diffs(&niah, &keys)?);
-            let grid_depths = journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64());
+            let grid_depths = match &niah_run {
+                Some(m) => m.spec.niah.as_ref().map(|n| n.depths as u64),
+                None => journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64()),
+            };
             niah_panels.push(niah_panel(&model, &niah, grid_depths));
         }
         probe_tables(&mut md, &parquet_files(dir, "probe", &["probe-trials"])?)?;
@@ -832,7 +840,24 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
 /// How the paired comparisons are computed and read (printed under the title).
 const READING: &str = "\nPaired comparisons: at each budget every variant is compared with PDTrim, with `snapkv` and with `uniform-int8` (same quantizer), and `spectrum` with `spectrum-position` (same quantizer), on the windows (perplexity) or haystacks (NIAH) both were measured on. Perplexity: the per-window difference of Δ% (points; negative: the variant's perplexity is closer to the uncompressed one), its 95% paired cluster-bootstrap interval over windows (10,000 replicates; the window is the cluster, drawn for both variants at once), the paired t test's p and Holm's adjustment over the model's perplexity comparisons. NIAH: the accuracy difference, the exact McNemar test on the haystacks only one of the two answers correctly, Holm over the model's NIAH comparisons, and a bootstrap interval over seeds (the haystacks of one seed share the needle). A verdict names a winner only where the Holm-adjusted p is below 0.05; otherwise the two are *not distinguishable* at that count, which is not a finding of equivalence. Power: MDE is the paired difference a two-sided t test at α = 0.05 detects with 80% probability given the observed SD of the paired differences and their count (α/m: at Holm's first step over the m comparisons); *windows for 80% power at this diff* is the window count at which that test would detect the observed mean difference with 80% probability, were it the true one.\n";
 
-/// The perplexity protocol of a run, from its journal's settings line.
+/// A perplexity grid's settings in the shape of a journal's settings line (`protocol`, and
+/// `grid`: the `[ppl]` section with its `text`): from the grid's manifest, else from the
+/// journal of an older run. A manifest that did not record the text normalization leaves
+/// `text` out.
+fn ppl_settings(run: Option<&grid::GridManifest>, journal: &Path) -> Option<serde_json::Value> {
+    let Some(m) = run else {
+        return journal_header(journal);
+    };
+    let mut section = serde_json::to_value(m.spec.ppl.as_ref()?).ok()?;
+    let fields = section.as_object_mut()?;
+    match m.text {
+        Some(t) => fields.insert("text".into(), t.name().into()),
+        None => fields.remove("text"),
+    };
+    Some(serde_json::json!({"protocol": m.protocol, "grid": section}))
+}
+
+/// The perplexity protocol of a run, from its settings ([`ppl_settings`]).
 fn ppl_protocol(md: &mut String, header: Option<&serde_json::Value>) {
     let grid = header.map(|h| &h["grid"]);
     let num = |k: &str| grid.and_then(|g| g[k].as_u64());
@@ -1027,7 +1052,8 @@ fn seed_claims(md: &mut String, rows: &[SeedRow]) -> Result<()> {
                 };
                 let _ = writeln!(
                     md,
-                    "| PPL Δ% at b = 0.5, tiered +1.97 / −0.06 / −0.44 vs PDTrim +25.85 / +22.07 / +35.63 | {model} | tiered {}, PDTrim {}; tiered − PDTrim {:+.2} points {} over {windows} windows | {verdict} |",
+                    "| PPL Δ% at b = 0.5, {} | {model} | tiered {}, PDTrim {}; tiered − PDTrim {:+.2} points {} over {windows} windows | {verdict} |",
+                    crate::seed::claims().spectrum.ppl_text(),
                     mean_ci(*tiered),
                     mean_ci(*pdtrim),
                     diff.0,
@@ -1065,7 +1091,9 @@ fn seed_claims(md: &mut String, rows: &[SeedRow]) -> Result<()> {
                 };
                 let _ = writeln!(
                     md,
-                    "| NIAH at b = 0.3 (Qwen), tiered 52.6% vs PDTrim 26.3% | {model} | tiered {t}, PDTrim {p} | {verdict} |"
+                    "| NIAH at b = 0.3 (Qwen), tiered {:.1}% vs PDTrim {:.1}% | {model} | tiered {t}, PDTrim {p} | {verdict} |",
+                    crate::seed::claims().spectrum.niah_pct.0,
+                    crate::seed::claims().spectrum.niah_pct.1,
                 );
             }
             SeedRow::Ttft {
@@ -1076,7 +1104,9 @@ fn seed_claims(md: &mut String, rows: &[SeedRow]) -> Result<()> {
             } => {
                 let _ = writeln!(
                     md,
-                    "| TTFT cut 50–62% at b = 0.5 | {model} ({link}) | {cut:+.1}% (medians of {repeats} repeat{}) | no test |",
+                    "| TTFT cut {:.0}–{:.0}% at b = 0.5 | {model} ({link}) | {cut:+.1}% (medians of {repeats} repeat{}) | no test |",
+                    crate::seed::claims().spectrum.ttft_cut_pct.0,
+                    crate::seed::claims().spectrum.ttft_cut_pct.1,
                     if *repeats == 1 { "" } else { "s" }
                 );
             }

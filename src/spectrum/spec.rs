@@ -180,18 +180,9 @@ fn policies(what: &str, names: &[String]) -> Result<Vec<Policy>> {
 }
 
 impl SpectrumSpec {
-    /// Read and validate a spec file.
-    pub fn load(path: &Path) -> Result<SpectrumSpec> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let spec: SpectrumSpec = toml::from_str(&text).map_err(|e| {
-            bad(format!(
-                "{}: {}",
-                path.display(),
-                e.to_string().lines().collect::<Vec<_>>().join(" ")
-            ))
-        })?;
-        spec.validate()?;
-        Ok(spec)
+    /// Read and validate a spec file; returns it with the SHA-256 of the file's bytes.
+    pub fn load(path: &Path) -> Result<(SpectrumSpec, String)> {
+        crate::study::spec::load_spec(path)
     }
 
     /// Check every section; nothing runs before this passes.
@@ -361,5 +352,15 @@ impl SpectrumSpec {
             &n.budgets,
             &n.quantizers,
         ))
+    }
+}
+
+impl crate::study::spec::StudySpec for SpectrumSpec {
+    fn validate_loaded(&self, _text: &str) -> Result<()> {
+        self.validate()
+    }
+
+    fn parse_error(message: String) -> Error {
+        bad(message)
     }
 }

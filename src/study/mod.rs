@@ -1,11 +1,15 @@
-//! Plumbing shared by the studies (credit campaigns, divergence studies): JSON manifests,
-//! atomic per-unit shards of Parquet tables, resume, and device synchronization.
+//! The runtime the studies (credit campaigns, divergence studies, SpectrumKV grids) run on:
+//! spec loading ([`spec`]), JSON manifests headed by one
+//! [`RunHeader`](crate::io::schema::RunHeader), atomic per-unit shards, resume, merge,
+//! progress ([`progress`]) and device synchronization.
 //!
 //! A run folder holds `manifest.json` and `shards/<unit>/` folders; a shard is written in a
 //! temporary folder and renamed into place, so a shard that exists is complete, and a rerun
 //! skips it; its tables' digests ([`crate::io::integrity::SHARD_HASHES`]) are verified before
 //! they are merged. Leftover temporary folders of an interrupted run are removed on the next start.
 pub mod bounds;
+pub mod progress;
+pub mod spec;
 
 use crate::io::integrity::{FileHashes, hash_files, record_shard, verify_shard_file};
 use crate::io::parquet::{Table, concat_files};
@@ -90,17 +94,22 @@ pub fn lock_run(out: &Path) -> Result<RunLock> {
 /// The `shards/` folder of a run, created if missing, with leftovers of interrupted shard
 /// writes (`.tmp-*`) removed.
 pub fn prepare_shards(out: &Path) -> Result<PathBuf> {
-    let dir = out.join("shards");
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    for entry in std::fs::read_dir(&dir)
-        .map_err(|e| Error::io(&dir, e))?
+    prepare_dir(&out.join("shards"))
+}
+
+/// A folder of shards, created if missing, with leftovers of interrupted shard writes
+/// (`.tmp-*`) removed.
+pub fn prepare_dir(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
         .flatten()
     {
         if entry.file_name().to_string_lossy().starts_with(".tmp-") {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
-    Ok(dir)
+    Ok(dir.to_path_buf())
 }
 
 /// Write `tables` (as `<name>.parquet`), their digests (as

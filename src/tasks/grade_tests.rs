@@ -412,3 +412,11 @@ fn bad_grader_options_are_one_line_errors() {
     let e = toml::from_str::<GraderSpec>("kind = \"exact\"\ncase = true").unwrap_err();
     assert!(e.to_string().contains("case"), "{e}");
 }
+
+#[test]
+fn gsm8k_task_names_the_grader_its_spec_builds() {
+    let task = gsm8k::Gsm8k::bundled(0..1, gsm8k::PromptFormat::ZeroShotChat).unwrap();
+    let built = GraderSpec::gsm8k().build().unwrap();
+    assert_eq!(crate::tasks::Task::grader(&task), built.name());
+    assert_eq!(gsm8k::GRADER, built.name());
+}

@@ -45,7 +45,6 @@
 //! (the percent sign is dropped; GSM8K golds are plain numbers), and in answer contexts the
 //! fractions `3/4` and `\frac{3}{4}`. A `-` directly after a letter, digit or closing bracket is
 //! subtraction (`21-15`), not a sign. Values are exact rationals, so grading is exact equality.
-use super::grade::{Grader, GraderSpec};
 use super::{Grade, Message, Problem, Prompt, Task, truncate_at_stops};
 use crate::{Error, Result};
 use regex::Regex;
@@ -55,6 +54,9 @@ use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::LazyLock;
+
+/// The name of the grader GSM8K answers are graded by.
+pub const GRADER: &str = "numeric";
 
 /// The GSM8K test split (1,319 problems), as vendored in `data/gsm8k/test.jsonl`.
 pub const TEST_JSONL: &str = include_str!("../../data/gsm8k/test.jsonl");
@@ -284,7 +286,6 @@ pub struct Gsm8k {
     format: PromptFormat,
     exemplars: Vec<Exemplar>,
     stops: Vec<String>,
-    grader: Grader,
 }
 
 impl Gsm8k {
@@ -299,7 +300,6 @@ impl Gsm8k {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
-            grader: GraderSpec::gsm8k().build()?,
         })
     }
 
@@ -319,8 +319,10 @@ impl Task for Gsm8k {
         "gsm8k"
     }
 
+    /// The numeric grader (`GraderSpec::gsm8k`: exact equality, no units), which
+    /// [`grade_answer`] applies.
     fn grader(&self) -> &str {
-        self.grader.name()
+        GRADER
     }
 
     fn problems(&self) -> &[Problem] {

@@ -37,7 +37,6 @@
 use super::grade::{Grader, GraderSpec};
 use super::gsm8k::{self, Gsm8k, PromptFormat};
 use super::{Grade, Message, Problem, Prompt, Task, truncate_at_stops};
-use crate::io::schema::TaskRecord;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -880,6 +879,64 @@ impl Task for SpecTask {
 
     fn grade(&self, problem: &Problem, output: &str) -> Grade {
         self.inner().grade(problem, output)
+    }
+}
+
+/// The task a run used (`task` in campaign and divergence manifests; absent in runs written
+/// before it was recorded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Task label (`gsm8k`, or a file task's name).
+    pub name: String,
+    /// Grader name (`numeric`, `exact`, `choice`, `regex`, `math`).
+    pub grader: String,
+    /// How prompts were made (`zero-shot-chat`, `chat, 2-shot`, ...).
+    pub prompt: String,
+    /// The problems file of a file task (as resolved when the run started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// SHA-256 of the problems file's bytes (for GSM8K, of the bundled test split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_sha256: Option<String>,
+}
+
+impl TaskRecord {
+    /// Refuse to resume a run recorded with `self` on a task that differs in data or grading.
+    pub fn resume_with(&self, now: &TaskRecord, what: &str) -> crate::Result<()> {
+        if self.file_sha256 != now.file_sha256 || self.grader != now.grader {
+            return Err(crate::Error::Spec(format!(
+                "{what} was run on task `{}` (grader {}, data sha256 {}) and the spec now gives `{}` (grader {}, data sha256 {}); use another --out",
+                self.name,
+                self.grader,
+                short(&self.file_sha256),
+                now.name,
+                now.grader,
+                short(&now.file_sha256)
+            )));
+        }
+        Ok(())
+    }
+
+    /// One line for reports: name, grader, prompt, file and its hash.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "`{}`, grader `{}`, prompt {}",
+            self.name, self.grader, self.prompt
+        );
+        if let Some(f) = &self.file {
+            s.push_str(&format!(", file `{f}`"));
+        }
+        if self.file_sha256.is_some() {
+            s.push_str(&format!(", data sha256 {}", short(&self.file_sha256)));
+        }
+        s
+    }
+}
+
+fn short(sha: &Option<String>) -> String {
+    match sha {
+        Some(s) => format!("{}…", &s[..s.len().min(12)]),
+        None => "-".into(),
     }
 }
 
