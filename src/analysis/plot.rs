@@ -117,6 +117,41 @@ fn write_png(path: &Path, rgb: &[u8], w: u32, h: u32) -> Result<()> {
     writer.finish().map_err(|e| plot_err(path, e))
 }
 
+/// Labels for `names` with the prefix they all share, up to a `-`, `_` or space, left out
+/// (`spectrum-credit-qwen15-zs-pdtrim-b03` among its siblings reads `pdtrim-b03`), each then
+/// [`short`]ened to `n` characters. One name, or no shared prefix: the names as they are.
+pub(crate) fn distinct_labels<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    n: usize,
+) -> Vec<String> {
+    let names: Vec<&str> = names.into_iter().collect();
+    let cut = match names.as_slice() {
+        [first, rest @ ..] if !rest.is_empty() => {
+            let common = rest.iter().fold(first.len(), |len, s| {
+                first
+                    .bytes()
+                    .zip(s.bytes())
+                    .take(len)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            });
+            let cut = first
+                .char_indices()
+                .take_while(|(i, c)| i + c.len_utf8() <= common)
+                .filter(|(_, c)| matches!(c, '-' | '_' | ' '))
+                .last()
+                .map_or(0, |(i, _)| i + 1);
+            if names.iter().any(|s| s.len() <= cut) {
+                0
+            } else {
+                cut
+            }
+        }
+        _ => 0,
+    };
+    names.iter().map(|s| short(&s[cut..], n)).collect()
+}
+
 pub(crate) fn short(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
@@ -216,11 +251,7 @@ impl Figure for DisagreementFigure<'_> {
         let panels = root.split_evenly((1, 2));
         for (p, cond) in panels.iter().zip(Conditioning::ALL) {
             let axis = CategoryAxis {
-                labels: self
-                    .summaries
-                    .iter()
-                    .map(|s| short(&s.meta.config, 22))
-                    .collect(),
+                labels: distinct_labels(self.summaries.iter().map(|s| s.meta.config.as_str()), 22),
             };
             let mut chart = ChartBuilder::on(p)
                 .caption(
@@ -335,7 +366,8 @@ impl Figure for JaccardFigure<'_> {
             .y_label_formatter(&|y| format!("{y:.1}"))
             .label_style(("sans-serif", 13))
             .draw()?;
-        for (i, s) in self.summaries.iter().enumerate() {
+        let names = distinct_labels(self.summaries.iter().map(|s| s.meta.config.as_str()), 24);
+        for (i, (s, name)) in self.summaries.iter().zip(&names).enumerate() {
             let Some(row) = s.rows.iter().find(|r| r.conditioning == cond) else {
                 continue;
             };
@@ -348,9 +380,9 @@ impl Figure for JaccardFigure<'_> {
                     .collect();
                 let style = color.stroke_width(2);
                 let label = if is_refeed {
-                    format!("{}: {}", short(&s.meta.config, 24), s.treatment)
+                    format!("{name}: {}", s.treatment)
                 } else {
-                    format!("{}: replica ceiling", short(&s.meta.config, 24))
+                    format!("{name}: replica ceiling")
                 };
                 for (n_seg, seg) in segments(&pts).into_iter().enumerate() {
                     let anno = if is_refeed {
@@ -438,4 +470,25 @@ pub fn write_plots(summaries: &[ConfigSummary], out_dir: &Path) -> Result<Vec<Pa
         )?);
     }
     Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::distinct_labels;
+
+    #[test]
+    fn labels_drop_the_shared_prefix_at_a_separator() {
+        let names = [
+            "spectrum-credit-qwen15-zs-pdtrim-b03",
+            "spectrum-credit-qwen15-zs-snapkv-b05",
+        ];
+        assert_eq!(distinct_labels(names, 22), ["pdtrim-b03", "snapkv-b05"]);
+        // A shared prefix that ends inside a word keeps that word whole.
+        assert_eq!(distinct_labels(["run-ab", "run-ac"], 22), ["ab", "ac"]);
+        // One name, or nothing shared: unchanged (shortened only).
+        assert_eq!(distinct_labels(["spectrum-credit"], 9), ["spectrum…"]);
+        assert_eq!(distinct_labels(["a-x", "b-x"], 22), ["a-x", "b-x"]);
+        // A name that is the whole shared prefix keeps its own text.
+        assert_eq!(distinct_labels(["zs", "zs-eager"], 22), ["zs", "zs-eager"]);
+    }
 }
