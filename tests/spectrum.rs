@@ -382,15 +382,21 @@ fn lab_compat_names_and_wire_codes_are_distinct_and_stable() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn lab_compat_per_head_scales_are_counted_in_the_budget() -> Result<()> {
+/// The allocation tests' cache shape, token count and importance scores (not monotone in
+/// position, so importance and position rank tokens differently).
+fn allocation_fixture() -> (KvShape, usize, Vec<f64>) {
+    let n = 600;
     let shape = KvShape {
         layers: 4,
         kv_heads: 2,
         head_dim: 64,
     };
-    let n = 600;
-    let scores: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64).collect();
+    (shape, n, (0..n).map(|i| ((i * 37) % 101) as f64).collect())
+}
+
+#[test]
+fn lab_compat_per_head_scales_are_counted_in_the_budget() -> Result<()> {
+    let (shape, n, scores) = allocation_fixture();
     let plan = |q: Quantizer, b: f64| -> Result<(TierPlan, f64)> {
         let budget = Budget {
             b,
@@ -637,13 +643,7 @@ fn importance_sums_the_window_attention() -> Result<()> {
 
 #[test]
 fn allocation_meets_the_budget_and_promotes_by_importance() -> Result<()> {
-    let shape = KvShape {
-        layers: 4,
-        kv_heads: 2,
-        head_dim: 64,
-    };
-    let n = 600;
-    let scores: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64).collect();
+    let (shape, n, scores) = allocation_fixture();
     let budget = |b: f64| Budget {
         b,
         shape,
@@ -721,13 +721,7 @@ fn allocation_meets_the_budget_and_promotes_by_importance() -> Result<()> {
 /// ignores the scores (reversing them leaves its plan unchanged) while `spectrum` does not.
 #[test]
 fn importance_binary_and_position_tiered_baselines() -> Result<()> {
-    let shape = KvShape {
-        layers: 4,
-        kv_heads: 2,
-        head_dim: 64,
-    };
-    let n = 600;
-    let scores: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64).collect();
+    let (shape, n, scores) = allocation_fixture();
     let reversed: Vec<f64> = scores.iter().map(|s| -s).collect();
     let budget = |b: f64| Budget {
         b,

@@ -356,9 +356,9 @@ fn key_padding_moves_every_replica_step_off_exacts_key_axis() -> Result<()> {
 #[test]
 fn masked_rows_refilled_into_a_static_batch_decode_as_eager() -> Result<()> {
     use kvcredit::decode::mask_check::{self, MaskCheckOptions};
+    let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
     for name in FIXTURES {
         let model = load(&fixture(name), Kind::Float)?;
-        let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
         let c = mask_check::run(
             &model,
             policy,
@@ -370,7 +370,6 @@ fn masked_rows_refilled_into_a_static_batch_decode_as_eager() -> Result<()> {
         assert!(c.passed());
     }
     let model = load(&fixture("llama"), Kind::Float)?;
-    let policy = ExecPolicy::BatchInvariant(kvcredit::exec::BiTiles::CPU);
     assert!(
         mask_check::run(
             &model,
