@@ -318,7 +318,10 @@ pub fn receive(model: &Decoder, frame: &[u8], extra: i64) -> Result<KvCache> {
     wire::decode(frame)?.restore(model.kind(), model.device(), extra)
 }
 
-/// Log-probabilities (fp64, `[m, V]`) of teacher-forcing `tokens` after `cache`.
+/// Log-probabilities (fp64, `[m, V]`, on the model's device) of teacher-forcing `tokens` after
+/// `cache`. The per-token statistics are reduced on that device and only scalars leave it: a
+/// `[m, V]` fp64 tensor is hundreds of MB per variant, which a GPU grid would otherwise copy to
+/// the host and reduce on its CPU.
 fn teacher_forced(
     model: &Decoder,
     cache: &mut KvCache,
@@ -330,8 +333,7 @@ fn teacher_forced(
     Ok(logits
         .f_select(0, 0)?
         .f_to_kind(Kind::Double)?
-        .f_log_softmax(-1, Kind::Double)?
-        .f_to_device(tch::Device::Cpu)?)
+        .f_log_softmax(-1, Kind::Double)?)
 }
 
 /// One perplexity measurement of one variant on one text window.
@@ -429,7 +431,9 @@ pub fn perplexity_window(
     let pre = prefill_and_score(model, ctx, &o.policy, &o.importance)?;
     let mut base_cache = KvCache::gather(&[(&pre.cache, pre.cache.snapshot(0))], fed.len() as i64)?;
     let base = teacher_forced(model, &mut base_cache, fed, &o.policy)?;
-    let idx = Tensor::f_from_slice(target)?.f_view([-1, 1])?;
+    let idx = Tensor::f_from_slice(target)?
+        .f_view([-1, 1])?
+        .f_to_device(model.device())?;
     let nll_of = |lp: &Tensor| -> Result<f64> {
         Ok(-lp
             .f_gather(1, &idx, false)?
