@@ -933,6 +933,18 @@ fn bad_specs_fail_with_one_line_before_anything_runs() {
             format!("{base}{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\ntext = \"crlf\"\n"),
             "crlf",
         ),
+        (
+            format!(
+                "{base}{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\n[ttft]\ncontext = 64\nlinks_mbps = [-1]\n"
+            ),
+            "ttft: link -1",
+        ),
+        (
+            format!(
+                "{base}{ppl}budgets = [0.5]\npolicies = [\"pdtrim\"]\n[ttft]\ncontext = 64\nrepeats = 0\n"
+            ),
+            "repeats",
+        ),
     ];
     for (i, (text, want)) in cases.iter().enumerate() {
         let spec = dir.join(format!("spec{i}.toml"));
@@ -1500,4 +1512,120 @@ fn report_on_a_tiny_cpu_grid_pairs_the_baselines() {
         "{md}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Lines a child process writes to stderr, collected on a thread.
+fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(|l| l.ok()) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn ttft_grid_over_a_real_decode_worker_resumes_per_repeat() {
+    let dir = common::scratch("spectrum", "ttft-grid");
+    let model = common::chat_fixture(&dir.join("model"), 4096);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_kvcredit"))
+        .args(["spectrum", "serve", "--model", model.to_str().unwrap()])
+        .args(["--bind", &addr])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = stderr_lines(&mut worker);
+    let ready = log
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .unwrap();
+    assert!(ready.starts_with("spectrum decode worker"), "{ready}");
+    let body = "[protect]\nsinks = 2\nrecent = 4\n\
+                [ttft]\ncontext = 48\nb = 0.5\nlinks_mbps = [0, 200]\nrepeats = 2\n";
+    let spec = dir.join("spec.toml");
+    let model_line = format!(
+        "name = \"t\"\nmodel = \"{}\"\ndtype = \"fp32\"\n",
+        model.display()
+    );
+    std::fs::write(&spec, format!("{model_line}{body}")).unwrap();
+    let run = dir.join("run");
+    let send = |spec: &Path| {
+        common::kvcredit(&[
+            "spectrum",
+            "send",
+            spec.to_str().unwrap(),
+            "--connect",
+            &addr,
+            "--out",
+            run.to_str().unwrap(),
+            "--quiet",
+        ])
+    };
+    let served = || log.try_iter().filter(|l| l.starts_with("served")).count();
+    let rows = || ttft_transfers(&run.join("ttft.parquet"));
+    // Two links × two repeats × (tiered, fp16): eight requests, eight rows, and the worker's
+    // first tokens are the in-process ones (send checks each).
+    let (code, out, err) = send(&spec);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("outputs are in"), "{out}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(served(), 8);
+    let (n, transfers) = rows();
+    assert_eq!(n, 8);
+    assert_eq!(transfers, ["fp16", "tiered"]);
+    let manifest = std::fs::read_to_string(run.join("ttft.manifest.json")).unwrap();
+    assert!(manifest.contains("\"units_done\": 4"), "{manifest}");
+    // A rerun of the finished grid measures nothing and leaves the table as it was.
+    let before = std::fs::read(run.join("ttft.parquet")).unwrap();
+    let (code, _, err) = send(&spec);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(served(), 0);
+    assert_eq!(std::fs::read(run.join("ttft.parquet")).unwrap(), before);
+    // One repeat lost (an interrupted run): only its two transfers are measured again.
+    let shard = run.join("shards/ttft/link-001-repeat-00001");
+    std::fs::remove_dir_all(&shard).unwrap();
+    let (code, _, err) = send(&spec);
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(served(), 2);
+    assert_eq!(rows().0, 8);
+    assert!(shard.join("shard.json").exists());
+    // Negative control: another spec in the same folder is refused in one line.
+    let other = dir.join("other.toml");
+    std::fs::write(
+        &other,
+        format!("{model_line}{}", body.replace("= 2\n", "= 3\n")),
+    )
+    .unwrap();
+    let (code, _, err) = send(&other);
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("different spec"), "{err}");
+    assert_eq!(served(), 0);
+    worker.kill().unwrap();
+    let _ = worker.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Row count and distinct `transfer` values (sorted) of a ttft table.
+fn ttft_transfers(path: &Path) -> (usize, Vec<String>) {
+    let mut all = Vec::new();
+    for b in kvcredit::io::parquet::read_batches(path).unwrap() {
+        let col: arrow_array::StringArray = common::column(&b, "transfer");
+        all.extend(col.iter().map(|v| v.unwrap().to_string()));
+    }
+    let mut kinds = all.clone();
+    kinds.sort();
+    kinds.dedup();
+    (all.len(), kinds)
 }

@@ -1,22 +1,17 @@
-//! `kvcredit spectrum …`: SpectrumKV evaluations (perplexity, NIAH, probe) from a spec, and
-//! the two workers of a real tiered transfer (`serve`, `send`).
+//! `kvcredit spectrum …`: SpectrumKV evaluations (perplexity, NIAH, probe, TTFT) from a spec,
+//! and the decode worker of a real tiered transfer (`serve`; `send` is the prefill side).
 use super::run_args::{Defaults, RunArgs, RunConfig};
-use anyhow::{Context, bail};
+use anyhow::Context;
 use kvcredit::PolicyKind;
 use kvcredit::decode::engine::EngineMode;
-use kvcredit::io::parquet::{Column, Table};
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
-use kvcredit::spectrum::allocate::{Policy, Protect};
-use kvcredit::spectrum::eval::{self, TextNorm, Variant};
+use kvcredit::spectrum::eval;
 use kvcredit::spectrum::grid::{self, GridRun};
-use kvcredit::spectrum::importance::ImportanceSpec;
 use kvcredit::spectrum::spec::SpectrumSpec;
 use kvcredit::spectrum::transport::{self, ServeOptions};
-use kvcredit::spectrum::{Quantizer, wire};
 use kvcredit::study::progress::outputs_line;
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -28,7 +23,8 @@ pub enum Cmd {
     Probe(SpecArgs),
     /// Decode worker: receive tiered KV frames over TCP and decode from them.
     Serve(ServeArgs),
-    /// Prefill worker: prefill a WikiText context, compress, send; TTFT by stage vs FP16.
+    /// Prefill worker: prefill a WikiText context, compress, send; TTFT by stage vs FP16 (the
+    /// spec's [ttft] section).
     Send(SendArgs),
     /// Markdown report over run folders (one per model): PPL Δ% with t-intervals, NIAH with
     /// Wilson intervals, probe verdicts, TTFT stage medians; figures as PNG and SVG.
@@ -37,8 +33,8 @@ pub enum Cmd {
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
-    /// Run folders (one per model) holding ppl.rows.jsonl / niah.rows.jsonl / probe*.parquet /
-    /// ttft*.parquet.
+    /// Run folders (one per model) holding ppl / niah / probe / ttft grids (or older
+    /// ppl.rows.jsonl, niah.rows.jsonl, ttft*.parquet).
     #[arg(required = true)]
     dirs: Vec<PathBuf>,
     /// Output folder of report.md and the figures.
@@ -169,35 +165,12 @@ fn serve_options(a: &ServeArgs, policy: kvcredit::ExecPolicy) -> anyhow::Result<
 
 #[derive(clap::Args)]
 pub struct SendArgs {
+    /// The spec (its [ttft] section), output folder, run settings.
     #[command(flatten)]
-    model: WorkerModel,
+    spec: SpecArgs,
     /// Decode worker address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     connect: String,
-    /// Prompt tokens (the first n of WikiText-2 test).
-    #[arg(long, default_value_t = 1024)]
-    context: usize,
-    /// Tier policy.
-    #[arg(long, default_value = "spectrum")]
-    tier_policy: String,
-    /// Budget b.
-    #[arg(long, default_value_t = 0.5)]
-    b: f64,
-    /// Quantizer of the INT tiers.
-    #[arg(long, value_enum, default_value_t = Quantizer::Kivi)]
-    quantizer: Quantizer,
-    /// WikiText-2 normalization before tokenization: `lf` (CRLF → LF) or `raw` (bytes kept).
-    #[arg(long, value_enum, default_value_t = TextNorm::Lf)]
-    text: TextNorm,
-    /// Link limit in megabits per second (paced writes); unlimited if absent.
-    #[arg(long)]
-    bandwidth_mbps: Option<f64>,
-    /// Measurements of each of the two transfers (the first is also a warm-up row).
-    #[arg(long, default_value_t = 3)]
-    repeats: usize,
-    /// TTFT rows (Parquet).
-    #[arg(long, default_value = "runs/spectrum-ttft.parquet")]
-    out: PathBuf,
 }
 
 pub fn run(cmd: Cmd) -> anyhow::Result<()> {
@@ -374,115 +347,25 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One transfer's TTFT stages.
-struct Ttft {
-    what: String,
-    repeat: usize,
-    b_real: f64,
-    bytes: usize,
-    prefill: Duration,
-    scoring: Duration,
-    pack: Duration,
-    reply: transport::Reply,
-    total: Duration,
-}
-
 fn send(a: SendArgs) -> anyhow::Result<()> {
-    let (model, cfg) = a.model.load()?;
-    kvcredit::study::bounds::check_positions(
-        &model.decoder,
-        a.context.saturating_add(1),
-        &format!("--context {} + 1 decode step", a.context),
-    )?;
-    let policy = Policy::parse(&a.tier_policy)?;
-    let ids = eval::wikitext_ids(&model, a.context, a.text)?;
-    let (ctx, last) = ids.split_at(ids.len() - 1);
-    let tiered = Variant {
-        policy,
-        quantizer: a.quantizer,
-        b: policy.uses_budget().then_some(a.b),
-    };
-    let fp16 = Variant {
-        policy: Policy::Uniform(kvcredit::spectrum::Tier::Fp16),
-        quantizer: a.quantizer,
-        b: None,
-    };
-    // The FP16 transfer sends every token at 16 bits: nothing to protect or score.
-    let none = Protect {
-        sinks: 0,
-        recent: 0,
-    };
-    let spec = ImportanceSpec::default();
-    let d = &model.decoder;
+    let s = setup(&a.spec)?;
+    let t = s
+        .spec
+        .ttft
+        .clone()
+        .context("the spec has no [ttft] section")?;
     let mut stream =
         TcpStream::connect(&a.connect).with_context(|| format!("connect {}", a.connect))?;
     stream.set_nodelay(true)?;
-    let mut rows = Vec::new();
-    for repeat in 0..a.repeats.max(1) {
-        for (what, v, protect) in [
-            ("tiered", &tiered, Protect::default()),
-            ("fp16", &fp16, none),
-        ] {
-            let t0 = Instant::now();
-            let pre = eval::prefill_and_score(d, ctx, &cfg.policy, &spec)?;
-            let scoring = if what == "fp16" {
-                Duration::ZERO
-            } else {
-                pre.scoring
-            };
-            let c = eval::compress(&pre, v, protect)?;
-            let sent_at = Instant::now();
-            let reply = transport::request(&mut stream, &c.frame, last[0], 1, a.bandwidth_mbps)?;
-            // The FP16 transfer needs no scores: its TTFT leaves the scoring out.
-            let skipped = if what == "fp16" {
-                pre.scoring
-            } else {
-                Duration::ZERO
-            };
-            let total = (sent_at - t0) - skipped + reply.round_trip;
-            // The worker's first token is the one the same tiered cache gives in-process.
-            let local = wire::decode(&c.frame)?;
-            let (tokens, _, _, fp) = transport::decode_greedy(d, &local, last[0], 1, &cfg.policy)?;
-            if tokens != reply.tokens || fp != reply.fingerprint {
-                bail!(
-                    "{what}: decode worker answered {:?}, in-process {:?} (KV fingerprints {})",
-                    reply.tokens,
-                    tokens,
-                    if fp == reply.fingerprint {
-                        "equal"
-                    } else {
-                        "differ"
-                    }
-                );
-            }
-            rows.push(Ttft {
-                what: what.to_string(),
-                repeat,
-                b_real: c.real_b(),
-                bytes: c.frame.len(),
-                prefill: pre.prefill,
-                scoring,
-                pack: c.pack,
-                reply,
-                total,
-            });
-        }
-    }
-    write_ttft(&rows, &a, &model.name, &a.out)?;
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (rows, path) = grid::ttft(&s.grid(a.spec.quiet), &mut stream)?;
     println!(
-        "{} context {} tokens, {} {} b={} link {}",
-        model.name,
-        a.context,
-        policy.name(),
-        a.quantizer,
-        a.b,
-        a.bandwidth_mbps
-            .map_or("unlimited".into(), |m| format!("{m} Mbit/s"))
+        "{} context {} tokens, {} {} b={}",
+        s.model.name, t.context, t.policy, t.quantizer, t.b
     );
     println!(
-        "{:<7} {:>3} {:>7} {:>11} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "{:<7} {:<10} {:>3} {:>7} {:>11} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
         "what",
+        "link",
         "rep",
         "b_real",
         "bytes",
@@ -497,73 +380,25 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
     );
     for r in &rows {
         println!(
-            "{:<7} {:>3} {:>7.4} {:>11} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
-            r.what,
+            "{:<7} {:<10} {:>3} {:>7.4} {:>11} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1}",
+            r.transfer,
+            r.bandwidth_mbps
+                .map_or("unlimited".into(), |m| format!("{m} Mbit/s")),
             r.repeat,
             r.b_real,
             r.bytes,
-            ms(r.prefill),
-            ms(r.scoring),
-            ms(r.pack),
-            ms(r.reply.send),
-            ms(r.reply.receive),
-            ms(r.reply.unpack),
-            ms(r.reply.first_step),
-            ms(r.total)
+            r.prefill_ms,
+            r.scoring_ms,
+            r.pack_ms,
+            r.send_ms,
+            r.receive_ms,
+            r.unpack_ms,
+            r.first_step_ms,
+            r.ttft_ms
         );
     }
-    println!(
-        "first tokens match the in-process tiered cache; rows: {}",
-        a.out.display()
-    );
-    Ok(())
-}
-
-fn write_ttft(rows: &[Ttft], a: &SendArgs, model: &str, path: &Path) -> anyhow::Result<()> {
-    let n = rows.len();
-    let ms = |f: &dyn Fn(&Ttft) -> Duration| {
-        Column::F64(rows.iter().map(|r| f(r).as_secs_f64() * 1e3).collect())
-    };
-    Table::new()
-        .with("model", Column::Str(vec![model.to_string(); n]))
-        .with(
-            "transfer",
-            Column::Str(rows.iter().map(|r| r.what.clone()).collect()),
-        )
-        .with("tier_policy", Column::Str(vec![a.tier_policy.clone(); n]))
-        .with(
-            "quantizer",
-            Column::Str(vec![a.quantizer.name().to_string(); n]),
-        )
-        .with("b", Column::F64(vec![a.b; n]))
-        .with(
-            "b_real",
-            Column::F64(rows.iter().map(|r| r.b_real).collect()),
-        )
-        .with(
-            "bytes",
-            Column::I64(rows.iter().map(|r| r.bytes as i64).collect()),
-        )
-        .with("context", Column::U32(vec![a.context as u32; n]))
-        .with("text", Column::Str(vec![a.text.to_string(); n]))
-        .with("bandwidth_mbps", Column::OptF64(vec![a.bandwidth_mbps; n]))
-        .with(
-            "repeat",
-            Column::U32(rows.iter().map(|r| r.repeat as u32).collect()),
-        )
-        .with(
-            "first_token",
-            Column::I64(rows.iter().map(|r| r.reply.tokens[0]).collect()),
-        )
-        .with("prefill_ms", ms(&|r| r.prefill))
-        .with("scoring_ms", ms(&|r| r.scoring))
-        .with("pack_ms", ms(&|r| r.pack))
-        .with("send_ms", ms(&|r| r.reply.send))
-        .with("receive_ms", ms(&|r| r.reply.receive))
-        .with("unpack_ms", ms(&|r| r.reply.unpack))
-        .with("first_step_ms", ms(&|r| r.reply.first_step))
-        .with("round_trip_ms", ms(&|r| r.reply.round_trip))
-        .with("ttft_ms", ms(&|r| r.total))
-        .write(path)?;
+    println!("first tokens match the in-process decode of the same frames");
+    println!("rows: {}", path.display());
+    println!("{}", outputs_line(&s.out));
     Ok(())
 }

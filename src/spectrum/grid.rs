@@ -1,12 +1,14 @@
-//! The SpectrumKV grids (`ppl`, `niah`, `probe`) on the study runtime: each grid is a run in
-//! the output folder with its own manifest (`<grid>.manifest.json`, a [`RunHeader`] plus the
-//! spec), one atomic shard per finished unit under `shards/<grid>/` (a text window, a haystack,
-//! or the whole probe), and its table written from the shards at the end. A rerun skips the
+//! The SpectrumKV grids (`ppl`, `niah`, `probe`, `ttft`) on the study runtime: each grid is a
+//! run in the output folder with its own manifest (`<grid>.manifest.json`, a [`RunHeader`] plus
+//! the spec), one atomic shard per finished unit under `shards/<grid>/` (a text window, a
+//! haystack, the whole probe, or one repeat of both transfers over one link), and its table
+//! written from the shards at the end. A rerun skips the
 //! finished units; a folder holding a run of another spec, dtype, device, numerical path,
 //! measurement protocol ([`eval::PROTOCOL`]) or text normalization is refused before anything
 //! is written.
 use super::eval::{self, NiahRow, PplOptions, PplRow, TextNorm, Variant};
 use super::spec::{ProbeSpec, SpectrumSpec};
+use super::ttft::{TtftRow, TtftRun, ttft_table};
 use crate::exec::ExecPolicy;
 use crate::io::integrity::verify_shard_file;
 use crate::io::parquet::{Column, Table};
@@ -30,7 +32,7 @@ pub struct GridManifest {
     /// decoder themselves), build and times.
     #[serde(flatten)]
     pub run: RunHeader,
-    /// `ppl`, `niah` or `probe`.
+    /// `ppl`, `niah`, `probe` or `ttft`.
     pub grid: String,
     /// The spec as parsed (its device as resolved for this run).
     pub spec: SpectrumSpec,
@@ -41,7 +43,8 @@ pub struct GridManifest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<u32>,
     /// Normalization of the grid's WikiText-2 windows (`ppl`: `[ppl] text`; `probe`: the
-    /// gate's `gate_text`); absent for `niah`, whose haystacks are not WikiText.
+    /// gate's `gate_text`; `ttft`: `[ttft] text`); absent for `niah`, whose haystacks are not
+    /// WikiText.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<TextNorm>,
     /// Units of the grid.
@@ -355,6 +358,51 @@ pub fn niah(g: &GridRun) -> Result<(Vec<NiahRow>, PathBuf)> {
     let path = g.out.join("niah.parquet");
     eval::niah_table(&rows, &g.model.name, &g.spec.importance).write(&path)?;
     finish(&mut run, g.out, &["niah"])?;
+    Ok((rows, path))
+}
+
+/// Time to first token over the decode worker at `stream`: one unit per link and repeat (both
+/// transfers); writes `ttft.parquet`. A resumed run measures only the missing repeats, so its
+/// first one may run on cold workers.
+pub fn ttft(g: &GridRun, stream: &mut std::net::TcpStream) -> Result<(Vec<TtftRow>, PathBuf)> {
+    let t = g
+        .spec
+        .ttft
+        .clone()
+        .ok_or_else(|| Error::Spec("the spec has no [ttft] section".into()))?;
+    let links = t.links();
+    let cases: Vec<(Option<f64>, u32)> = links
+        .iter()
+        .flat_map(|&l| (0..t.repeats as u32).map(move |r| (l, r)))
+        .collect();
+    let units: Vec<(String, String)> = (0..links.len())
+        .flat_map(|i| {
+            let link = links[i].map_or("unlimited".to_string(), |m| format!("{m} Mbit/s"));
+            (0..t.repeats).map(move |r| {
+                (
+                    format!("link-{i:03}-repeat-{r:05}"),
+                    format!("link {link} repeat {r}"),
+                )
+            })
+        })
+        .collect();
+    let ids = eval::wikitext_ids(g.model, t.context, t.text)?;
+    let mut run = open(g, "ttft", units.len(), Some(t.text))?;
+    let measure = TtftRun {
+        model: &g.model.decoder,
+        spec: &t,
+        importance: &g.spec.importance,
+        protect: g.spec.protect,
+        policy: &g.policy,
+        ids: &ids,
+    };
+    let rows = run_units(g, &mut run, &units, "ttft repeats", |k| {
+        let (link, repeat) = cases[k];
+        Ok((measure.repeat(stream, link, repeat)?, vec![]))
+    })?;
+    let path = g.out.join("ttft.parquet");
+    ttft_table(&rows, &g.model.name, &t).write(&path)?;
+    finish(&mut run, g.out, &["ttft"])?;
     Ok((rows, path))
 }
 

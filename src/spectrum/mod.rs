@@ -11,8 +11,8 @@
 //! - [`allocate`]: tier plans under a budget (greedy SpectrumKV, its position-only variant,
 //!   the importance-ranked binary `snapkv`, PDTrim, uniform).
 //! - [`wire`]: the versioned, fingerprinted byte format; [`transport`]: TCP workers.
-//! - [`eval`]: perplexity, NIAH and the INT4 probe; [`grid`]: their grids as resumable runs
-//!   (manifest and shards); [`report`] and [`compare`]: the report over run folders with
+//! - [`eval`]: perplexity, NIAH and the INT4 probe; [`ttft`]: time to first token of a real
+//!   transfer; [`grid`]: all four as resumable runs (manifest and shards); [`report`] and [`compare`]: the report over run folders with
 //!   paired policy comparisons.
 pub mod allocate;
 pub mod compare;
@@ -25,6 +25,7 @@ pub mod report;
 pub mod spec;
 pub mod tiers;
 pub mod transport;
+pub mod ttft;
 pub mod wire;
 
 /// Precision of one context token on the wire.

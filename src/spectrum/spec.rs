@@ -40,6 +40,8 @@ pub struct SpectrumSpec {
     pub niah: Option<NiahSpec>,
     /// The INT4 probe and the continuous gate.
     pub probe: Option<ProbeSpec>,
+    /// Time to first token of a real transfer (`spectrum send`).
+    pub ttft: Option<TtftSpec>,
 }
 
 fn default_device() -> String {
@@ -122,6 +124,59 @@ pub struct ProbeSpec {
     /// Gate: INT4 allowed iff PPL(uniform INT4) / PPL(uncompressed) ≤ this.
     #[serde(default = "default_gate_ratio")]
     pub gate_max_ppl_ratio: f64,
+}
+
+/// TTFT section (`spectrum send`): a tiered transfer of the first `context` WikiText-2 tokens
+/// beside an FP16 one, `repeats` times over each link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TtftSpec {
+    /// Context tokens (the last one is fed on the decode side).
+    pub context: usize,
+    /// Tier policy of the tiered transfer ([`Policy::parse`]).
+    #[serde(default = "default_ttft_policy")]
+    pub policy: String,
+    /// Its budget `b`.
+    #[serde(default = "default_ttft_b")]
+    pub b: f64,
+    /// Quantizer of its INT tiers.
+    #[serde(default = "default_ttft_quantizer")]
+    pub quantizer: Quantizer,
+    /// Text normalization before tokenization (`lf`, the default, or `raw`).
+    #[serde(default)]
+    pub text: TextNorm,
+    /// Link limits in megabits per second (paced writes); `0` is an unlimited link.
+    #[serde(default = "default_links")]
+    pub links_mbps: Vec<f64>,
+    /// Measurements of each transfer per link (the first also warms the workers up).
+    #[serde(default = "default_repeats")]
+    pub repeats: usize,
+}
+
+impl TtftSpec {
+    /// The links as paced rates (`None`: unlimited).
+    pub fn links(&self) -> Vec<Option<f64>> {
+        self.links_mbps
+            .iter()
+            .map(|&m| (m > 0.0).then_some(m))
+            .collect()
+    }
+}
+
+fn default_ttft_policy() -> String {
+    "spectrum".into()
+}
+fn default_ttft_b() -> f64 {
+    0.5
+}
+fn default_ttft_quantizer() -> Quantizer {
+    Quantizer::Kivi
+}
+fn default_links() -> Vec<f64> {
+    vec![0.0]
+}
+fn default_repeats() -> usize {
+    3
 }
 
 fn default_probe_b() -> f64 {
@@ -254,6 +309,22 @@ impl SpectrumSpec {
                 ));
             }
         }
+        if let Some(t) = &self.ttft {
+            check_budgets("ttft", &[t.b])?;
+            policies("ttft", std::slice::from_ref(&t.policy))?;
+            no_repeats("ttft", "links_mbps", &t.links_mbps)?;
+            if t.context <= pinned + 1 || t.repeats == 0 || t.links_mbps.is_empty() {
+                return Err(bad(format!(
+                    "ttft: context {} must exceed the {pinned} pinned tokens + 1; repeats and links_mbps ≥ 1",
+                    t.context
+                )));
+            }
+            if let Some(m) = t.links_mbps.iter().find(|m| !(m.is_finite() && **m >= 0.0)) {
+                return Err(bad(format!(
+                    "ttft: link {m} Mbit/s must be finite and ≥ 0 (0: unlimited)"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -297,6 +368,15 @@ impl SpectrumSpec {
             )
             .map_err(|e| bad(e.to_string().replace("spec: ", "")))?;
         }
+        if let Some(t) = &self.ttft {
+            tokens("ttft: context + 1", &[t.context, 1])?;
+            bounds::product_at_most(
+                "ttft: links × repeats",
+                &[t.links_mbps.len(), t.repeats],
+                bounds::MAX_TOKENS,
+            )
+            .map_err(|e| bad(e.to_string().replace("spec: ", "")))?;
+        }
         Ok(())
     }
 
@@ -321,6 +401,9 @@ impl SpectrumSpec {
                 "[probe] gate_context + gate_continuation",
                 p.gate_context + p.gate_continuation,
             ));
+        }
+        if let Some(t) = &self.ttft {
+            needs.push(("[ttft] context + 1 decode step", t.context + 1));
         }
         for (what, n) in needs {
             bounds::check_positions(model, n, &format!("spectrum `{}` {what}", self.name))?;
