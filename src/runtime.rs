@@ -222,7 +222,7 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
             // The file's own digest; a registry model whose bytes are not its entry's is
             // refused before it is parsed.
             let sha256 = Some(crate::registry::model_sha256(path, name.as_deref())?);
-            let mut g = crate::gguf::load(path)?;
+            let mut g = crate::model::gguf::load(path)?;
             let decoder = g.take_decoder(dtype.kind(), device)?;
             let text = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
             let chat = match &g.chat_template {

@@ -1,5 +1,7 @@
 //! Static layering rules over `src/`, read from the source text: no import cycle between
-//! modules. Each rule is checked on the crate and, as a negative control, on a synthetic input
+//! modules; top-level modules in layers, each importing only its own layer or lower ones (test
+//! code aside); no function over a length limit; no environment reads or process globals below
+//! the CLI. Each rule is checked on the crate and, as a negative control, on a synthetic input
 //! that breaks it.
 //!
 //! The module graph has one node per file (`src/credit/spec.rs` is `credit::spec`,
@@ -436,6 +438,250 @@ fn cycle_finder_reports_a_synthetic_cycle() {
         ("y".to_string(), BTreeSet::from(["z".to_string()])),
     ]);
     assert!(cycles(&acyclic).is_empty());
+}
+
+/// The top-level modules (`src/<name>/` or `src/<name>.rs`) by layer, low to high. A module
+/// imports modules of its own layer or lower ones, never a higher one, and no two top-level
+/// modules import each other, directly or through others (test code aside).
+const LAYERS: [(&str, &[&str]); 7] = [
+    (
+        "foundation",
+        &[
+            "error",
+            "config",
+            "gguf",
+            "tokenizer",
+            "nvrtc",
+            "cuda_graph",
+            "scoped",
+            "profile",
+            "stats",
+        ],
+    ),
+    ("core", &["kv_cache", "exec", "model", "sampling"]),
+    ("decode", &["decode", "generate"]),
+    (
+        "study runtime and io",
+        &["io", "registry", "chat", "tasks", "runtime", "study"],
+    ),
+    (
+        "studies, their analyses and reports",
+        &[
+            "credit",
+            "divergence",
+            "spectrum",
+            "eval",
+            "analysis",
+            "check",
+            "seed",
+        ],
+    ),
+    ("bench", &["bench"]),
+    ("cli", &["cli"]),
+];
+
+/// Imports between top-level modules that break the layering, each with where it is and where
+/// the named item belongs. The list only shrinks: an import that is gone must leave it.
+const LAYERING_PENDING: [(&str, &str, &str); 5] = [
+    (
+        "io",
+        "credit",
+        "io/schema.rs: the campaign's records (manifest, columns, pass types) belong to credit, \
+         the shared RunHeader to study",
+    ),
+    (
+        "io",
+        "runtime",
+        "io/schema.rs: Dtype in the campaign manifest (as above)",
+    ),
+    (
+        "io",
+        "tasks",
+        "io/schema.rs: TaskRecord in the campaign manifest (as above)",
+    ),
+    (
+        "analysis",
+        "divergence",
+        "analysis/divergence*.rs: divergence's analysis belongs to divergence",
+    ),
+    (
+        "analysis",
+        "spectrum",
+        "analysis/mod.rs: spectrum::eval::variant_label for the spectrum pass's label",
+    ),
+];
+
+/// The files without their test code (`*tests.rs` files, `#[cfg(test)] mod` blocks): what the
+/// library itself is built from.
+fn library_code(files: Vec<SourceFile>) -> Vec<SourceFile> {
+    static TEST_MOD: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{").expect("regex"));
+    files
+        .into_iter()
+        .filter(|f| !f.path.ends_with("tests.rs"))
+        .map(|mut f| {
+            if let Some(m) = TEST_MOD.find(&f.code) {
+                f.code.truncate(m.start());
+            }
+            f
+        })
+        .collect()
+}
+
+/// The layering as the failure message prints it: one line per layer, low to high.
+fn layering_text(layers: &[(&str, &[&str])]) -> String {
+    layers
+        .iter()
+        .enumerate()
+        .map(|(i, (name, modules))| format!("  {i} {name}: {}", modules.join(", ")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What breaks the layering in `top` (the graph between top-level modules), with the `pending`
+/// imports set aside: modules in no layer (and layer entries that are no module), imports of a
+/// higher layer, cycles, and pending imports that are gone.
+fn layering_violations(
+    top: &Graph,
+    layers: &[(&str, &[&str])],
+    pending: &[(&str, &str, &str)],
+) -> Vec<String> {
+    let layer_of: BTreeMap<&str, usize> = layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, ms))| ms.iter().map(move |m| (*m, i)))
+        .collect();
+    let mut out = Vec::new();
+    for m in top.keys().filter(|m| !layer_of.contains_key(m.as_str())) {
+        out.push(format!("module `{m}` is in no layer: add it to LAYERS"));
+    }
+    for m in layer_of.keys().filter(|m| !top.contains_key(**m)) {
+        out.push(format!("LAYERS names `{m}`, which is no module"));
+    }
+    let set_aside: BTreeSet<(&str, &str)> = pending.iter().map(|(a, b, _)| (*a, *b)).collect();
+    for (a, b) in &set_aside {
+        if !top.get(*a).is_some_and(|tos| tos.contains(*b)) {
+            out.push(format!(
+                "`{a}` no longer imports `{b}`: remove it from LAYERING_PENDING"
+            ));
+        }
+    }
+    let mut kept = Graph::new();
+    for (from, tos) in top {
+        let entry = kept.entry(from.clone()).or_default();
+        for to in tos {
+            if set_aside.contains(&(from.as_str(), to.as_str())) {
+                continue;
+            }
+            entry.insert(to.clone());
+            if let (Some(&i), Some(&j)) = (layer_of.get(from.as_str()), layer_of.get(to.as_str()))
+                && j > i
+            {
+                out.push(format!(
+                    "`{from}` ({}) imports `{to}` ({}), a higher layer",
+                    layers[i].0, layers[j].0
+                ));
+            }
+        }
+    }
+    out.extend(
+        cycles(&kept)
+            .iter()
+            .map(|c| format!("import cycle: {}", c.join(" -> "))),
+    );
+    out
+}
+
+#[test]
+fn top_level_modules_follow_the_layering() {
+    let files = library_code(source_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+    ));
+    let top = top_level(&module_graph(&files));
+    assert!(top.len() > 25, "read {} top-level modules", top.len());
+    assert!(top["credit"].contains("decode"), "edges are read");
+    let bad = layering_violations(&top, &LAYERS, &LAYERING_PENDING);
+    assert!(
+        bad.is_empty(),
+        "the top-level modules break the layering (low to high):\n{}\n\n  {}",
+        layering_text(&LAYERS),
+        bad.join("\n  ")
+    );
+}
+
+/// A synthetic graph with an import of a higher layer, a cycle inside one layer, a module in
+/// no layer, a layer entry that is no module, and a pending import that is gone: each is
+/// reported. The same graph with those fixed passes.
+#[test]
+fn layering_check_flags_a_synthetic_graph() {
+    let graph = |edges: &[(&str, &str)], nodes: &[&str]| {
+        let mut g = Graph::new();
+        for n in nodes {
+            g.entry(n.to_string()).or_default();
+        }
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    let layers: [(&str, &[&str]); 3] = [
+        ("low", &["config", "gguf", "tokenizer"]),
+        ("core", &["exec", "model", "gone"]),
+        ("high", &["cli"]),
+    ];
+    let bad = graph(
+        &[
+            ("gguf", "tokenizer"),
+            ("tokenizer", "gguf"),
+            ("exec", "cli"),
+            ("model", "exec"),
+            ("stray", "config"),
+        ],
+        &["config", "cli"],
+    );
+    let pending = [("model", "config", "moved already")];
+    assert_eq!(
+        layering_violations(&bad, &layers, &pending),
+        vec![
+            "module `stray` is in no layer: add it to LAYERS".to_string(),
+            "LAYERS names `gone`, which is no module".into(),
+            "`model` no longer imports `config`: remove it from LAYERING_PENDING".into(),
+            "`exec` (core) imports `cli` (high), a higher layer".into(),
+            "import cycle: gguf -> tokenizer -> gguf".into(),
+        ]
+    );
+    let layers: [(&str, &[&str]); 3] = [
+        ("low", &["config", "gguf", "tokenizer"]),
+        ("core", &["exec", "model"]),
+        ("high", &["cli"]),
+    ];
+    let good = graph(
+        &[
+            ("tokenizer", "gguf"),
+            ("cli", "exec"),
+            ("model", "exec"),
+            ("model", "config"),
+        ],
+        &["config", "cli", "gguf"],
+    );
+    assert_eq!(
+        layering_violations(&good, &layers, &pending),
+        Vec::<String>::new()
+    );
+    let cyclic = graph(
+        &[
+            ("tokenizer", "gguf"),
+            ("gguf", "tokenizer"),
+            ("model", "config"),
+        ],
+        &["config", "cli", "exec"],
+    );
+    assert_eq!(
+        layering_violations(&cyclic, &layers, &[("gguf", "tokenizer", "set aside")]),
+        Vec::<String>::new(),
+        "a pending import is set aside"
+    );
 }
 
 /// Functions longer than this many lines (signature to closing brace) are split into named

@@ -8,7 +8,7 @@ use kvcredit::bench::{self, BenchConfig, runners};
 use kvcredit::decode::engine::EngineMode;
 use kvcredit::decode::mask_check::{self, MaskCheckOptions};
 use kvcredit::exec::BiTiles;
-use kvcredit::exec::invariance::{self, CheckOptions};
+use kvcredit::model::invariance::{self, CheckOptions};
 use kvcredit::runtime::Dtype;
 use kvcredit::{Decoder, ExecPolicy, PolicyKind};
 use std::time::Instant;

@@ -11,8 +11,6 @@ use super::fused::{self, dtype_code, grid, typed_kernel};
 use super::{AttnParams, ExecPolicy};
 use crate::config::Activation;
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
-use crate::model::rope;
-use crate::model::{Decoder, LogitsAt};
 use crate::nvrtc::Arg;
 use crate::{Error, Result};
 use std::cell::Cell;
@@ -123,6 +121,16 @@ fn blocks(n: i64) -> Result<u32> {
     grid((n + THREADS - 1) / THREADS)
 }
 
+/// Rotate `x` (`[B, H, T, D]`) by the given angles (`sin` with its first half negated, as the
+/// model's RoPE table returns it). Bitwise the same as Hugging Face's
+/// `x·cos + rotate_half(x)·sin`: `rotate_half(x)·sin` is `[−x₂·s, x₁·s]` and `roll(x)·signed`
+/// is `[x₂·(−s), x₁·s]`, equal since IEEE products are sign-symmetric.
+pub fn rope_apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.size()[3] / 2;
+    let rotated = x.f_roll([half], [3])?;
+    Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
+}
+
 /// Where a forward pass writes a layer's new K/V rows.
 pub(crate) struct CacheWrite<'a> {
     /// The cache.
@@ -138,7 +146,7 @@ pub(crate) struct CacheWrite<'a> {
 }
 
 /// RoPE on the query and key heads of `qkv` (`[B, T, (Hq + 2 Hkv) · D]`, `heads` = (Hq, Hkv,
-/// D)) with `cos`, `sin` (`[B, 1, T, D]`, see [`rope::apply`]), the new keys and values written
+/// D)) with `cos`, `sin` (`[B, 1, T, D]`, see [`rope_apply`]), the new keys and values written
 /// to the cache: the rotated queries `[B, Hq, T, D]` and the keys and values attended
 /// (`[B, Hkv, L, D]`).
 pub(crate) fn rope_write(
@@ -181,7 +189,7 @@ fn rope_write_with(
             .f_narrow(-1, 0, (hq + hkv) * d)?
             .f_view([b, t, hq + hkv, d])?
             .f_transpose(1, 2)?;
-        let qk = rope::apply(&qk, cos, sin)?;
+        let qk = rope_apply(&qk, cos, sin)?;
         let (k_all, v_all) = to.cache.write(
             to.layer,
             &qk.f_narrow(1, hq, hkv)?,
@@ -316,7 +324,8 @@ pub struct GlueCheck {
     pub elements: i64,
     /// Of those, the ones whose bits differ between the fused kernels and the ATen ops.
     pub mismatches: i64,
-    /// Logits of a real forward pass compared ([`check_model`]; 0 when it did not run).
+    /// Logits of a real forward pass compared
+    /// ([`crate::model::invariance::check_glue`]; 0 when it did not run).
     #[serde(default)]
     pub logits_elements: i64,
     /// Of those, the ones whose bits differ between the two glues.
@@ -476,55 +485,8 @@ pub fn check_fused(device: Device, seed: u64) -> Result<GlueCheck> {
     })
 }
 
-/// Logits of `model` under `policy` with each glue, compared bitwise: a prefill of `prompt`
-/// into two rows (one slice write), the second row cut back three positions, then `steps`
-/// greedy decode steps over the now ragged rows (scattered writes). `(elements, mismatches)`.
-pub fn check_model(
-    model: &Decoder,
-    policy: &ExecPolicy,
-    prompt: &[i64],
-    steps: usize,
-) -> Result<(i64, i64)> {
-    Glue::Fused.check_device(model.device())?;
-    let n = prompt.len() as i64;
-    if n < 4 {
-        return Err(Error::Spec(format!(
-            "the glue's model check needs a prompt of at least 4 tokens, got {n}"
-        )));
-    }
-    let run = |glue: Glue| -> Result<Vec<Tensor>> {
-        with_glue(glue, || {
-            let mut cache = model.new_cache(2, n + steps as i64 + 1)?;
-            let ids = Tensor::f_from_slice(prompt)?
-                .f_view([1, n])?
-                .f_repeat([2, 1])?;
-            let mut logits = model.forward(&ids, &mut cache, policy, &LogitsAt::Last)?;
-            cache.truncate(&[n, n - 3])?;
-            let mut out = Vec::new();
-            for _ in 0..steps {
-                let next = logits.f_argmax(-1, false)?.f_view([2, 1])?;
-                out.push(logits);
-                logits = model.forward(&next, &mut cache, policy, &LogitsAt::Last)?;
-            }
-            out.push(logits);
-            Ok(out)
-        })
-    };
-    let (a, f) = (run(Glue::Aten)?, run(Glue::Fused)?);
-    let mut elements = 0;
-    let mut mismatches = 0;
-    for (a, f) in a.iter().zip(&f) {
-        elements += a.numel() as i64;
-        mismatches += bits(a)?
-            .f_ne_tensor(&bits(f)?)?
-            .f_sum(Kind::Int64)?
-            .f_int64_value(&[])?;
-    }
-    Ok((elements, mismatches))
-}
-
 /// A tensor's bits as integers of its width (so that NaNs compare by payload).
-fn bits(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn bits(x: &Tensor) -> Result<Tensor> {
     Ok(match x.kind() {
         Kind::Float => x.f_view_dtype(Kind::Int)?,
         Kind::Half | Kind::BFloat16 => x.f_view_dtype(Kind::Int16)?,

@@ -3,14 +3,14 @@
 //!
 //! The policy is picked once per run and handed to [`crate::model::Decoder::forward`]; model
 //! code calls the ops here and never branches on the policy itself. [`batch_invariant`]
-//! explains the batch-invariant implementation; [`invariance`] holds the checks of it.
+//! explains the batch-invariant implementation; [`crate::model::invariance`] holds the checks
+//! of it.
 use crate::config::Activation;
 use tch::{Kind, Tensor};
 
 pub mod batch_invariant;
 mod fused;
 pub mod glue;
-pub mod invariance;
 mod stock;
 
 pub use batch_invariant::{BiKernels, BiTiles, TileOverrides};

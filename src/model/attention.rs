@@ -2,7 +2,6 @@
 //! (per head, or over all heads at once as in OLMo-2), RoPE and the cache write (fused where [`glue`] runs), grouped-query attention through the
 //! execution policy, output projection.
 use super::norm::RmsNorm;
-use super::rope;
 use crate::Result;
 use crate::exec::glue::{self, CacheWrite};
 use crate::exec::{AttnParams, AttnScratch, ExecPolicy};
@@ -57,7 +56,7 @@ pub struct Attention {
 pub struct LayerInputs<'a> {
     /// RoPE cosines `[B, 1, T, D]`.
     pub cos: &'a Tensor,
-    /// RoPE sines `[B, 1, T, D]`, first half negated (see [`rope::apply`]).
+    /// RoPE sines `[B, 1, T, D]`, first half negated (see [`glue::rope_apply`]).
     pub sin: &'a Tensor,
     /// Additive mask `[B, 1, 1, T, L]`.
     pub mask: &'a Tensor,
@@ -128,8 +127,8 @@ impl Attention {
                     .f_transpose(1, 2)?;
                 let q = n.apply(&n.q, &qkv.f_narrow(-1, 0, hq * d)?, hq, d, policy)?;
                 let k = n.apply(&n.k, &qkv.f_narrow(-1, hq * d, hkv * d)?, hkv, d, policy)?;
-                let q = rope::apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
-                let k = rope::apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
+                let q = glue::rope_apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
+                let k = glue::rope_apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
                 let (k_all, v_all) =
                     to.cache
                         .write(to.layer, &k, &v, to.write, to.positions, to.key_len)?;
@@ -165,6 +164,6 @@ impl Attention {
             Some(n) => n.apply(&n.q, &q, hq, d, policy)?,
             None => q.f_view([b, t, hq, d])?,
         };
-        rope::apply(&q.f_transpose(1, 2)?, cos, sin)
+        glue::rope_apply(&q.f_transpose(1, 2)?, cos, sin)
     }
 }

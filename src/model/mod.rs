@@ -11,7 +11,9 @@
 //! Prefill (many tokens per row) and decode (one token per row) are the same call,
 //! [`Decoder::forward`]; a full recompute without cache is a forward over a fresh cache.
 mod attention;
+pub mod gguf;
 pub mod hooks;
+pub mod invariance;
 mod mlp;
 mod norm;
 pub(crate) mod rope;
