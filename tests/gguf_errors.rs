@@ -1,6 +1,6 @@
 //! Corrupt, truncated and foreign files fail with one clear `Error::Gguf` line, never a panic.
 use kvcredit::Error;
-use kvcredit::gguf::{self, GgufFile};
+use kvcredit::gguf::GgufFile;
 use std::path::PathBuf;
 
 fn tmp(name: &str, bytes: &[u8]) -> PathBuf {

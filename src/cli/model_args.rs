@@ -1,4 +1,5 @@
 //! The model choice shared by commands that run either a real or a synthetic model.
+use super::run_args::registry_paths;
 use anyhow::{Context, bail};
 use kvcredit::Decoder;
 use kvcredit::model::synthetic;
@@ -43,7 +44,12 @@ impl ModelArgs {
     pub fn load(&self, dtype: Dtype, device: Device) -> anyhow::Result<Chosen> {
         let mut chosen = match (&self.model, &self.synthetic) {
             (Some(m), _) => Chosen {
-                decoder: runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
+                decoder: runtime::load(
+                    &ModelSource::resolve(m, &registry_paths())?,
+                    dtype,
+                    device,
+                )?
+                .decoder,
                 what: m.clone(),
                 shape: None,
             },

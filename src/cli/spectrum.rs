@@ -1,6 +1,6 @@
 //! `kvcredit spectrum …`: SpectrumKV evaluations (perplexity, NIAH, probe) from a spec, and
 //! the two workers of a real tiered transfer (`serve`, `send`).
-use super::run_args::{Defaults, RunArgs, RunConfig};
+use super::run_args::{Defaults, RunArgs, RunConfig, registry_paths};
 use anyhow::{Context, bail};
 use kvcredit::PolicyKind;
 use kvcredit::decode::engine::EngineMode;
@@ -78,7 +78,11 @@ impl WorkerModel {
             dtype: Dtype::Fp32,
             policy: PolicyKind::Stock,
         })?;
-        let model = runtime::load(&ModelSource::resolve(&self.model)?, cfg.dtype, cfg.device)?;
+        let model = runtime::load(
+            &ModelSource::resolve(&self.model, &registry_paths())?,
+            cfg.dtype,
+            cfg.device,
+        )?;
         Ok((model, cfg))
     }
 }
@@ -233,7 +237,11 @@ fn setup(a: &SpecArgs) -> anyhow::Result<Setup> {
         .run
         .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;
     spec.device = cfg.device_name.clone();
-    let model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
+    let model = runtime::load(
+        &ModelSource::resolve(&spec.model, &registry_paths())?,
+        cfg.dtype,
+        cfg.device,
+    )?;
     spec.check_positions(&model.decoder)?;
     let out = a
         .out

@@ -87,6 +87,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Tiles as resolved from the command's arguments (`None`: the device's defaults).
     pub exec: Option<ExecSettings>,
+    /// Where registry models are cached.
+    pub registry: crate::registry::RegistryPaths,
 }
 
 fn shard_dir(out: &Path, dtype: Dtype, problem: usize) -> PathBuf {
@@ -100,7 +102,7 @@ fn shard_dir(out: &Path, dtype: Dtype, problem: usize) -> PathBuf {
 pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) -> Result<Manifest> {
     let out = &opts.out_dir;
     let device = runtime::parse_device(&spec.device)?;
-    let source = ModelSource::resolve(&spec.model)?;
+    let source = ModelSource::resolve(&spec.model, &opts.registry)?;
     let (task, problems) = spec.task()?;
     let settings = opts.exec.unwrap_or_else(|| ExecSettings::defaults(device));
     let policy = settings.policy(spec.policy);
