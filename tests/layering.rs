@@ -684,6 +684,163 @@ fn layering_check_flags_a_synthetic_graph() {
     );
 }
 
+/// The top-level modules the library builds without feature `studies` (`make check-core`):
+/// the core and what it needs.
+const CORE: [&str; 15] = [
+    "config",
+    "cuda_graph",
+    "decode",
+    "error",
+    "exec",
+    "generate",
+    "gguf",
+    "kv_cache",
+    "model",
+    "nvrtc",
+    "profile",
+    "sampling",
+    "scoped",
+    "stats",
+    "tokenizer",
+];
+
+/// Crates only the studies use (their Rust names), optional behind feature `studies`.
+const STUDY_CRATES: [&str; 6] = [
+    "arrow_array",
+    "arrow_schema",
+    "indicatif",
+    "parquet",
+    "plotters",
+    "polars",
+];
+
+/// Why the core would not build without feature `studies`, read statically: a core file that
+/// names a study crate or imports a module outside the core, a `pub mod` in `lib.rs` gated
+/// otherwise than as [`CORE`] says, or a study crate in `Cargo.toml` that is not an optional
+/// dependency of `studies`.
+fn core_violations(
+    files: &[SourceFile],
+    lib_rs: &str,
+    cargo_toml: &str,
+    core: &[&str],
+) -> Vec<String> {
+    static CRATE_PATH: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(&format!(r"(?:^|[^:\w])({})\s*::", STUDY_CRATES.join("|"))).expect("regex")
+    });
+    static MOD: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r#"(?m)^(#\[cfg\(feature\s*=\s*""\)\]\s*)?pub mod (\w+);"#).expect("regex")
+    });
+    let mut out = Vec::new();
+    let in_core = |m: &str| core.contains(&m.split("::").next().unwrap_or(m));
+    for f in files.iter().filter(|f| in_core(&f.module[0])) {
+        if let Some(c) = CRATE_PATH.captures(&f.code) {
+            out.push(format!("{}: names the study crate `{}`", f.path, &c[1]));
+        }
+    }
+    let top = top_level(&module_graph(files));
+    for (from, tos) in top.iter().filter(|(m, _)| in_core(m)) {
+        for to in tos.iter().filter(|t| !in_core(t)) {
+            out.push(format!(
+                "core module `{from}` imports `{to}`, outside the core"
+            ));
+        }
+    }
+    for c in MOD.captures_iter(&strip_comments_and_strings(lib_rs)) {
+        match (c.get(1).is_some(), in_core(&c[2])) {
+            (true, true) => out.push(format!("lib.rs gates core module `{}`", &c[2])),
+            (false, false) => out.push(format!(
+                "lib.rs builds `{}` without feature `studies`",
+                &c[2]
+            )),
+            _ => {}
+        }
+    }
+    let studies = cargo_toml
+        .lines()
+        .find(|l| l.starts_with("studies = ["))
+        .unwrap_or("");
+    for name in STUDY_CRATES.map(|c| c.replace('_', "-")) {
+        let Some(dep) = cargo_toml
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")))
+        else {
+            continue;
+        };
+        if !dep.contains("optional = true") || !studies.contains(&format!("\"dep:{name}\"")) {
+            out.push(format!(
+                "Cargo.toml: `{name}` is not an optional dependency of feature `studies`"
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_core_builds_without_the_study_crates() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = library_code(source_files(&root.join("src")));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect("readable");
+    assert!(
+        files
+            .iter()
+            .filter(|f| CORE.contains(&f.module[0].as_str()))
+            .count()
+            > 20,
+        "core files are read"
+    );
+    let bad = core_violations(&files, &read("src/lib.rs"), &read("Cargo.toml"), &CORE);
+    assert!(
+        bad.is_empty(),
+        "the core ({}) must build without feature `studies`:\n  {}",
+        CORE.join(", "),
+        bad.join("\n  ")
+    );
+}
+
+/// Synthetic sources: a core file naming `parquet::` (and one naming only a module called
+/// `parquet` inside the crate, which is fine), a core file importing a study module, `lib.rs`
+/// gating a core module and not gating a study one, and a study crate that is not optional.
+#[test]
+fn core_check_flags_synthetic_study_crates_and_imports() {
+    let file = |path: &str, module: &str, text: &str| SourceFile {
+        path: path.into(),
+        module: module.split("::").map(String::from).collect(),
+        is_dir_module: false,
+        code: strip_comments_and_strings(text),
+    };
+    let files = [
+        file(
+            "exec/write.rs",
+            "exec::write",
+            "fn f() { let w = parquet::arrow::ArrowWriter::try_new(); }",
+        ),
+        file(
+            "model.rs",
+            "model",
+            "use crate::io::parquet::Table; // plotters::x\nfn g() { \"indicatif::Bar\"; }",
+        ),
+        file("io/parquet.rs", "io::parquet", "use parquet::file;"),
+    ];
+    let lib_rs = "pub mod model;\n#[cfg(feature = \"studies\")]\npub mod exec;\npub mod io;\n";
+    let cargo = "[dependencies]\nparquet = { version = \"60\", optional = true }\nplotters = \"0.3\"\n\n[features]\nstudies = [\"dep:parquet\"]\n";
+    assert_eq!(
+        core_violations(&files, lib_rs, cargo, &["exec", "model"]),
+        vec![
+            "exec/write.rs: names the study crate `parquet`".to_string(),
+            "core module `model` imports `io`, outside the core".into(),
+            "lib.rs gates core module `exec`".into(),
+            "lib.rs builds `io` without feature `studies`".into(),
+            "Cargo.toml: `plotters` is not an optional dependency of feature `studies`".into(),
+        ]
+    );
+    let lib_rs = "pub mod exec;\npub mod model;\n#[cfg(feature = \"studies\")]\npub mod io;\n";
+    let cargo = "parquet = { version = \"60\", optional = true }\nstudies = [\"dep:parquet\"]\n";
+    assert_eq!(
+        core_violations(&files[2..], lib_rs, cargo, &["exec", "model"]),
+        Vec::<String>::new()
+    );
+}
+
 /// Functions longer than this many lines (signature to closing brace) are split into named
 /// helpers.
 const MAX_FN_LINES: usize = 150;
