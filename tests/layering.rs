@@ -1014,10 +1014,8 @@ const GLOBALS_NOT_SETTINGS: [(&str, &str); 2] = [
 
 /// Run settings still held in process globals with thread-local overrides (filled from
 /// `ExecSettings` by the CLI). The list only shrinks.
-const SETTING_GLOBALS_PENDING: [(&str, &str); 2] = [
-    ("exec/glue.rs", "the glue kernels' default and override"),
-    ("sampling.rs", "the sampler's default and override"),
-];
+const SETTING_GLOBALS_PENDING: [(&str, &str); 1] =
+    [("sampling.rs", "the sampler's default and override")];
 
 /// Non-test files (outside `cli/` and `main.rs`) that read the environment, and those that hold
 /// an atomic `static` or a `thread_local!`.

@@ -169,6 +169,7 @@ pub(super) fn load_model(
         cfg.device,
     )?;
     model.decoder.limit_context(!allow_extrapolation);
+    model.decoder.set_glue(cfg.exec.glue);
     Ok(model)
 }
 

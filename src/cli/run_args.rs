@@ -126,7 +126,6 @@ impl RunArgs {
         let glue = env_choice(&env, "KVCREDIT_GLUE", "glue", Glue::parse)?;
         let exec = ExecSettings::resolve(device, tiles.as_deref(), engine, sampler, glue)?;
         kvcredit::sampling::set_default(exec.sampler);
-        kvcredit::exec::glue::set_default(exec.glue);
         Ok((device, name, exec))
     }
 

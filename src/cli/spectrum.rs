@@ -78,11 +78,12 @@ impl WorkerModel {
             dtype: Dtype::Fp32,
             policy: PolicyKind::Stock,
         })?;
-        let model = runtime::load(
+        let mut model = runtime::load(
             &ModelSource::resolve(&self.model, &registry_paths())?,
             cfg.dtype,
             cfg.device,
         )?;
+        model.decoder.set_glue(cfg.exec.glue);
         Ok((model, cfg))
     }
 }
@@ -237,11 +238,12 @@ fn setup(a: &SpecArgs) -> anyhow::Result<Setup> {
         .run
         .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;
     spec.device = cfg.device_name.clone();
-    let model = runtime::load(
+    let mut model = runtime::load(
         &ModelSource::resolve(&spec.model, &registry_paths())?,
         cfg.dtype,
         cfg.device,
     )?;
+    model.decoder.set_glue(cfg.exec.glue);
     spec.check_positions(&model.decoder)?;
     let out = a
         .out

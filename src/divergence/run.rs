@@ -120,12 +120,15 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         if pending.is_empty() && manifest.is_some() {
             continue;
         }
-        let model = runtime::load(&source, dtype, device)?;
+        let load = |dtype| -> Result<runtime::LoadedModel> {
+            let mut model = runtime::load(&source, dtype, device)?;
+            model.decoder.set_glue(settings.glue);
+            Ok(model)
+        };
+        let model = load(dtype)?;
         // The fp32 half of the fixed-prefix 2×2 (replay step of a 16-bit dtype).
         let fp32 = match (&spec.steps.replay, dtype) {
-            (Some(_), Dtype::Fp16 | Dtype::Bf16) => {
-                Some(runtime::load(&source, Dtype::Fp32, device)?)
-            }
+            (Some(_), Dtype::Fp16 | Dtype::Bf16) => Some(load(Dtype::Fp32)?),
             _ => None,
         };
         let sets = match &spec.steps.patch {

@@ -3,7 +3,7 @@
 //! execution policy, output projection.
 use super::norm::RmsNorm;
 use crate::Result;
-use crate::exec::glue::{self, CacheWrite};
+use crate::exec::glue::{self, CacheWrite, Glue};
 use crate::exec::{AttnParams, AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvWrite};
 use tch::Tensor;
@@ -68,6 +68,8 @@ pub struct LayerInputs<'a> {
     pub key_len: i64,
     /// Scratch shared by the layers attending under `mask`.
     pub scratch: &'a AttnScratch,
+    /// The glue that applies RoPE, writes the cache and scales and masks the scores.
+    pub glue: Glue,
 }
 
 impl Attention {
@@ -134,13 +136,14 @@ impl Attention {
                         .write(to.layer, &k, &v, to.write, to.positions, to.key_len)?;
                 (q, k_all, v_all)
             }
-            None => glue::rope_write(&qkv, (hq, hkv, d), inputs.cos, inputs.sin, to)?,
+            None => glue::rope_write(inputs.glue, &qkv, (hq, hkv, d), inputs.cos, inputs.sin, to)?,
         };
         let params = AttnParams {
             scale: self.scale,
             softcap: self.softcap,
             mask: inputs.mask,
             scratch: Some(inputs.scratch),
+            glue: inputs.glue,
         };
         let out = policy.attention(&q, &k_all, &v_all, &params)?;
         let out = out.f_transpose(1, 2)?.f_reshape([b, t, hq * d])?;

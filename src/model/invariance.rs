@@ -18,7 +18,7 @@
 //!   all prompts (padding is random tokens, not zeros), then batched decode steps in which
 //!   every row advances from its own length.
 use crate::exec::ExecPolicy;
-use crate::exec::glue::{Glue, bits, with_glue};
+use crate::exec::glue::{Glue, bits};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
 use crate::{Error, Result};
@@ -392,22 +392,23 @@ pub fn check_glue(
         )));
     }
     let run = |glue: Glue| -> Result<Vec<Tensor>> {
-        with_glue(glue, || {
-            let mut cache = model.new_cache(2, n + steps as i64 + 1)?;
-            let ids = Tensor::f_from_slice(prompt)?
-                .f_view([1, n])?
-                .f_repeat([2, 1])?;
-            let mut logits = model.forward(&ids, &mut cache, policy, &LogitsAt::Last)?;
-            cache.truncate(&[n, n - 3])?;
-            let mut out = Vec::new();
-            for _ in 0..steps {
-                let next = logits.f_argmax(-1, false)?.f_view([2, 1])?;
-                out.push(logits);
-                logits = model.forward(&next, &mut cache, policy, &LogitsAt::Last)?;
-            }
+        let forward = |ids: &Tensor, cache: &mut KvCache| {
+            model.forward_with_glue(ids, cache, policy, &LogitsAt::Last, glue)
+        };
+        let mut cache = model.new_cache(2, n + steps as i64 + 1)?;
+        let ids = Tensor::f_from_slice(prompt)?
+            .f_view([1, n])?
+            .f_repeat([2, 1])?;
+        let mut logits = forward(&ids, &mut cache)?;
+        cache.truncate(&[n, n - 3])?;
+        let mut out = Vec::new();
+        for _ in 0..steps {
+            let next = logits.f_argmax(-1, false)?.f_view([2, 1])?;
             out.push(logits);
-            Ok(out)
-        })
+            logits = forward(&next, &mut cache)?;
+        }
+        out.push(logits);
+        Ok(out)
     };
     let (a, f) = (run(Glue::Aten)?, run(Glue::Fused)?);
     let mut elements = 0;
