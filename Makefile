@@ -4,6 +4,7 @@
 #   make test   — set up and run the whole test suite
 #   make demo-long — the longer demo campaign (Qwen2.5-Coder-0.5B, 8-shot CoT)
 #   make fuzz   — long fuzz run of every parser (FUZZ_ITERS mutants per target)
+#   make check-core — the core library type-checks without feature `studies`
 # Set CARGO_TARGET_DIR to reuse a build folder between clones (CI does).
 
 VENV       ?= .venv
@@ -21,7 +22,7 @@ BIN        := $(TARGET_DIR)/release/kvcredit
 DEMO_MODEL ?= smollm2-135m-instruct
 DEMO_LONG_MODEL ?= qwen2.5-coder-0.5b-instruct
 
-.PHONY: venv build test smoke demo demo-long models lint fuzz clean-venv
+.PHONY: venv build test smoke demo demo-long models lint check-core fuzz clean-venv
 
 venv: $(VENV)/.ready
 
@@ -85,6 +86,11 @@ fuzz: models
 lint: venv
 	cargo fmt --check
 	cargo clippy --release --all-targets -- -D warnings
+
+# The core (config, gguf, tokenizer, model, kv_cache, exec, sampling, decode) builds without
+# feature `studies`, i.e. without Parquet, Arrow, plotters or indicatif.
+check-core: venv
+	cargo check --release --lib --no-default-features
 
 clean-venv:
 	rm -rf $(VENV)

@@ -54,7 +54,7 @@ impl EvalSpec {
             )));
         }
         let task = spec.task.load()?;
-        Ok((spec, task, crate::credit::sha256_hex(text.as_bytes())))
+        Ok((spec, task, crate::io::sha256_hex(text.as_bytes())))
     }
 }
 

@@ -5,35 +5,52 @@
 //! how reductions run without forking model code ([`exec`]), counter-based sampling
 //! ([`sampling`]), three-pass counterfactual credit campaigns ([`credit`]) and the tooling
 //! around them.
-pub mod analysis;
-pub mod bench;
-pub mod chat;
-pub mod check;
+// The core: builds without the studies' crates (`cargo check --lib --no-default-features`).
 pub mod config;
-pub mod credit;
 pub mod cuda_graph;
 pub mod decode;
-pub mod divergence;
 pub mod error;
-pub mod eval;
 pub mod exec;
 pub mod generate;
 pub mod gguf;
-pub mod io;
 pub mod kv_cache;
 pub mod model;
 pub mod nvrtc;
 pub mod profile;
-pub mod registry;
-pub mod runtime;
 pub mod sampling;
 pub mod scoped;
-pub mod seed;
-pub mod spectrum;
 pub mod stats;
-pub mod study;
-pub mod tasks;
 pub mod tokenizer;
+
+// The studies, their runtime, analyses and reports (feature `studies`, on by default).
+#[cfg(feature = "studies")]
+pub mod analysis;
+#[cfg(feature = "studies")]
+pub mod bench;
+#[cfg(feature = "studies")]
+pub mod chat;
+#[cfg(feature = "studies")]
+pub mod check;
+#[cfg(feature = "studies")]
+pub mod credit;
+#[cfg(feature = "studies")]
+pub mod divergence;
+#[cfg(feature = "studies")]
+pub mod eval;
+#[cfg(feature = "studies")]
+pub mod io;
+#[cfg(feature = "studies")]
+pub mod registry;
+#[cfg(feature = "studies")]
+pub mod runtime;
+#[cfg(feature = "studies")]
+pub mod seed;
+#[cfg(feature = "studies")]
+pub mod spectrum;
+#[cfg(feature = "studies")]
+pub mod study;
+#[cfg(feature = "studies")]
+pub mod tasks;
 
 pub use config::{Arch, ArchConfig};
 pub use error::{Error, Result};

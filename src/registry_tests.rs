@@ -212,6 +212,40 @@ fn assemble_of_no_parts_is_an_error() {
     assert!(err.to_string().contains("no parts"), "{err}");
 }
 
+// ---- cache root and Python ---------------------------------------------------------------------
+
+#[test]
+fn paths_come_from_the_values_the_cli_read() {
+    let os = |s: &str| Some(std::ffi::OsString::from(s));
+    let p = RegistryPaths::from_vars(os("/k"), os("/h"), os("/py"));
+    assert_eq!(p.home().unwrap(), Path::new("/k"), "KVCREDIT_HOME first");
+    assert_eq!(p.python(), PathBuf::from("/py"));
+    assert_eq!(p.digest_cache(), Some(PathBuf::from("/k/models/.sha256")));
+    let p = RegistryPaths::from_vars(os(""), os("/h"), os(""));
+    assert_eq!(
+        p.home().unwrap(),
+        Path::new("/h/.cache/kvcredit"),
+        "an empty KVCREDIT_HOME is unset"
+    );
+    assert_eq!(p.python, None, "an empty KVCREDIT_PYTHON is unset");
+    assert_eq!(
+        model_path(&p, "smollm2-135m-instruct").is_err(),
+        model_path_in(Path::new("/h/.cache/kvcredit"), "smollm2-135m-instruct").is_err()
+    );
+}
+
+#[test]
+fn without_a_home_the_cache_is_an_error_that_says_how_to_set_it() {
+    let p = RegistryPaths::from_vars(None, Some("".into()), None);
+    assert_eq!(p.digest_cache(), None);
+    let err = list(&p).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "models: cannot locate the cache: set KVCREDIT_HOME (or HOME)"
+    );
+    assert!(model_path(&p, "smollm2-135m-instruct").is_err());
+}
+
 // ---- cache state -------------------------------------------------------------------------------
 
 #[test]
@@ -570,6 +604,11 @@ fn pulls_real_models() {
     let names = std::env::var("KVCREDIT_PULL")
         .unwrap_or_else(|_| "smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct".to_string());
     let verify = std::env::var_os("KVCREDIT_PULL_VERIFY").is_some();
+    let paths = RegistryPaths::from_vars(
+        std::env::var_os("KVCREDIT_HOME"),
+        std::env::var_os("HOME"),
+        std::env::var_os("KVCREDIT_PYTHON"),
+    );
     for name in names.split(',') {
         let report = |e: &PullEvent| match e {
             PullEvent::Hashing { .. } => {}
@@ -581,7 +620,7 @@ fn pulls_real_models() {
             ..PullOptions::default()
         };
         let started = Instant::now();
-        let path = pull(name, &opts).unwrap();
+        let path = pull(&paths, name, &opts).unwrap();
         let secs = started.elapsed().as_secs_f64();
         let spec = find(name).unwrap();
         assert_eq!(sha256_file(&path).unwrap(), spec.sha256);

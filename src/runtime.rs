@@ -1,5 +1,6 @@
 //! Run-time choices shared by every command: device, dtype, and where a model comes from.
 use crate::model::Decoder;
+use crate::registry::RegistryPaths;
 use crate::tasks::Prompt;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -94,13 +95,15 @@ pub enum ModelSource {
         path: PathBuf,
         /// Registry name, if any.
         name: Option<String>,
+        /// Where the file's digest is cached (`None`: hashed on every load).
+        digests: Option<PathBuf>,
     },
 }
 
 impl ModelSource {
     /// Resolve a command-line model argument: an existing folder or `.gguf` file, else a
-    /// registry name (which must have been pulled).
-    pub fn resolve(arg: &str) -> Result<ModelSource> {
+    /// registry name (which must have been pulled into the cache of `registry`).
+    pub fn resolve(arg: &str, registry: &RegistryPaths) -> Result<ModelSource> {
         let path = Path::new(arg);
         if path.is_dir() {
             return Ok(ModelSource::HfDir(path.to_path_buf()));
@@ -109,6 +112,7 @@ impl ModelSource {
             return Ok(ModelSource::Gguf {
                 path: path.to_path_buf(),
                 name: None,
+                digests: registry.digest_cache(),
             });
         }
         if arg.contains('/') || arg.ends_with(".gguf") {
@@ -116,10 +120,11 @@ impl ModelSource {
                 "model `{arg}`: no such file or directory"
             )));
         }
-        let path = crate::registry::model_path(arg)?;
+        let path = crate::registry::model_path(registry, arg)?;
         Ok(ModelSource::Gguf {
             path,
             name: Some(arg.to_string()),
+            digests: registry.digest_cache(),
         })
     }
 }
@@ -218,11 +223,19 @@ pub fn load(source: &ModelSource, dtype: Dtype, device: Device) -> Result<Loaded
                 sha256: None,
             })
         }
-        ModelSource::Gguf { path, name } => {
+        ModelSource::Gguf {
+            path,
+            name,
+            digests,
+        } => {
             // The file's own digest; a registry model whose bytes are not its entry's is
             // refused before it is parsed.
-            let sha256 = Some(crate::registry::model_sha256(path, name.as_deref())?);
-            let mut g = crate::gguf::load(path)?;
+            let sha256 = Some(crate::registry::model_sha256(
+                path,
+                name.as_deref(),
+                digests.as_deref(),
+            )?);
+            let mut g = crate::model::gguf::load(path)?;
             let decoder = g.take_decoder(dtype.kind(), device)?;
             let text = |id: Option<u32>| id.and_then(|i| g.tokenizer.id_to_token(i));
             let chat = match &g.chat_template {

@@ -19,7 +19,8 @@ use std::process::Command;
 const MODEL: &str = "smollm2-135m-instruct";
 
 fn model() -> LoadedModel {
-    let src = ModelSource::resolve(MODEL).expect("model pulled (make models)");
+    let src =
+        ModelSource::resolve(MODEL, &common::registry_paths()).expect("model pulled (make models)");
     runtime::load(&src, Dtype::Fp32, tch::Device::Cpu).expect("model loads")
 }
 

@@ -63,7 +63,8 @@ fn clean_run() -> &'static Path {
         let dir = common::scratch("check-rules", "clean");
         let spec_path = dir.join("spec.toml");
         std::fs::write(&spec_path, SPEC).unwrap();
-        let src = ModelSource::resolve(MODEL).expect("model pulled (make models)");
+        let src = ModelSource::resolve(MODEL, &common::registry_paths())
+            .expect("model pulled (make models)");
         let model = runtime::load(&src, Dtype::Fp32, tch::Device::Cpu).expect("model loads");
         let out = dir.join("run");
         common::run_campaign_file(&spec_path, &model, &out);

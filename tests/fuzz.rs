@@ -225,7 +225,7 @@ fn fuzz_dequant() {
 }
 
 // ---------------------------------------------------------------------------------------
-// A tiny real-format model GGUF built from an HF fixture (for the whole `gguf::load` path).
+// A tiny real-format model GGUF built from an HF fixture (for the whole `model::gguf::load` path).
 
 /// GGUF name of a Hugging Face tensor key (inverse of `gguf::hf_tensor_name`).
 fn gguf_name(hf: &str) -> String {
@@ -359,7 +359,7 @@ fn fuzz_gguf_model() {
         },
         &|input| {
             std::fs::write(&file, input).unwrap();
-            let mut m = kvcredit::gguf::load(&file).map_err(err_line)?;
+            let mut m = kvcredit::model::gguf::load(&file).map_err(err_line)?;
             let d = m.take_decoder(Kind::Float, Device::Cpu).map_err(err_line)?;
             forward_smoke(&d, ExecPolicy::Stock)
         },

@@ -1,6 +1,6 @@
 //! Corrupt, truncated and foreign files fail with one clear `Error::Gguf` line, never a panic.
 use kvcredit::Error;
-use kvcredit::gguf::{self, GgufFile};
+use kvcredit::gguf::GgufFile;
 use std::path::PathBuf;
 
 fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
@@ -139,16 +139,19 @@ fn absurd_counts_and_lengths_do_not_allocate() {
 #[test]
 fn load_reports_missing_and_corrupt_files() {
     let missing = PathBuf::from("/nonexistent/model.gguf");
-    assert!(matches!(gguf::load(&missing), Err(Error::Io { .. })));
+    assert!(matches!(
+        kvcredit::model::gguf::load(&missing),
+        Err(Error::Io { .. })
+    ));
     let p = tmp("garbage.gguf", &[0u8; 1000]);
-    match gguf::load(&p) {
+    match kvcredit::model::gguf::load(&p) {
         Err(Error::Gguf(m)) => assert!(m.contains("bad magic"), "{m}"),
         Err(e) => panic!("expected Error::Gguf, got {e:?}"),
         Ok(_) => panic!("loaded garbage"),
     }
     // valid container without tokenizer/architecture metadata: a clear error, not a panic
     let p = tmp("notokenizer.gguf", &minimal(0, 8));
-    let e = gguf::load(&p)
+    let e = kvcredit::model::gguf::load(&p)
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();

@@ -106,7 +106,7 @@ fn configs_from_metadata() {
 /// Compare one model's de-quantized tensors with transformers'.
 fn check_tensors(name: &str) -> usize {
     let fx = fixture(&format!("{name}.tensors.json"));
-    let model = gguf::load(&common::model_path(name)).expect("load");
+    let model = kvcredit::model::gguf::load(&common::model_path(name)).expect("load");
     let by_name: HashMap<&str, &Tensor> =
         model.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     if model.config.tie_word_embeddings {
@@ -186,8 +186,8 @@ fn tensors_match_transformers_gemma3() {
 fn logits_max_abs(name: &str) -> f64 {
     let fx = fixture(&format!("{name}.logits.json"));
     let t0 = std::time::Instant::now();
-    let mut model = gguf::load(&common::model_path(name)).expect("load");
-    println!("{name}: gguf::load took {:.2?}", t0.elapsed());
+    let mut model = kvcredit::model::gguf::load(&common::model_path(name)).expect("load");
+    println!("{name}: model::gguf::load took {:.2?}", t0.elapsed());
     let ids: Vec<i64> = fx["token_ids"]
         .as_array()
         .expect("ids")

@@ -274,6 +274,7 @@ fn the_recorded_model_hash_is_the_files_own() {
         &kvcredit::runtime::ModelSource::Gguf {
             path: path.clone(),
             name: None,
+            digests: None,
         },
         kvcredit::runtime::Dtype::Fp32,
         tch::Device::Cpu,

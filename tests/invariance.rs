@@ -13,7 +13,7 @@ mod common;
 
 use common::*;
 use kvcredit::config::ArchConfig;
-use kvcredit::exec::invariance::{self, CheckOptions, Report};
+use kvcredit::model::invariance::{self, CheckOptions, Report};
 use kvcredit::model::synthetic;
 use kvcredit::{Decoder, ExecPolicy, Result};
 use std::path::PathBuf;

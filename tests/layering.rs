@@ -1,5 +1,7 @@
 //! Static layering rules over `src/`, read from the source text: no import cycle between
-//! modules. Each rule is checked on the crate and, as a negative control, on a synthetic input
+//! modules; top-level modules in layers, each importing only its own layer or lower ones (test
+//! code aside); no function over a length limit; no environment reads or process globals below
+//! the CLI. Each rule is checked on the crate and, as a negative control, on a synthetic input
 //! that breaks it.
 //!
 //! The module graph has one node per file (`src/credit/spec.rs` is `credit::spec`,
@@ -438,6 +440,407 @@ fn cycle_finder_reports_a_synthetic_cycle() {
     assert!(cycles(&acyclic).is_empty());
 }
 
+/// The top-level modules (`src/<name>/` or `src/<name>.rs`) by layer, low to high. A module
+/// imports modules of its own layer or lower ones, never a higher one, and no two top-level
+/// modules import each other, directly or through others (test code aside).
+const LAYERS: [(&str, &[&str]); 7] = [
+    (
+        "foundation",
+        &[
+            "error",
+            "config",
+            "gguf",
+            "tokenizer",
+            "nvrtc",
+            "cuda_graph",
+            "scoped",
+            "profile",
+            "stats",
+        ],
+    ),
+    ("core", &["kv_cache", "exec", "model", "sampling"]),
+    ("decode", &["decode", "generate"]),
+    (
+        "study runtime and io",
+        &["io", "registry", "chat", "tasks", "runtime", "study"],
+    ),
+    (
+        "studies, their analyses and reports",
+        &[
+            "credit",
+            "divergence",
+            "spectrum",
+            "eval",
+            "analysis",
+            "check",
+            "seed",
+        ],
+    ),
+    ("bench", &["bench"]),
+    ("cli", &["cli"]),
+];
+
+/// Imports between top-level modules that break the layering, each with where it is and where
+/// the named item belongs. The list only shrinks: an import that is gone must leave it.
+const LAYERING_PENDING: [(&str, &str, &str); 5] = [
+    (
+        "io",
+        "credit",
+        "io/schema.rs: the campaign's records (manifest, columns, pass types) belong to credit, \
+         the shared RunHeader to study",
+    ),
+    (
+        "io",
+        "runtime",
+        "io/schema.rs: Dtype in the campaign manifest (as above)",
+    ),
+    (
+        "io",
+        "tasks",
+        "io/schema.rs: TaskRecord in the campaign manifest (as above)",
+    ),
+    (
+        "analysis",
+        "divergence",
+        "analysis/divergence*.rs: divergence's analysis belongs to divergence",
+    ),
+    (
+        "analysis",
+        "spectrum",
+        "analysis/mod.rs: spectrum::eval::variant_label for the spectrum pass's label",
+    ),
+];
+
+/// The files without their test code (`*tests.rs` files, `#[cfg(test)] mod` blocks): what the
+/// library itself is built from.
+fn library_code(files: Vec<SourceFile>) -> Vec<SourceFile> {
+    static TEST_MOD: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{").expect("regex"));
+    files
+        .into_iter()
+        .filter(|f| !f.path.ends_with("tests.rs"))
+        .map(|mut f| {
+            if let Some(m) = TEST_MOD.find(&f.code) {
+                f.code.truncate(m.start());
+            }
+            f
+        })
+        .collect()
+}
+
+/// The layering as the failure message prints it: one line per layer, low to high.
+fn layering_text(layers: &[(&str, &[&str])]) -> String {
+    layers
+        .iter()
+        .enumerate()
+        .map(|(i, (name, modules))| format!("  {i} {name}: {}", modules.join(", ")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What breaks the layering in `top` (the graph between top-level modules), with the `pending`
+/// imports set aside: modules in no layer (and layer entries that are no module), imports of a
+/// higher layer, cycles, and pending imports that are gone.
+fn layering_violations(
+    top: &Graph,
+    layers: &[(&str, &[&str])],
+    pending: &[(&str, &str, &str)],
+) -> Vec<String> {
+    let layer_of: BTreeMap<&str, usize> = layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, ms))| ms.iter().map(move |m| (*m, i)))
+        .collect();
+    let mut out = Vec::new();
+    for m in top.keys().filter(|m| !layer_of.contains_key(m.as_str())) {
+        out.push(format!("module `{m}` is in no layer: add it to LAYERS"));
+    }
+    for m in layer_of.keys().filter(|m| !top.contains_key(**m)) {
+        out.push(format!("LAYERS names `{m}`, which is no module"));
+    }
+    let set_aside: BTreeSet<(&str, &str)> = pending.iter().map(|(a, b, _)| (*a, *b)).collect();
+    for (a, b) in &set_aside {
+        if !top.get(*a).is_some_and(|tos| tos.contains(*b)) {
+            out.push(format!(
+                "`{a}` no longer imports `{b}`: remove it from LAYERING_PENDING"
+            ));
+        }
+    }
+    let mut kept = Graph::new();
+    for (from, tos) in top {
+        let entry = kept.entry(from.clone()).or_default();
+        for to in tos {
+            if set_aside.contains(&(from.as_str(), to.as_str())) {
+                continue;
+            }
+            entry.insert(to.clone());
+            if let (Some(&i), Some(&j)) = (layer_of.get(from.as_str()), layer_of.get(to.as_str()))
+                && j > i
+            {
+                out.push(format!(
+                    "`{from}` ({}) imports `{to}` ({}), a higher layer",
+                    layers[i].0, layers[j].0
+                ));
+            }
+        }
+    }
+    out.extend(
+        cycles(&kept)
+            .iter()
+            .map(|c| format!("import cycle: {}", c.join(" -> "))),
+    );
+    out
+}
+
+#[test]
+fn top_level_modules_follow_the_layering() {
+    let files = library_code(source_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+    ));
+    let top = top_level(&module_graph(&files));
+    assert!(top.len() > 25, "read {} top-level modules", top.len());
+    assert!(top["credit"].contains("decode"), "edges are read");
+    let bad = layering_violations(&top, &LAYERS, &LAYERING_PENDING);
+    assert!(
+        bad.is_empty(),
+        "the top-level modules break the layering (low to high):\n{}\n\n  {}",
+        layering_text(&LAYERS),
+        bad.join("\n  ")
+    );
+}
+
+/// A synthetic graph with an import of a higher layer, a cycle inside one layer, a module in
+/// no layer, a layer entry that is no module, and a pending import that is gone: each is
+/// reported. The same graph with those fixed passes.
+#[test]
+fn layering_check_flags_a_synthetic_graph() {
+    let graph = |edges: &[(&str, &str)], nodes: &[&str]| {
+        let mut g = Graph::new();
+        for n in nodes {
+            g.entry(n.to_string()).or_default();
+        }
+        for (a, b) in edges {
+            g.entry(a.to_string()).or_default().insert(b.to_string());
+            g.entry(b.to_string()).or_default();
+        }
+        g
+    };
+    let layers: [(&str, &[&str]); 3] = [
+        ("low", &["config", "gguf", "tokenizer"]),
+        ("core", &["exec", "model", "gone"]),
+        ("high", &["cli"]),
+    ];
+    let bad = graph(
+        &[
+            ("gguf", "tokenizer"),
+            ("tokenizer", "gguf"),
+            ("exec", "cli"),
+            ("model", "exec"),
+            ("stray", "config"),
+        ],
+        &["config", "cli"],
+    );
+    let pending = [("model", "config", "moved already")];
+    assert_eq!(
+        layering_violations(&bad, &layers, &pending),
+        vec![
+            "module `stray` is in no layer: add it to LAYERS".to_string(),
+            "LAYERS names `gone`, which is no module".into(),
+            "`model` no longer imports `config`: remove it from LAYERING_PENDING".into(),
+            "`exec` (core) imports `cli` (high), a higher layer".into(),
+            "import cycle: gguf -> tokenizer -> gguf".into(),
+        ]
+    );
+    let layers: [(&str, &[&str]); 3] = [
+        ("low", &["config", "gguf", "tokenizer"]),
+        ("core", &["exec", "model"]),
+        ("high", &["cli"]),
+    ];
+    let good = graph(
+        &[
+            ("tokenizer", "gguf"),
+            ("cli", "exec"),
+            ("model", "exec"),
+            ("model", "config"),
+        ],
+        &["config", "cli", "gguf"],
+    );
+    assert_eq!(
+        layering_violations(&good, &layers, &pending),
+        Vec::<String>::new()
+    );
+    let cyclic = graph(
+        &[
+            ("tokenizer", "gguf"),
+            ("gguf", "tokenizer"),
+            ("model", "config"),
+        ],
+        &["config", "cli", "exec"],
+    );
+    assert_eq!(
+        layering_violations(&cyclic, &layers, &[("gguf", "tokenizer", "set aside")]),
+        Vec::<String>::new(),
+        "a pending import is set aside"
+    );
+}
+
+/// The top-level modules the library builds without feature `studies` (`make check-core`):
+/// the core and what it needs.
+const CORE: [&str; 15] = [
+    "config",
+    "cuda_graph",
+    "decode",
+    "error",
+    "exec",
+    "generate",
+    "gguf",
+    "kv_cache",
+    "model",
+    "nvrtc",
+    "profile",
+    "sampling",
+    "scoped",
+    "stats",
+    "tokenizer",
+];
+
+/// Crates only the studies use (their Rust names), optional behind feature `studies`.
+const STUDY_CRATES: [&str; 6] = [
+    "arrow_array",
+    "arrow_schema",
+    "indicatif",
+    "parquet",
+    "plotters",
+    "polars",
+];
+
+/// Why the core would not build without feature `studies`, read statically: a core file that
+/// names a study crate or imports a module outside the core, a `pub mod` in `lib.rs` gated
+/// otherwise than as [`CORE`] says, or a study crate in `Cargo.toml` that is not an optional
+/// dependency of `studies`.
+fn core_violations(
+    files: &[SourceFile],
+    lib_rs: &str,
+    cargo_toml: &str,
+    core: &[&str],
+) -> Vec<String> {
+    static CRATE_PATH: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(&format!(r"(?:^|[^:\w])({})\s*::", STUDY_CRATES.join("|"))).expect("regex")
+    });
+    static MOD: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r#"(?m)^(#\[cfg\(feature\s*=\s*""\)\]\s*)?pub mod (\w+);"#).expect("regex")
+    });
+    let mut out = Vec::new();
+    let in_core = |m: &str| core.contains(&m.split("::").next().unwrap_or(m));
+    for f in files.iter().filter(|f| in_core(&f.module[0])) {
+        if let Some(c) = CRATE_PATH.captures(&f.code) {
+            out.push(format!("{}: names the study crate `{}`", f.path, &c[1]));
+        }
+    }
+    let top = top_level(&module_graph(files));
+    for (from, tos) in top.iter().filter(|(m, _)| in_core(m)) {
+        for to in tos.iter().filter(|t| !in_core(t)) {
+            out.push(format!(
+                "core module `{from}` imports `{to}`, outside the core"
+            ));
+        }
+    }
+    for c in MOD.captures_iter(&strip_comments_and_strings(lib_rs)) {
+        match (c.get(1).is_some(), in_core(&c[2])) {
+            (true, true) => out.push(format!("lib.rs gates core module `{}`", &c[2])),
+            (false, false) => out.push(format!(
+                "lib.rs builds `{}` without feature `studies`",
+                &c[2]
+            )),
+            _ => {}
+        }
+    }
+    let studies = cargo_toml
+        .lines()
+        .find(|l| l.starts_with("studies = ["))
+        .unwrap_or("");
+    for name in STUDY_CRATES.map(|c| c.replace('_', "-")) {
+        let Some(dep) = cargo_toml
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")))
+        else {
+            continue;
+        };
+        if !dep.contains("optional = true") || !studies.contains(&format!("\"dep:{name}\"")) {
+            out.push(format!(
+                "Cargo.toml: `{name}` is not an optional dependency of feature `studies`"
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_core_builds_without_the_study_crates() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = library_code(source_files(&root.join("src")));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).expect("readable");
+    assert!(
+        files
+            .iter()
+            .filter(|f| CORE.contains(&f.module[0].as_str()))
+            .count()
+            > 20,
+        "core files are read"
+    );
+    let bad = core_violations(&files, &read("src/lib.rs"), &read("Cargo.toml"), &CORE);
+    assert!(
+        bad.is_empty(),
+        "the core ({}) must build without feature `studies`:\n  {}",
+        CORE.join(", "),
+        bad.join("\n  ")
+    );
+}
+
+/// Synthetic sources: a core file naming `parquet::` (and one naming only a module called
+/// `parquet` inside the crate, which is fine), a core file importing a study module, `lib.rs`
+/// gating a core module and not gating a study one, and a study crate that is not optional.
+#[test]
+fn core_check_flags_synthetic_study_crates_and_imports() {
+    let file = |path: &str, module: &str, text: &str| SourceFile {
+        path: path.into(),
+        module: module.split("::").map(String::from).collect(),
+        is_dir_module: false,
+        code: strip_comments_and_strings(text),
+    };
+    let files = [
+        file(
+            "exec/write.rs",
+            "exec::write",
+            "fn f() { let w = parquet::arrow::ArrowWriter::try_new(); }",
+        ),
+        file(
+            "model.rs",
+            "model",
+            "use crate::io::parquet::Table; // plotters::x\nfn g() { \"indicatif::Bar\"; }",
+        ),
+        file("io/parquet.rs", "io::parquet", "use parquet::file;"),
+    ];
+    let lib_rs = "pub mod model;\n#[cfg(feature = \"studies\")]\npub mod exec;\npub mod io;\n";
+    let cargo = "[dependencies]\nparquet = { version = \"60\", optional = true }\nplotters = \"0.3\"\n\n[features]\nstudies = [\"dep:parquet\"]\n";
+    assert_eq!(
+        core_violations(&files, lib_rs, cargo, &["exec", "model"]),
+        vec![
+            "exec/write.rs: names the study crate `parquet`".to_string(),
+            "core module `model` imports `io`, outside the core".into(),
+            "lib.rs gates core module `exec`".into(),
+            "lib.rs builds `io` without feature `studies`".into(),
+            "Cargo.toml: `plotters` is not an optional dependency of feature `studies`".into(),
+        ]
+    );
+    let lib_rs = "pub mod exec;\npub mod model;\n#[cfg(feature = \"studies\")]\npub mod io;\n";
+    let cargo = "parquet = { version = \"60\", optional = true }\nstudies = [\"dep:parquet\"]\n";
+    assert_eq!(
+        core_violations(&files[2..], lib_rs, cargo, &["exec", "model"]),
+        Vec::<String>::new()
+    );
+}
+
 /// Functions longer than this many lines (signature to closing brace) are split into named
 /// helpers.
 const MAX_FN_LINES: usize = 150;
@@ -598,10 +1001,7 @@ fn function_length_check_flags_a_synthetic_long_function() {
 
 /// Files below the CLI that still read the environment, each with what it reads. The list only
 /// shrinks: a file that stops reading must leave it.
-const ENV_READS_PENDING: [(&str, &str); 1] = [(
-    "registry.rs",
-    "KVCREDIT_HOME, HOME (the cache root), KVCREDIT_PYTHON (pip's Python)",
-)];
+const ENV_READS_PENDING: [(&str, &str); 0] = [];
 
 /// Process-wide or thread-local state below the CLI that is not a run setting.
 const GLOBALS_NOT_SETTINGS: [(&str, &str); 2] = [
@@ -614,10 +1014,8 @@ const GLOBALS_NOT_SETTINGS: [(&str, &str); 2] = [
 
 /// Run settings still held in process globals with thread-local overrides (filled from
 /// `ExecSettings` by the CLI). The list only shrinks.
-const SETTING_GLOBALS_PENDING: [(&str, &str); 2] = [
-    ("exec/glue.rs", "the glue kernels' default and override"),
-    ("sampling.rs", "the sampler's default and override"),
-];
+const SETTING_GLOBALS_PENDING: [(&str, &str); 1] =
+    [("sampling.rs", "the sampler's default and override")];
 
 /// Non-test files (outside `cli/` and `main.rs`) that read the environment, and those that hold
 /// an atomic `static` or a `thread_local!`.

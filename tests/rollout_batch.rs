@@ -13,7 +13,8 @@ use kvcredit::sampling::{NoiseKey, Sampling};
 use kvcredit::tasks::Prompt;
 
 fn model() -> LoadedModel {
-    let src = ModelSource::resolve("smollm2-135m-instruct").expect("model pulled (make models)");
+    let src = ModelSource::resolve("smollm2-135m-instruct", &common::registry_paths())
+        .expect("model pulled (make models)");
     runtime::load(&src, Dtype::Fp32, tch::Device::Cpu).expect("model loads")
 }
 

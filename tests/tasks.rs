@@ -64,8 +64,7 @@ fn the_guides_own_task_runs_through_eval_campaign_and_analyze() {
         ]
     );
     let path = |p: &str| dir.join(p).to_string_lossy().into_owned();
-    let data_sha =
-        kvcredit::credit::sha256_hex(&std::fs::read(dir.join("capitals.jsonl")).unwrap());
+    let data_sha = kvcredit::io::sha256_hex(&std::fs::read(dir.join("capitals.jsonl")).unwrap());
 
     // Eval.
     let rows = path("eval.parquet");

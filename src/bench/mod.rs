@@ -275,7 +275,7 @@ pub struct BenchReport {
     #[serde(default)]
     pub sampler_check: Option<SamplerCheck>,
     /// The fused glue against the ATen ops, bitwise ([`glue::check_fused`], and
-    /// [`glue::check_model`] on the bench's model and prompt under every policy benched); run
+    /// [`crate::model::invariance::check_glue`] on the bench's model and prompt under every policy benched); run
     /// whenever the fused glue can run on the device.
     #[serde(default)]
     pub glue_check: Option<GlueCheck>,
@@ -445,7 +445,12 @@ pub fn run(
         report.glue_check = attempt(&mut errors, "fused glue check", || {
             let mut check = glue::check_fused(device, cfg.seed)?;
             for &kind in &cfg.policies {
-                let (n, bad) = glue::check_model(model, &kind.with_tiles(tiles), &prompt, 8)?;
+                let (n, bad) = crate::model::invariance::check_glue(
+                    model,
+                    &kind.with_tiles(tiles),
+                    &prompt,
+                    8,
+                )?;
                 check.logits_elements += n;
                 check.logits_mismatches += bad;
             }

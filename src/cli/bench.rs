@@ -145,7 +145,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         decoder: model,
         what,
         shape,
-    } = a.model.load(run.dtype, device)?;
+    } = a.model.load(run.dtype, device, run.exec.glue)?;
     let cfg = BenchConfig {
         policies,
         tiles: Some(run.exec.tiles),

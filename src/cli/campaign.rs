@@ -1,7 +1,7 @@
 //! `kvcredit campaign run SPEC.toml [--shard i/N]`: a three-pass credit campaign, or one shard
 //! of its problems; `kvcredit campaign validate SPEC...`: check specs without running them;
 //! `kvcredit campaign merge DIRS... --out DIR`: the shards' run folders as one.
-use super::run_args::{RunArgs, RunConfig};
+use super::run_args::{RunArgs, RunConfig, registry_paths};
 use anyhow::Context;
 use kvcredit::credit::{
     CampaignSpec, RunOptions, ShardSpec, finished_run, merge_campaign, run_campaign,
@@ -163,8 +163,13 @@ pub(super) fn load_model(
     cfg: &RunConfig,
     allow_extrapolation: bool,
 ) -> anyhow::Result<LoadedModel> {
-    let mut model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
+    let mut model = runtime::load(
+        &ModelSource::resolve(&spec.model, &registry_paths())?,
+        cfg.dtype,
+        cfg.device,
+    )?;
     model.decoder.limit_context(!allow_extrapolation);
+    model.decoder.set_glue(cfg.exec.glue);
     Ok(model)
 }
 
@@ -193,7 +198,7 @@ fn validate(specs: &[PathBuf]) -> anyhow::Result<()> {
     for path in specs {
         let (spec, sha) = CampaignSpec::load(path)?;
         let (task, problems) = spec.task().with_context(|| format!("{}", path.display()))?;
-        if ModelSource::resolve(&spec.model).is_err() {
+        if ModelSource::resolve(&spec.model, &registry_paths()).is_err() {
             kvcredit::registry::find(&spec.model)
                 .with_context(|| format!("{}: model `{}`", path.display(), spec.model))?;
         }

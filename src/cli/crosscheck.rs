@@ -1,5 +1,6 @@
 //! `kvcredit crosscheck`: teacher-forced logits on a device/dtype against CPU fp32.
 use super::model_args::ModelArgs;
+use super::run_args::registry_paths;
 use anyhow::bail;
 use kvcredit::model::synthetic;
 use kvcredit::runtime::{self, Dtype, ModelSource};
@@ -27,7 +28,9 @@ pub struct Args {
 /// Load the model under test (or the CPU fp32 reference) in `dtype` on `device`.
 fn load(a: &Args, dtype: Dtype, device: Device) -> anyhow::Result<Decoder> {
     let mut decoder = match (&a.model.model, &a.model.synthetic) {
-        (Some(m), _) => runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
+        (Some(m), _) => {
+            runtime::load(&ModelSource::resolve(m, &registry_paths())?, dtype, device)?.decoder
+        }
         (None, Some(name)) => {
             // Weights are drawn on the CPU in fp32 so every device and dtype sees the same values.
             let cfg = synthetic::config(name)?;

@@ -1,6 +1,6 @@
 //! `kvcredit divergence run SPEC.toml`: a cache-ON vs cache-OFF divergence study;
 //! `kvcredit divergence analyze RUN_DIR...`: its report.
-use super::run_args::RunArgs;
+use super::run_args::{RunArgs, registry_paths};
 use kvcredit::divergence::{DivergenceSpec, RunOptions, run_study};
 use std::path::PathBuf;
 
@@ -92,6 +92,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
             out_dir: out_dir.clone(),
             quiet,
             exec: Some(cfg.exec),
+            registry: registry_paths(),
         },
     )?;
     println!(

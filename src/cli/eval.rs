@@ -1,6 +1,6 @@
 //! `kvcredit eval gsm8k` and `kvcredit eval run SPEC` (any `[task]`): accuracy with a
 //! confidence interval, per-problem rows to Parquet.
-use super::run_args::{Defaults, RunArgs};
+use super::run_args::{Defaults, RunArgs, registry_paths};
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcredit::PolicyKind;
 use kvcredit::eval::{self, EvalOptions, EvalSpec};
@@ -87,8 +87,13 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         dtype: Dtype::Fp32,
         policy: PolicyKind::Stock,
     })?;
-    let mut model = runtime::load(&ModelSource::resolve(&a.model)?, cfg.dtype, cfg.device)?;
+    let mut model = runtime::load(
+        &ModelSource::resolve(&a.model, &registry_paths())?,
+        cfg.dtype,
+        cfg.device,
+    )?;
     model.decoder.limit_context(!a.allow_extrapolation);
+    model.decoder.set_glue(cfg.exec.glue);
     let opts = EvalOptions {
         max_new_tokens: a.max_new_tokens.unwrap_or(task.max_new_tokens()),
         batch_size: a.batch_size,
@@ -139,8 +144,13 @@ fn run_spec(a: SpecArgs) -> anyhow::Result<()> {
         dtype: Dtype::Fp32,
         policy: PolicyKind::Stock,
     })?;
-    let mut model = runtime::load(&ModelSource::resolve(&model_name)?, cfg.dtype, cfg.device)?;
+    let mut model = runtime::load(
+        &ModelSource::resolve(&model_name, &registry_paths())?,
+        cfg.dtype,
+        cfg.device,
+    )?;
     model.decoder.limit_context(!a.allow_extrapolation);
+    model.decoder.set_glue(cfg.exec.glue);
     let opts = EvalOptions {
         max_new_tokens: a
             .max_new_tokens

@@ -1,5 +1,5 @@
 //! `kvcredit generate`: quick generation from a prompt or token ids.
-use super::run_args::{Defaults, RunArgs};
+use super::run_args::{Defaults, RunArgs, registry_paths};
 use anyhow::{Context, bail};
 use kvcredit::PolicyKind;
 use kvcredit::generate::{GenerateOptions, generate, generate_nocache};
@@ -50,9 +50,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dtype: Dtype::Fp32,
         policy: PolicyKind::Stock,
     })?;
-    let source = ModelSource::resolve(&a.model)?;
+    let source = ModelSource::resolve(&a.model, &registry_paths())?;
     let mut model = runtime::load(&source, cfg.dtype, cfg.device)?;
     model.decoder.limit_context(!a.allow_extrapolation);
+    model.decoder.set_glue(cfg.exec.glue);
     let prompt: Vec<i64> = match (&a.prompt, &a.ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {

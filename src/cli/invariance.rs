@@ -8,7 +8,7 @@ use kvcredit::bench::{self, BenchConfig, runners};
 use kvcredit::decode::engine::EngineMode;
 use kvcredit::decode::mask_check::{self, MaskCheckOptions};
 use kvcredit::exec::BiTiles;
-use kvcredit::exec::invariance::{self, CheckOptions};
+use kvcredit::model::invariance::{self, CheckOptions};
 use kvcredit::runtime::Dtype;
 use kvcredit::{Decoder, ExecPolicy, PolicyKind};
 use std::time::Instant;
@@ -161,7 +161,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         decoder: model,
         what,
         ..
-    } = a.model.load(cfg.dtype, cfg.device)?;
+    } = a.model.load(cfg.dtype, cfg.device, cfg.exec.glue)?;
     if a.bench {
         model.check_context(
             (a.bench_context + a.bench_steps + 2).max(a.bench_prefill),

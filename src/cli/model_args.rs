@@ -1,6 +1,8 @@
 //! The model choice shared by commands that run either a real or a synthetic model.
+use super::run_args::registry_paths;
 use anyhow::{Context, bail};
 use kvcredit::Decoder;
+use kvcredit::exec::glue::Glue;
 use kvcredit::model::synthetic;
 use kvcredit::runtime::{self, Dtype, ModelSource};
 use tch::Device;
@@ -39,11 +41,17 @@ pub struct Chosen {
 }
 
 impl ModelArgs {
-    /// Load the chosen model in `dtype` on `device` (synthetic weights are drawn there).
-    pub fn load(&self, dtype: Dtype, device: Device) -> anyhow::Result<Chosen> {
+    /// Load the chosen model in `dtype` on `device` (synthetic weights are drawn there), its
+    /// glue ops run by `glue` (`None`: the device's default).
+    pub fn load(&self, dtype: Dtype, device: Device, glue: Option<Glue>) -> anyhow::Result<Chosen> {
         let mut chosen = match (&self.model, &self.synthetic) {
             (Some(m), _) => Chosen {
-                decoder: runtime::load(&ModelSource::resolve(m)?, dtype, device)?.decoder,
+                decoder: runtime::load(
+                    &ModelSource::resolve(m, &registry_paths())?,
+                    dtype,
+                    device,
+                )?
+                .decoder,
                 what: m.clone(),
                 shape: None,
             },
@@ -56,6 +64,7 @@ impl ModelArgs {
             (None, None) => bail!("give --model or --synthetic"),
         };
         chosen.decoder.limit_context(!self.allow_extrapolation);
+        chosen.decoder.set_glue(glue);
         Ok(chosen)
     }
 }

@@ -1,4 +1,5 @@
 //! `kvcredit models list|pull|verify`: the model registry and its cache.
+use super::run_args::registry_paths;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvcredit::registry::{self, PullEvent, PullOptions};
 
@@ -29,8 +30,9 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Verify { name } => verify(name),
         Cmd::List => {
-            println!("cache: {}", registry::home()?.join("models").display());
-            for m in registry::list()? {
+            let paths = registry_paths();
+            println!("cache: {}", paths.home()?.join("models").display());
+            for m in registry::list(&paths)? {
                 let state = if m.pulled() { "pulled" } else { "-" };
                 println!(
                     "{:<30} {:>7.1} MB  {:<7} {}",
@@ -73,7 +75,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 python: None,
                 progress: Some(&progress),
             };
-            let path = registry::pull(&name, &opts)?;
+            let path = registry::pull(&registry_paths(), &name, &opts)?;
             bar.finish_and_clear();
             println!("{name}: {}", path.display());
             Ok(())
@@ -84,9 +86,10 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
 /// `models verify`: one line per model, `NAME: ok sha256 …` or the mismatch; an error naming
 /// the failed models when any differs.
 fn verify(name: Option<String>) -> anyhow::Result<()> {
+    let paths = registry_paths();
     let names: Vec<String> = match name {
         Some(n) => vec![n],
-        None => registry::list()?
+        None => registry::list(&paths)?
             .into_iter()
             .filter(|m| m.pulled())
             .map(|m| m.name)
@@ -98,7 +101,7 @@ fn verify(name: Option<String>) -> anyhow::Result<()> {
     }
     let mut bad = Vec::new();
     for n in &names {
-        match registry::verify(n) {
+        match registry::verify(&paths, n) {
             Ok(path) => println!(
                 "{n}: ok sha256 {} ({})",
                 registry::find(n)?.sha256,

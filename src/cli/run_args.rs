@@ -6,6 +6,7 @@
 use anyhow::bail;
 use kvcredit::decode::engine::EngineMode;
 use kvcredit::exec::glue::Glue;
+use kvcredit::registry::RegistryPaths;
 use kvcredit::runtime::{self, Dtype};
 use kvcredit::sampling::Sampler;
 use kvcredit::{ExecPolicy, ExecSettings, PolicyKind};
@@ -58,6 +59,16 @@ pub struct Defaults {
     pub dtype: Dtype,
     /// Policy when `--policy` is absent.
     pub policy: PolicyKind,
+}
+
+/// Where registry models are cached and which Python pulls them, read once from the
+/// environment: `KVCREDIT_HOME` (else `$HOME/.cache/kvcredit`) and `KVCREDIT_PYTHON`.
+pub fn registry_paths() -> RegistryPaths {
+    RegistryPaths::from_vars(
+        std::env::var_os("KVCREDIT_HOME"),
+        std::env::var_os("HOME"),
+        std::env::var_os("KVCREDIT_PYTHON"),
+    )
 }
 
 /// An `aten|fused` choice from the environment variable `var` (read through `env`); an unknown
@@ -115,7 +126,6 @@ impl RunArgs {
         let glue = env_choice(&env, "KVCREDIT_GLUE", "glue", Glue::parse)?;
         let exec = ExecSettings::resolve(device, tiles.as_deref(), engine, sampler, glue)?;
         kvcredit::sampling::set_default(exec.sampler);
-        kvcredit::exec::glue::set_default(exec.glue);
         Ok((device, name, exec))
     }
 

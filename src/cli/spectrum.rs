@@ -1,6 +1,6 @@
 //! `kvcredit spectrum …`: SpectrumKV evaluations (perplexity, NIAH, probe, TTFT) from a spec,
 //! and the decode worker of a real tiered transfer (`serve`; `send` is the prefill side).
-use super::run_args::{Defaults, RunArgs, RunConfig};
+use super::run_args::{Defaults, RunArgs, RunConfig, registry_paths};
 use anyhow::Context;
 use kvcredit::PolicyKind;
 use kvcredit::decode::engine::EngineMode;
@@ -74,7 +74,12 @@ impl WorkerModel {
             dtype: Dtype::Fp32,
             policy: PolicyKind::Stock,
         })?;
-        let model = runtime::load(&ModelSource::resolve(&self.model)?, cfg.dtype, cfg.device)?;
+        let mut model = runtime::load(
+            &ModelSource::resolve(&self.model, &registry_paths())?,
+            cfg.dtype,
+            cfg.device,
+        )?;
+        model.decoder.set_glue(cfg.exec.glue);
         Ok((model, cfg))
     }
 }
@@ -206,7 +211,12 @@ fn setup(a: &SpecArgs) -> anyhow::Result<Setup> {
         .run
         .resolve_spec("spectrum", &spec.device, spec.dtype, spec.policy)?;
     spec.device = cfg.device_name.clone();
-    let model = runtime::load(&ModelSource::resolve(&spec.model)?, cfg.dtype, cfg.device)?;
+    let mut model = runtime::load(
+        &ModelSource::resolve(&spec.model, &registry_paths())?,
+        cfg.dtype,
+        cfg.device,
+    )?;
+    model.decoder.set_glue(cfg.exec.glue);
     spec.check_positions(&model.decoder)?;
     let out = a
         .out

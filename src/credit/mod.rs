@@ -12,11 +12,3 @@ pub mod spec;
 
 pub use campaign::{Manifest, RunOptions, ShardSpec, finished_run, merge_campaign, run_campaign};
 pub use spec::{CampaignSpec, Pass};
-
-use crate::io::hex;
-use sha2::{Digest, Sha256};
-
-/// Lower-case hex SHA-256 of some bytes.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}

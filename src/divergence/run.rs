@@ -87,6 +87,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Tiles as resolved from the command's arguments (`None`: the device's defaults).
     pub exec: Option<ExecSettings>,
+    /// Where registry models are cached.
+    pub registry: crate::registry::RegistryPaths,
 }
 
 fn shard_dir(out: &Path, dtype: Dtype, problem: usize) -> PathBuf {
@@ -100,7 +102,7 @@ fn shard_dir(out: &Path, dtype: Dtype, problem: usize) -> PathBuf {
 pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) -> Result<Manifest> {
     let out = &opts.out_dir;
     let device = runtime::parse_device(&spec.device)?;
-    let source = ModelSource::resolve(&spec.model)?;
+    let source = ModelSource::resolve(&spec.model, &opts.registry)?;
     let (task, problems) = spec.task()?;
     let settings = opts.exec.unwrap_or_else(|| ExecSettings::defaults(device));
     let policy = settings.policy(spec.policy);
@@ -118,12 +120,15 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         if pending.is_empty() && manifest.is_some() {
             continue;
         }
-        let model = runtime::load(&source, dtype, device)?;
+        let load = |dtype| -> Result<runtime::LoadedModel> {
+            let mut model = runtime::load(&source, dtype, device)?;
+            model.decoder.set_glue(settings.glue);
+            Ok(model)
+        };
+        let model = load(dtype)?;
         // The fp32 half of the fixed-prefix 2×2 (replay step of a 16-bit dtype).
         let fp32 = match (&spec.steps.replay, dtype) {
-            (Some(_), Dtype::Fp16 | Dtype::Bf16) => {
-                Some(runtime::load(&source, Dtype::Fp32, device)?)
-            }
+            (Some(_), Dtype::Fp16 | Dtype::Bf16) => Some(load(Dtype::Fp32)?),
             _ => None,
         };
         let sets = match &spec.steps.patch {

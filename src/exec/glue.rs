@@ -6,17 +6,14 @@
 //! Both implementations round to the element type at the same places with the same correctly
 //! rounded fp32 operations, so the choice changes no result and is not recorded; its check,
 //! [`check_fused`], compares them bit for bit on every element type, with a negative control
-//! that leaves one rounding out. [`Glue::for_device`] says which one runs.
+//! that leaves one rounding out. [`Glue::resolve`] says which one runs: the choice travels as a
+//! value, from the run's [`super::ExecSettings`] through the decoder to each op.
 use super::fused::{self, dtype_code, grid, typed_kernel};
 use super::{AttnParams, ExecPolicy};
 use crate::config::Activation;
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
-use crate::model::rope;
-use crate::model::{Decoder, LogitsAt};
 use crate::nvrtc::Arg;
 use crate::{Error, Result};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};
 
 const SOURCE: &str = concat!(
@@ -33,13 +30,6 @@ pub enum Glue {
     Aten,
     /// `kernels/glue.cu` compiled with NVRTC (CUDA only).
     Fused,
-}
-
-/// The process default: 0 none (the device's), 1 ATen, 2 fused.
-static DEFAULT: AtomicU8 = AtomicU8::new(0);
-
-thread_local! {
-    static OVERRIDE: Cell<Option<Glue>> = const { Cell::new(None) };
 }
 
 impl Glue {
@@ -70,46 +60,22 @@ impl Glue {
         Ok(())
     }
 
-    /// The implementation used on `device`: the calling thread's [`with_glue`] override, else
-    /// the process default ([`set_default`]: the CLI's resolved `KVCREDIT_GLUE`), else fused
-    /// where it can run, else ATen.
-    pub fn for_device(device: Device) -> Glue {
-        if let Some(g) = OVERRIDE.with(Cell::get) {
-            return if crate::nvrtc::available(device) {
-                g
-            } else {
-                Glue::Aten
-            };
-        }
-        match DEFAULT.load(Ordering::Relaxed) {
-            1 => Glue::Aten,
+    /// The implementation that runs on `device` when `asked` (`None`: the device's default):
+    /// ATen when asked, else fused where it can run, else ATen.
+    pub fn resolve(asked: Option<Glue>, device: Device) -> Glue {
+        match asked {
+            Some(Glue::Aten) => Glue::Aten,
             _ if crate::nvrtc::available(device) => Glue::Fused,
             _ => Glue::Aten,
         }
     }
 }
 
-/// Set the process default (`None`: the device's). The CLI calls it once, with the glue its
-/// run arguments resolved.
-pub fn set_default(glue: Option<Glue>) {
-    let code = match glue {
-        None => 0,
-        Some(Glue::Aten) => 1,
-        Some(Glue::Fused) => 2,
-    };
-    DEFAULT.store(code, Ordering::Relaxed);
-}
-
-/// Run `f` with `glue` on this thread (the previous choice is restored; ATen where the fused
-/// glue cannot run).
-pub fn with_glue<T>(glue: Glue, f: impl FnOnce() -> T) -> T {
-    crate::scoped::scoped(&OVERRIDE, glue, f)
-}
-
-/// The implementation for `x`: fused where it runs and handles `x`'s element type.
-fn glue_for(x: &Tensor) -> Glue {
+/// The implementation that runs `glue` on `x`: `glue` where it runs and handles `x`'s element
+/// type, else ATen.
+fn glue_for(glue: Glue, x: &Tensor) -> Glue {
     if dtype_code(x.kind()).is_some() {
-        Glue::for_device(x.device())
+        Glue::resolve(Some(glue), x.device())
     } else {
         Glue::Aten
     }
@@ -121,6 +87,16 @@ fn int(v: i64, what: &str) -> Result<i32> {
 
 fn blocks(n: i64) -> Result<u32> {
     grid((n + THREADS - 1) / THREADS)
+}
+
+/// Rotate `x` (`[B, H, T, D]`) by the given angles (`sin` with its first half negated, as the
+/// model's RoPE table returns it). Bitwise the same as Hugging Face's
+/// `x·cos + rotate_half(x)·sin`: `rotate_half(x)·sin` is `[−x₂·s, x₁·s]` and `roll(x)·signed`
+/// is `[x₂·(−s), x₁·s]`, equal since IEEE products are sign-symmetric.
+pub fn rope_apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.size()[3] / 2;
+    let rotated = x.f_roll([half], [3])?;
+    Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
 }
 
 /// Where a forward pass writes a layer's new K/V rows.
@@ -138,17 +114,18 @@ pub(crate) struct CacheWrite<'a> {
 }
 
 /// RoPE on the query and key heads of `qkv` (`[B, T, (Hq + 2 Hkv) · D]`, `heads` = (Hq, Hkv,
-/// D)) with `cos`, `sin` (`[B, 1, T, D]`, see [`rope::apply`]), the new keys and values written
-/// to the cache: the rotated queries `[B, Hq, T, D]` and the keys and values attended
+/// D)) with `cos`, `sin` (`[B, 1, T, D]`, see [`rope_apply`]), the new keys and values written
+/// to the cache by `glue`: the rotated queries `[B, Hq, T, D]` and the keys and values attended
 /// (`[B, Hkv, L, D]`).
 pub(crate) fn rope_write(
+    glue: Glue,
     qkv: &Tensor,
     heads: (i64, i64, i64),
     cos: &Tensor,
     sin: &Tensor,
     to: CacheWrite,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    rope_write_with(glue_for(qkv), qkv, heads, cos, sin, to)
+    rope_write_with(glue_for(glue, qkv), qkv, heads, cos, sin, to)
 }
 
 fn rope_write_with(
@@ -181,7 +158,7 @@ fn rope_write_with(
             .f_narrow(-1, 0, (hq + hkv) * d)?
             .f_view([b, t, hq + hkv, d])?
             .f_transpose(1, 2)?;
-        let qk = rope::apply(&qk, cos, sin)?;
+        let qk = rope_apply(&qk, cos, sin)?;
         let (k_all, v_all) = to.cache.write(
             to.layer,
             &qk.f_narrow(1, hq, hkv)?,
@@ -232,9 +209,10 @@ fn rope_write_with(
 
 /// Softmax's input from raw attention scores `s` (`[B, Hkv, G · T, L]`): `s · scale`,
 /// soft-capped if asked, plus the mask (`[B, 1, 1, T, L]`), as `[B, Hkv, G, T, L]` (fp32 from
-/// the fused kernel, `s`'s type from the ATen ops: softmax takes both to the same fp32 values).
+/// the fused kernel, `s`'s type from the ATen ops: softmax takes both to the same fp32 values),
+/// by `p.glue`.
 pub(crate) fn softmax_input(s: &Tensor, p: &AttnParams, group: i64) -> Result<Tensor> {
-    softmax_input_with(glue_for(s), s, p, group)
+    softmax_input_with(glue_for(p.glue, s), s, p, group)
 }
 
 fn softmax_input_with(glue: Glue, s: &Tensor, p: &AttnParams, group: i64) -> Result<Tensor> {
@@ -275,11 +253,11 @@ fn softmax_input_with(glue: Glue, s: &Tensor, p: &AttnParams, group: i64) -> Res
 }
 
 /// `silu(gate) · up` from `gu` (`[..., 2 · I]`: gate columns, then up) by the fused kernel, or
-/// `None` where the fused glue does not run (the caller runs the ATen ops,
+/// `None` where `glue` is not the fused one there (the caller runs the ATen ops,
 /// [`ExecPolicy::gated`]). The batch-invariant policy's own activation kernel has the same
 /// formula, rounded at the same place, so its callers may take either.
-pub(crate) fn fused_silu_mul(gu: &Tensor, inter: i64) -> Result<Option<Tensor>> {
-    if glue_for(gu) == Glue::Fused && gu.is_contiguous() {
+pub(crate) fn fused_silu_mul(glue: Glue, gu: &Tensor, inter: i64) -> Result<Option<Tensor>> {
+    if glue_for(glue, gu) == Glue::Fused && gu.is_contiguous() {
         Ok(Some(silu_mul(gu, inter, false)?))
     } else {
         Ok(None)
@@ -316,7 +294,8 @@ pub struct GlueCheck {
     pub elements: i64,
     /// Of those, the ones whose bits differ between the fused kernels and the ATen ops.
     pub mismatches: i64,
-    /// Logits of a real forward pass compared ([`check_model`]; 0 when it did not run).
+    /// Logits of a real forward pass compared
+    /// ([`crate::model::invariance::check_glue`]; 0 when it did not run).
     #[serde(default)]
     pub logits_elements: i64,
     /// Of those, the ones whose bits differ between the two glues.
@@ -426,6 +405,7 @@ pub fn check_fused(device: Device, seed: u64) -> Result<GlueCheck> {
                 softcap: None,
                 mask: &mask,
                 scratch: None,
+                glue,
             };
             Ok(softmax_input_with(glue, &s, &p, g)?.f_softmax(-1, Kind::Float)?)
         };
@@ -476,55 +456,8 @@ pub fn check_fused(device: Device, seed: u64) -> Result<GlueCheck> {
     })
 }
 
-/// Logits of `model` under `policy` with each glue, compared bitwise: a prefill of `prompt`
-/// into two rows (one slice write), the second row cut back three positions, then `steps`
-/// greedy decode steps over the now ragged rows (scattered writes). `(elements, mismatches)`.
-pub fn check_model(
-    model: &Decoder,
-    policy: &ExecPolicy,
-    prompt: &[i64],
-    steps: usize,
-) -> Result<(i64, i64)> {
-    Glue::Fused.check_device(model.device())?;
-    let n = prompt.len() as i64;
-    if n < 4 {
-        return Err(Error::Spec(format!(
-            "the glue's model check needs a prompt of at least 4 tokens, got {n}"
-        )));
-    }
-    let run = |glue: Glue| -> Result<Vec<Tensor>> {
-        with_glue(glue, || {
-            let mut cache = model.new_cache(2, n + steps as i64 + 1)?;
-            let ids = Tensor::f_from_slice(prompt)?
-                .f_view([1, n])?
-                .f_repeat([2, 1])?;
-            let mut logits = model.forward(&ids, &mut cache, policy, &LogitsAt::Last)?;
-            cache.truncate(&[n, n - 3])?;
-            let mut out = Vec::new();
-            for _ in 0..steps {
-                let next = logits.f_argmax(-1, false)?.f_view([2, 1])?;
-                out.push(logits);
-                logits = model.forward(&next, &mut cache, policy, &LogitsAt::Last)?;
-            }
-            out.push(logits);
-            Ok(out)
-        })
-    };
-    let (a, f) = (run(Glue::Aten)?, run(Glue::Fused)?);
-    let mut elements = 0;
-    let mut mismatches = 0;
-    for (a, f) in a.iter().zip(&f) {
-        elements += a.numel() as i64;
-        mismatches += bits(a)?
-            .f_ne_tensor(&bits(f)?)?
-            .f_sum(Kind::Int64)?
-            .f_int64_value(&[])?;
-    }
-    Ok((elements, mismatches))
-}
-
 /// A tensor's bits as integers of its width (so that NaNs compare by payload).
-fn bits(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn bits(x: &Tensor) -> Result<Tensor> {
     Ok(match x.kind() {
         Kind::Float => x.f_view_dtype(Kind::Int)?,
         Kind::Half | Kind::BFloat16 => x.f_view_dtype(Kind::Int16)?,
@@ -550,10 +483,16 @@ mod tests {
 
     #[test]
     fn the_cpu_runs_the_aten_ops_whatever_is_asked() {
-        assert_eq!(Glue::for_device(Device::Cpu), Glue::Aten);
-        with_glue(Glue::Fused, || {
-            assert_eq!(Glue::for_device(Device::Cpu), Glue::Aten);
-        });
+        for asked in [None, Some(Glue::Aten), Some(Glue::Fused)] {
+            assert_eq!(Glue::resolve(asked, Device::Cpu), Glue::Aten);
+        }
+        assert_eq!(
+            Glue::resolve(Some(Glue::Aten), Device::Cuda(0)),
+            Glue::Aten,
+            "ATen is run where it is asked for, whatever the device"
+        );
+        let x = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+        assert_eq!(glue_for(Glue::Fused, &x), Glue::Aten);
         assert!(Glue::Fused.check_device(Device::Cpu).is_err());
         assert!(Glue::Aten.check_device(Device::Cpu).is_ok());
         assert!(matches!(check_fused(Device::Cpu, 1), Err(Error::Spec(_))));
@@ -569,7 +508,7 @@ mod tests {
         let cos = Tensor::ones([b, 1, t, d], (Kind::Float, Device::Cpu));
         let sin = Tensor::zeros([b, 1, t, d], (Kind::Float, Device::Cpu));
         let positions = Tensor::from_slice(&[0i64, 1, 2, 5, 6, 7]).view([b, t]);
-        let glue = glue_for(&qkv);
+        let glue = glue_for(Glue::Fused, &qkv);
         assert_eq!(glue, Glue::Aten);
         let (q, k, v) =
             rope_write_fresh(glue, &qkv, (hq, hkv, d), (&cos, &sin), &positions, cap).unwrap();

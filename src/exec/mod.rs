@@ -3,14 +3,14 @@
 //!
 //! The policy is picked once per run and handed to [`crate::model::Decoder::forward`]; model
 //! code calls the ops here and never branches on the policy itself. [`batch_invariant`]
-//! explains the batch-invariant implementation; [`invariance`] holds the checks of it.
+//! explains the batch-invariant implementation; [`crate::model::invariance`] holds the checks
+//! of it.
 use crate::config::Activation;
 use tch::{Kind, Tensor};
 
 pub mod batch_invariant;
 mod fused;
 pub mod glue;
-pub mod invariance;
 mod stock;
 
 pub use batch_invariant::{BiKernels, BiTiles, TileOverrides};
@@ -130,6 +130,8 @@ pub struct AttnParams<'a> {
     pub mask: &'a Tensor,
     /// Scratch shared by every attention call over this mask in one forward pass, if any.
     pub scratch: Option<&'a AttnScratch>,
+    /// The glue that scales, caps and masks the scores (fused where it runs).
+    pub glue: glue::Glue,
 }
 
 /// Tensors derived from one mask and shape, shared by the attention calls of the layers of a
@@ -221,8 +223,14 @@ impl ExecPolicy {
     }
 
     /// The gated MLP's `act(gate) · up` from `gu` (`[..., 2 · inter]`: gate columns, then up
-    /// columns), in `gu`'s dtype.
-    pub fn gated(&self, gu: &Tensor, inter: i64, act: Activation) -> crate::Result<Tensor> {
+    /// columns), in `gu`'s dtype; the SiLU product by `glue` where it is fusable.
+    pub fn gated(
+        &self,
+        gu: &Tensor,
+        inter: i64,
+        act: Activation,
+        glue: glue::Glue,
+    ) -> crate::Result<Tensor> {
         // The fused glue's SiLU product is bitwise both the stock ops and the fused
         // batch-invariant activation kernel followed by the product.
         let fusable = act == Activation::Silu
@@ -230,7 +238,7 @@ impl ExecPolicy {
                 ExecPolicy::Stock => true,
                 ExecPolicy::BatchInvariant(t) => t.kernels == BiKernels::Fused,
             };
-        if fusable && let Some(y) = glue::fused_silu_mul(gu, inter)? {
+        if fusable && let Some(y) = glue::fused_silu_mul(glue, gu, inter)? {
             return Ok(y);
         }
         let gate = gu.f_narrow(-1, 0, inter)?;
@@ -336,10 +344,7 @@ impl ExecSettings {
 
     /// The glue kernels these settings run on `device` (`aten` or `fused`).
     pub fn glue_name(&self, device: tch::Device) -> String {
-        self.glue
-            .unwrap_or_else(|| glue::Glue::for_device(device))
-            .name()
-            .to_string()
+        glue::Glue::resolve(self.glue, device).name().to_string()
     }
 
     /// `device`'s default tiles and the engine `auto` stands for there.

@@ -1,6 +1,7 @@
 //! Real models shipped as GGUF files: container parsing ([`reader`]), de-quantization to
-//! `f32` ([`dequant`]), and the mapping onto the generic decoder: an [`ArchConfig`] from the
-//! metadata and float32 tensors under Hugging Face checkpoint names, with llama.cpp's
+//! `f32` ([`dequant`]), and the mapping onto the generic decoder's inputs: an [`ArchConfig`]
+//! from the metadata and float32 tensors under Hugging Face checkpoint names (the decoder is
+//! built from them by [`crate::model::gguf`]), with llama.cpp's
 //! conversion quirks undone so they equal what transformers' GGUF loader produces:
 //!
 //! - `llama`-architecture q/k projections were row-permuted by llama.cpp's converter for its
@@ -20,59 +21,8 @@ pub use dequant::GgmlType;
 pub use reader::{GgufFile, TensorInfo, Value};
 
 use crate::config::{Activation, Arch, ArchConfig, LayerKind, Rope, RopeScaling};
-use crate::model::{Decoder, Weights};
 use crate::{Error, Result};
-use std::path::Path;
-use tch::{Device, Kind, Tensor};
-
-/// Everything needed to run a GGUF checkpoint.
-pub struct GgufModel {
-    /// Architecture read from the metadata.
-    pub config: ArchConfig,
-    /// Float32 CPU tensors under Hugging Face names (`lm_head.weight` absent when tied).
-    pub tensors: Vec<(String, Tensor)>,
-    /// Tokenizer rebuilt from the metadata.
-    pub tokenizer: tokenizers::Tokenizer,
-    /// Jinja chat template (`tokenizer.chat_template`), if the file has one.
-    pub chat_template: Option<String>,
-    /// Beginning-of-sequence id.
-    pub bos_token_id: Option<u32>,
-    /// End-of-generation ids, EOS first.
-    pub eos_token_ids: Vec<u32>,
-    /// Whether plain text should start with BOS (`encode(text, true)` adds it).
-    pub add_bos: bool,
-}
-
-impl GgufModel {
-    /// Move the tensors into a [`Decoder`] of the given dtype/device (the tensor list is left
-    /// empty; tokenizer and template stay available).
-    pub fn take_decoder(&mut self, kind: Kind, device: Device) -> Result<Decoder> {
-        let tensors = std::mem::take(&mut self.tensors);
-        Decoder::from_weights(
-            self.config.clone(),
-            Weights::from_named(tensors, kind, device),
-        )
-    }
-}
-
-/// Read a GGUF file: configuration, de-quantized tensors, tokenizer and chat template.
-pub fn load(path: &Path) -> Result<GgufModel> {
-    let g = GgufFile::open(path)?;
-    let tok = crate::tokenizer::from_gguf(&g)?;
-    let mut config = config_from_gguf(&g)?;
-    config.bos_token_id = tok.bos_token_id;
-    config.eos_token_ids = tok.eos_token_ids.clone();
-    let tensors = load_tensors(&g, &config)?;
-    Ok(GgufModel {
-        config,
-        tensors,
-        tokenizer: tok.tokenizer,
-        chat_template: tok.chat_template,
-        bos_token_id: tok.bos_token_id,
-        eos_token_ids: tok.eos_token_ids,
-        add_bos: tok.add_bos,
-    })
-}
+use tch::Tensor;
 
 /// The GGUF architecture name of a family, and the family of a GGUF architecture name.
 fn arch_of(name: &str) -> Result<Arch> {

@@ -142,6 +142,12 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Lower-case hex SHA-256 of some bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex(&Sha256::digest(bytes))
+}
+
 /// Write `bytes` to `path` atomically (temporary file `.<name>.tmp-<pid>` in the same folder,
 /// then rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {

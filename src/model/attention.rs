@@ -2,9 +2,8 @@
 //! (per head, or over all heads at once as in OLMo-2), RoPE and the cache write (fused where [`glue`] runs), grouped-query attention through the
 //! execution policy, output projection.
 use super::norm::RmsNorm;
-use super::rope;
 use crate::Result;
-use crate::exec::glue::{self, CacheWrite};
+use crate::exec::glue::{self, CacheWrite, Glue};
 use crate::exec::{AttnParams, AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvWrite};
 use tch::Tensor;
@@ -57,7 +56,7 @@ pub struct Attention {
 pub struct LayerInputs<'a> {
     /// RoPE cosines `[B, 1, T, D]`.
     pub cos: &'a Tensor,
-    /// RoPE sines `[B, 1, T, D]`, first half negated (see [`rope::apply`]).
+    /// RoPE sines `[B, 1, T, D]`, first half negated (see [`glue::rope_apply`]).
     pub sin: &'a Tensor,
     /// Additive mask `[B, 1, 1, T, L]`.
     pub mask: &'a Tensor,
@@ -69,6 +68,8 @@ pub struct LayerInputs<'a> {
     pub key_len: i64,
     /// Scratch shared by the layers attending under `mask`.
     pub scratch: &'a AttnScratch,
+    /// The glue that applies RoPE, writes the cache and scales and masks the scores.
+    pub glue: Glue,
 }
 
 impl Attention {
@@ -128,20 +129,21 @@ impl Attention {
                     .f_transpose(1, 2)?;
                 let q = n.apply(&n.q, &qkv.f_narrow(-1, 0, hq * d)?, hq, d, policy)?;
                 let k = n.apply(&n.k, &qkv.f_narrow(-1, hq * d, hkv * d)?, hkv, d, policy)?;
-                let q = rope::apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
-                let k = rope::apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
+                let q = glue::rope_apply(&q.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
+                let k = glue::rope_apply(&k.f_transpose(1, 2)?, inputs.cos, inputs.sin)?;
                 let (k_all, v_all) =
                     to.cache
                         .write(to.layer, &k, &v, to.write, to.positions, to.key_len)?;
                 (q, k_all, v_all)
             }
-            None => glue::rope_write(&qkv, (hq, hkv, d), inputs.cos, inputs.sin, to)?,
+            None => glue::rope_write(inputs.glue, &qkv, (hq, hkv, d), inputs.cos, inputs.sin, to)?,
         };
         let params = AttnParams {
             scale: self.scale,
             softcap: self.softcap,
             mask: inputs.mask,
             scratch: Some(inputs.scratch),
+            glue: inputs.glue,
         };
         let out = policy.attention(&q, &k_all, &v_all, &params)?;
         let out = out.f_transpose(1, 2)?.f_reshape([b, t, hq * d])?;
@@ -165,6 +167,6 @@ impl Attention {
             Some(n) => n.apply(&n.q, &q, hq, d, policy)?,
             None => q.f_view([b, t, hq, d])?,
         };
-        rope::apply(&q.f_transpose(1, 2)?, cos, sin)
+        glue::rope_apply(&q.f_transpose(1, 2)?, cos, sin)
     }
 }

@@ -2,6 +2,7 @@
 use crate::Result;
 use crate::config::Activation;
 use crate::exec::ExecPolicy;
+use crate::exec::glue::Glue;
 use tch::Tensor;
 
 /// Gated MLP of one layer.
@@ -24,10 +25,10 @@ impl Mlp {
         })
     }
 
-    /// Apply to `x` (`[B, T, hidden]`).
-    pub fn forward(&self, x: &Tensor, policy: &ExecPolicy) -> Result<Tensor> {
+    /// Apply to `x` (`[B, T, hidden]`), the SiLU product by `glue` where it is fusable.
+    pub fn forward(&self, x: &Tensor, policy: &ExecPolicy, glue: Glue) -> Result<Tensor> {
         let gu = policy.linear(x, &self.gate_up, None)?;
-        let act = policy.gated(&gu, self.intermediate, self.activation)?;
+        let act = policy.gated(&gu, self.intermediate, self.activation, glue)?;
         policy.linear(&act, &self.down, None)
     }
 }

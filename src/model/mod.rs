@@ -11,7 +11,9 @@
 //! Prefill (many tokens per row) and decode (one token per row) are the same call,
 //! [`Decoder::forward`]; a full recompute without cache is a forward over a fresh cache.
 mod attention;
+pub mod gguf;
 pub mod hooks;
+pub mod invariance;
 mod mlp;
 mod norm;
 pub(crate) mod rope;
@@ -19,6 +21,7 @@ pub mod synthetic;
 pub mod weights;
 
 use crate::config::{ArchConfig, Dims, LayerKind};
+use crate::exec::glue::Glue;
 use crate::exec::{AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
 use crate::{Error, Result};
@@ -53,6 +56,8 @@ struct StepInputs<'a> {
     key_len: i64,
     /// Where the new K/V rows go.
     write: KvWrite,
+    /// The glue the layers run.
+    glue: Glue,
 }
 
 struct Layer {
@@ -91,6 +96,8 @@ pub struct Decoder {
     device: Device,
     /// Refuse forwards past `max_position_embeddings` (see [`Decoder::limit_context`]).
     limit_positions: bool,
+    /// The glue ops' implementation (see [`Decoder::set_glue`]).
+    glue: Glue,
 }
 
 impl Decoder {
@@ -267,6 +274,7 @@ impl Decoder {
             kind,
             device,
             limit_positions: false,
+            glue: Glue::resolve(None, device),
         })
     }
 
@@ -277,6 +285,18 @@ impl Decoder {
     /// given `--allow-extrapolation`.
     pub fn limit_context(&mut self, on: bool) {
         self.limit_positions = on;
+    }
+
+    /// Run the glue ops with `glue` (`None`: the device's default), where it can run
+    /// ([`Glue::resolve`]): the run's [`crate::ExecSettings::glue`]. Both glues compute bitwise
+    /// the same values.
+    pub fn set_glue(&mut self, glue: Option<Glue>) {
+        self.glue = Glue::resolve(glue, self.device);
+    }
+
+    /// The glue this decoder's forward passes run.
+    pub fn glue(&self) -> Glue {
+        self.glue
     }
 
     /// The most positions a sequence may use: `Some(`[`ArchConfig::context_length`]`)` while
@@ -347,7 +367,7 @@ impl Decoder {
         at: &LogitsAt,
         hook: &mut dyn ForwardHook,
     ) -> Result<Tensor> {
-        self.forward_keyed(tokens, cache, policy, at, hook, 0)
+        self.forward_keyed(tokens, cache, policy, at, hook, (0, self.glue))
     }
 
     /// [`Self::forward`] attending over `key_pad` more key positions than the rows need
@@ -362,9 +382,30 @@ impl Decoder {
         at: &LogitsAt,
         key_pad: i64,
     ) -> Result<Tensor> {
-        self.forward_keyed(tokens, cache, policy, at, &mut NoHook, key_pad.max(0))
+        self.forward_keyed(
+            tokens,
+            cache,
+            policy,
+            at,
+            &mut NoHook,
+            (key_pad.max(0), self.glue),
+        )
     }
 
+    /// [`Self::forward`] under `glue` (the glue compared by
+    /// [`invariance::check_glue`]).
+    pub(crate) fn forward_with_glue(
+        &self,
+        tokens: &Tensor,
+        cache: &mut KvCache,
+        policy: &ExecPolicy,
+        at: &LogitsAt,
+        glue: Glue,
+    ) -> Result<Tensor> {
+        self.forward_keyed(tokens, cache, policy, at, &mut NoHook, (0, glue))
+    }
+
+    /// The forward pass attending over `key_pad` extra key positions, with `glue`.
     fn forward_keyed(
         &self,
         tokens: &Tensor,
@@ -372,7 +413,7 @@ impl Decoder {
         policy: &ExecPolicy,
         at: &LogitsAt,
         hook: &mut dyn ForwardHook,
-        key_pad: i64,
+        (key_pad, glue): (i64, Glue),
     ) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
         let dims = tokens.size();
@@ -417,6 +458,7 @@ impl Decoder {
             positions: &positions,
             key_len,
             write,
+            glue,
         };
         let logits = self.forward_inputs(&inputs, cache, policy, at, hook)?;
         cache.advance(t);
@@ -467,6 +509,7 @@ impl Decoder {
             positions,
             key_len: cache.capacity(),
             write: KvWrite::Scatter,
+            glue: self.glue,
         };
         let logits = self.forward_inputs(&inputs, cache, policy, &LogitsAt::Last, &mut NoHook)?;
         cache.advance(1);
@@ -551,6 +594,7 @@ impl Decoder {
                 write: inputs.write,
                 key_len,
                 scratch: &mask.1,
+                glue: inputs.glue,
             };
             let mut site = |x: Tensor, site: Site| -> Result<Tensor> {
                 Ok(hook.on_sublayer(i, site, &x)?.unwrap_or(x))
@@ -560,7 +604,7 @@ impl Decoder {
             let a = site(maybe_norm(&layer.attn_out, a, policy)?, Site::AttnOut)?;
             let h_attn = h.f_add(&a)?;
             let x = maybe_norm(&layer.mlp_in, h_attn.shallow_clone(), policy)?;
-            let m = layer.mlp.forward(&x, policy)?;
+            let m = layer.mlp.forward(&x, policy, inputs.glue)?;
             let m = site(maybe_norm(&layer.mlp_out, m, policy)?, Site::MlpOut)?;
             h = h_attn.f_add(&m)?;
             if let Some(patched) = hook.on_residual(i, &h)? {

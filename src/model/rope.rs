@@ -261,7 +261,7 @@ impl RopeTable {
 
     /// `(cos, sin)` of shape `[B, 1, T, D]` in `kind` for absolute `positions` `[B, T]`, with
     /// the sign of `rotate_half` folded into the sines: the first half of `sin` is negated, so
-    /// that [`apply`] rotates with one `roll`.
+    /// that [`crate::exec::glue::rope_apply`] rotates with one `roll`.
     pub fn cos_sin(&self, positions: &Tensor, kind: Kind) -> Result<(Tensor, Tensor)> {
         let freqs = positions
             .f_to_kind(Kind::Float)?
@@ -284,16 +284,6 @@ impl RopeTable {
         )?;
         Ok((cos.f_to_kind(kind)?, signed))
     }
-}
-
-/// Rotate `x` (`[B, H, T, D]`) by the given angles (`sin` as [`RopeTable::cos_sin`] returns
-/// it). Bitwise the same as Hugging Face's `x·cos + rotate_half(x)·sin`: `rotate_half(x)·sin`
-/// is `[−x₂·s, x₁·s]` and `roll(x)·signed` is `[x₂·(−s), x₁·s]`, equal since IEEE products
-/// are sign-symmetric.
-pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let half = x.size()[3] / 2;
-    let rotated = x.f_roll([half], [3])?;
-    Ok(x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)?)
 }
 
 #[cfg(test)]

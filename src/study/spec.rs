@@ -38,7 +38,7 @@ pub fn load_spec<S: StudySpec>(path: &Path) -> Result<(S, String)> {
         spec.resolve_paths(dir);
     }
     spec.validate_loaded(&text)?;
-    Ok((spec, crate::credit::sha256_hex(text.as_bytes())))
+    Ok((spec, crate::io::sha256_hex(text.as_bytes())))
 }
 
 #[cfg(test)]
@@ -73,7 +73,7 @@ mod tests {
     fn loads_validates_and_hashes_the_bytes() {
         let (s, sha) = load_spec::<Tiny>(&write("ok.toml", "n = 3\n")).unwrap();
         assert_eq!(s.n, 3);
-        assert_eq!(sha, crate::credit::sha256_hex(b"n = 3\n"));
+        assert_eq!(sha, crate::io::sha256_hex(b"n = 3\n"));
         let (_, other) = load_spec::<Tiny>(&write("ok2.toml", "n = 3 \n")).unwrap();
         assert_ne!(sha, other, "the hash is of the bytes, not the parsed value");
     }

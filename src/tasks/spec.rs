@@ -357,7 +357,7 @@ impl TaskSpec {
         let recipe = self.prompt.clone().unwrap_or_default();
         let bytes =
             std::fs::read(file).map_err(|e| self.err(format!("{}: {e}", file.display())))?;
-        let sha256 = crate::credit::sha256_hex(&bytes);
+        let sha256 = crate::io::sha256_hex(&bytes);
         let rows = read_rows(file, &bytes).map_err(|m| self.err(m))?;
         if rows.is_empty() {
             return Err(self.err(format!("{} has no rows", file.display())));
@@ -838,7 +838,7 @@ impl SpecTask {
         let (file, file_sha256) = match self {
             SpecTask::Gsm8k(_) => (
                 None,
-                Some(crate::credit::sha256_hex(gsm8k::TEST_JSONL.as_bytes())),
+                Some(crate::io::sha256_hex(gsm8k::TEST_JSONL.as_bytes())),
             ),
             SpecTask::File(t) => (Some(t.file.display().to_string()), Some(t.sha256.clone())),
         };

@@ -56,7 +56,7 @@ fn a_jsonl_file_loads_with_its_mapping_and_hash() {
     let rec = task.record();
     assert_eq!(
         rec.file_sha256.as_deref(),
-        Some(crate::credit::sha256_hex(CAPITALS.as_bytes()).as_str())
+        Some(crate::io::sha256_hex(CAPITALS.as_bytes()).as_str())
     );
     assert_eq!(rec.prompt, "chat");
     // The gold may be a label, a 0-based index or a choice's text.
@@ -317,7 +317,7 @@ fn bundled_gsm8k_is_the_problems_table_task() {
     );
     assert_eq!(
         rec.file_sha256,
-        Some(crate::credit::sha256_hex(gsm8k::TEST_JSONL.as_bytes()))
+        Some(crate::io::sha256_hex(gsm8k::TEST_JSONL.as_bytes()))
     );
     for (text, needle) in [
         ("bundled = \"gsm8k\"\ncount = 2\n", "task.format"),

@@ -53,6 +53,15 @@ pub fn name(dir: &Path) -> String {
     dir.file_name().unwrap().to_string_lossy().into_owned()
 }
 
+/// The registry's cache and Python as the CLI resolves them, from this process's environment.
+pub fn registry_paths() -> kvcredit::registry::RegistryPaths {
+    kvcredit::registry::RegistryPaths::from_vars(
+        std::env::var_os("KVCREDIT_HOME"),
+        std::env::var_os("HOME"),
+        std::env::var_os("KVCREDIT_PYTHON"),
+    )
+}
+
 /// A registry model's file in the cache (`$KVCREDIT_HOME/models/<name>/<name>.gguf`, default
 /// `~/.cache/kvcredit`), failing with instructions when it is missing.
 pub fn model_path(name: &str) -> PathBuf {

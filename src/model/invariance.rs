@@ -1,6 +1,7 @@
-//! Batch-invariance checks (design invariant 4), shared by `tests/invariance.rs` and
-//! `kvcredit invariance`, in the style of vLLM's `test_decode_logprobs_match_prefill_logprobs`
-//! and its bs1-vs-bsN test.
+//! Checks that the decoder's outputs do not depend on how it is run: batch invariance under a
+//! policy (design invariant 4), shared by `tests/invariance.rs` and `kvcredit invariance`, in
+//! the style of vLLM's `test_decode_logprobs_match_prefill_logprobs` and its bs1-vs-bsN test;
+//! and the glue implementation ([`check_glue`]).
 //!
 //! Each trial draws (from a seeded generator) a probe sequence of `n` tokens split into a
 //! prompt of `p` tokens and `n − p` decoded tokens. The reference is one batch-1 prefill of all
@@ -17,6 +18,7 @@
 //!   all prompts (padding is random tokens, not zeros), then batched decode steps in which
 //!   every row advances from its own length.
 use crate::exec::ExecPolicy;
+use crate::exec::glue::{Glue, bits};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
 use crate::{Error, Result};
@@ -371,6 +373,54 @@ pub fn run(model: &Decoder, policy: ExecPolicy, opts: &CheckOptions) -> Result<R
         checks,
         vs_stock,
     })
+}
+
+/// Logits of `model` under `policy` with each glue, compared bitwise: a prefill of `prompt`
+/// into two rows (one slice write), the second row cut back three positions, then `steps`
+/// greedy decode steps over the now ragged rows (scattered writes). `(elements, mismatches)`.
+pub fn check_glue(
+    model: &Decoder,
+    policy: &ExecPolicy,
+    prompt: &[i64],
+    steps: usize,
+) -> Result<(i64, i64)> {
+    Glue::Fused.check_device(model.device())?;
+    let n = prompt.len() as i64;
+    if n < 4 {
+        return Err(Error::Spec(format!(
+            "the glue's model check needs a prompt of at least 4 tokens, got {n}"
+        )));
+    }
+    let run = |glue: Glue| -> Result<Vec<Tensor>> {
+        let forward = |ids: &Tensor, cache: &mut KvCache| {
+            model.forward_with_glue(ids, cache, policy, &LogitsAt::Last, glue)
+        };
+        let mut cache = model.new_cache(2, n + steps as i64 + 1)?;
+        let ids = Tensor::f_from_slice(prompt)?
+            .f_view([1, n])?
+            .f_repeat([2, 1])?;
+        let mut logits = forward(&ids, &mut cache)?;
+        cache.truncate(&[n, n - 3])?;
+        let mut out = Vec::new();
+        for _ in 0..steps {
+            let next = logits.f_argmax(-1, false)?.f_view([2, 1])?;
+            out.push(logits);
+            logits = forward(&next, &mut cache)?;
+        }
+        out.push(logits);
+        Ok(out)
+    };
+    let (a, f) = (run(Glue::Aten)?, run(Glue::Fused)?);
+    let mut elements = 0;
+    let mut mismatches = 0;
+    for (a, f) in a.iter().zip(&f) {
+        elements += a.numel() as i64;
+        mismatches += bits(a)?
+            .f_ne_tensor(&bits(f)?)?
+            .f_sum(Kind::Int64)?
+            .f_int64_value(&[])?;
+    }
+    Ok((elements, mismatches))
 }
 
 #[cfg(test)]
