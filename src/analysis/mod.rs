@@ -15,9 +15,6 @@
 //! println!("{}", out.report.display());
 //! # Ok::<(), kvcredit::Error>(())
 //! ```
-pub mod divergence;
-mod divergence_data;
-mod divergence_figures;
 pub mod identity;
 pub mod plot;
 pub mod read;

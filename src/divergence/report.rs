@@ -4,11 +4,12 @@
 //! and any Hugging Face reference (`hf-*.json` in a run dir) listed beside it. Reads the
 //! `pairs.parquet` and `forced.parquet` of `kvcredit divergence run` (and `patches.parquet`,
 //! `replay.parquet`, `drift.parquet` where present); writes the figures (PNG + SVG: rate bars,
-//! τ ECDF and drift here, the others in `divergence_figures.rs`), then `report.md` atomically,
+//! τ ECDF and drift here, the others in `figures.rs`), then `report.md` atomically,
 //! with a "Figures" section listing the ones written.
-pub use super::divergence_data::mcnemar_exact;
-use super::divergence_data::*;
-use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
+use super::analysis::*;
+use crate::analysis::plot::{
+    CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short,
+};
 use crate::stats::{wilson, wilson_rate as rate};
 use crate::{Error, Result};
 use plotters::coord::Shift;
@@ -270,17 +271,17 @@ pub fn write_report(run_dirs: &[PathBuf], out: &Path, level: f64) -> Result<Path
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let mut figures = write_figures(&cells, &drift, out, level)?;
-    let tables = super::divergence_figures::Tables {
+    let tables = super::figures::Tables {
         cells: &cells,
         forced: &forced,
         patches: &patches,
         replays: &replays,
     };
-    figures.extend(super::divergence_figures::write_all(&tables, out, level)?);
+    figures.extend(super::figures::write_all(&tables, out, level)?);
     // A figure skipped this time must not survive from an earlier analysis into this one.
     for stem in [RATE_STEM, TAU_STEM, DRIFT_STEM]
         .into_iter()
-        .chain(super::divergence_figures::STEMS)
+        .chain(super::figures::STEMS)
         .filter(|s| figures.iter().all(|f| f.0 != *s))
     {
         for ext in ["png", "svg"] {

@@ -1,12 +1,14 @@
 //! The figures of `kvcredit divergence analyze` past the rate bars, the τ ECDF and the drift
-//! curves (those stay in `divergence.rs`): accuracy ON/OFF with churn, log10 max|Δlogit| by
+//! curves (those are drawn in `report.rs`): accuracy ON/OFF with churn, log10 max|Δlogit| by
 //! dtype, flip rate vs position, the patch-recovery heatmap over layer ranges, transplant
 //! donor-following bars and divergence vs prefill chunk size. Each is drawn from the run-dir
-//! tables as `divergence.rs` reduced them, as PNG + SVG through [`render`]; a figure whose
+//! tables as [`super::analysis`] reads them, as PNG + SVG through [`render`]; a figure whose
 //! table is absent (or holds nothing it could draw) is skipped.
-use super::divergence_data::{Cells, Forced, PatchRow, ReplayRow};
-use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
+use super::analysis::{Cells, Forced, PatchRow, ReplayRow};
 use crate::Result;
+use crate::analysis::plot::{
+    CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short,
+};
 use crate::stats::wilson;
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::ValueFormatter;
@@ -345,7 +347,7 @@ fn accuracy(cells: &Cells, level: f64) -> Result<Option<HBarFigure>> {
             c.on_only,
             c.off_only,
             c.n,
-            super::divergence_data::mcnemar_exact(c.on_only, c.off_only)
+            super::analysis::mcnemar_exact(c.on_only, c.off_only)
         ));
     }
     let acc = vec![
@@ -863,7 +865,7 @@ fn range_name(lo: i64, hi: i64, n: i64) -> (usize, String) {
         "3rd quarter",
         "4th quarter",
     ];
-    let ranges = crate::divergence::replay::transplant_ranges(n.max(0) as usize);
+    let ranges = super::replay::transplant_ranges(n.max(0) as usize);
     match ranges
         .iter()
         .position(|&(a, b)| a as i64 == lo && b as i64 == hi)
