@@ -1,10 +1,10 @@
 //! The divergence study's tables as the report reads them: per-cell counts from
 //! `pairs.parquet`, teacher-forced metrics, patch, replay and drift rows, and the statistics
 //! over them (exact McNemar, paired bootstrap of ratios) that the report and its figures share.
-use crate::Result;
 use crate::analysis::read::Frame;
+use crate::{Error, Result};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One model × strategy × dtype cell of the report.
 #[derive(Debug, Clone, PartialEq)]
@@ -393,8 +393,11 @@ pub(super) fn read_replay(dir: &Path) -> Result<Vec<ReplayRow>> {
         .collect())
 }
 
+/// Per (model, dtype): the mean relative residual drift of each layer.
+pub(super) type Drift = BTreeMap<(String, String), Vec<f64>>;
+
 /// Per layer drift of one run dir: (model, dtype) → per layer mean relative residual drift.
-pub(super) fn read_drift(dir: &Path) -> Result<BTreeMap<(String, String), Vec<f64>>> {
+pub(super) fn read_drift(dir: &Path) -> Result<Drift> {
     let path = dir.join("drift.parquet");
     let mut out = BTreeMap::new();
     if !path.exists() {
@@ -424,4 +427,55 @@ pub(super) fn read_drift(dir: &Path) -> Result<BTreeMap<(String, String), Vec<f6
         );
     }
     Ok(out)
+}
+
+/// A Hugging Face reference file (`hf-*.json`) of a run dir: its path, its text and the models
+/// of the run dir's pairs it is set beside.
+pub(super) type HfFile = (PathBuf, String, Vec<String>);
+
+/// Every table of the run dirs, read and reduced.
+pub(super) struct Tables {
+    pub(super) cells: Cells,
+    pub(super) forced: Forced,
+    pub(super) patches: Vec<PatchRow>,
+    pub(super) replays: Vec<ReplayRow>,
+    pub(super) drift: Drift,
+    pub(super) hf: Vec<HfFile>,
+}
+
+/// Read the tables of every run dir (one per model), and its `hf-*.json` files in name order.
+pub(super) fn read_tables(run_dirs: &[PathBuf]) -> Result<Tables> {
+    let mut t = Tables {
+        cells: Cells::new(),
+        forced: Forced::new(),
+        patches: Vec::new(),
+        replays: Vec::new(),
+        drift: Drift::new(),
+        hf: Vec::new(),
+    };
+    for d in run_dirs {
+        let dir_cells = read_cells(d)?;
+        let mut models: Vec<String> = dir_cells.keys().map(|k| k.0.clone()).collect();
+        models.dedup();
+        t.cells.extend(dir_cells);
+        t.forced.extend(read_forced(d)?);
+        t.patches.extend(read_patches(d)?);
+        t.replays.extend(read_replay(d)?);
+        t.drift.extend(read_drift(d)?);
+        let entries = std::fs::read_dir(d).map_err(|e| Error::io(d, e))?;
+        let mut names: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("hf-") && n.ends_with(".json"))
+            })
+            .collect();
+        names.sort();
+        for p in names {
+            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+            t.hf.push((p, text, models.clone()));
+        }
+    }
+    Ok(t)
 }
