@@ -9,6 +9,10 @@
 //! ([`table`]), `report.md` ([`report`]) and two figures per treatment as PNG and SVG
 //! ([`plot`]).
 //!
+//! [`plot`] (the figure trait, PNG + SVG rendering, axes, palette) and [`read`]'s Parquet
+//! `Frame` are the report plumbing the other studies share:
+//! [`crate::divergence::report`] and [`crate::spectrum::report`] draw and read through them.
+//!
 //! ```no_run
 //! use kvcredit::analysis::{analyze, AnalyzeOptions};
 //! let out = analyze(&["runs/demo".into()], None, &AnalyzeOptions::default())?;
