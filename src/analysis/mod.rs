@@ -9,15 +9,16 @@
 //! ([`table`]), `report.md` ([`report`]) and two figures per treatment as PNG and SVG
 //! ([`plot`]).
 //!
+//! [`plot`] (the figure trait, PNG + SVG rendering, axes, palette) and [`read`]'s Parquet
+//! `Frame` are the report plumbing the other studies share:
+//! [`crate::divergence::report`] and [`crate::spectrum::report`] draw and read through them.
+//!
 //! ```no_run
 //! use kvcredit::analysis::{analyze, AnalyzeOptions};
 //! let out = analyze(&["runs/demo".into()], None, &AnalyzeOptions::default())?;
 //! println!("{}", out.report.display());
 //! # Ok::<(), kvcredit::Error>(())
 //! ```
-pub mod divergence;
-mod divergence_data;
-mod divergence_figures;
 pub mod identity;
 pub mod plot;
 pub mod read;

@@ -800,11 +800,11 @@ fn reproduction(out: &mut String, summaries: &[ConfigSummary], opts: &AnalyzeOpt
     }
 }
 
+/// One seed claim: its line, how its verdict reads, and its cell for a configuration.
+type Claim = (String, ClaimKind, Box<dyn Fn(&ConfigSummary) -> ClaimCell>);
+
 /// The seed claims, one line each, one verdict per stock configuration.
 fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions) {
-    let sp = &crate::seed::claims().credit;
-    let ai = Conditioning::AnyInformative;
-    let ti = Conditioning::TreatmentIndependent;
     let alpha = 1.0 - opts.level;
     let _ = write!(
         out,
@@ -827,23 +827,103 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
             .join(" | "),
         " --- |".repeat(stock.len()),
     );
-    let floor_text = || ClaimCell::Text(format!("{NOT_MEASURABLE} (structural-zero floor)"));
-    let excess_claim = |s: &ConfigSummary, c: Conditioning, seed: (f64, f64)| {
-        if !floor_measurable(s) {
-            return floor_text();
-        }
-        match row_of(s, c).and_then(|r| r.excess.as_ref().map(|e| (r, e))) {
-            Some((r, e)) => ClaimCell::Test {
-                p: e.bootstrap.map(|b| b.p_value),
-                claimed_side: e.estimate > 0.0,
-                note: overlaps(excess_ci(r), seed, 100.0).to_string(),
-            },
-            None => ClaimCell::Text("no test".into()),
-        }
-    };
-    let mostly = |s: &ConfigSummary, c: Conditioning| match row_of(s, c)
-        .and_then(|r| r.treatment.class_shares[0])
-    {
+    for (claim, kind, cell) in &credit_claims(opts) {
+        let cells = claim_verdicts(stock.iter().map(|s| cell(s)).collect(), *kind, opts);
+        let _ = writeln!(out, "| {claim} | {} |", cells.join(" | "));
+    }
+    out.push('\n');
+}
+
+/// The credit claims of the seed paper, its numbers from [`crate::seed::claims`].
+fn credit_claims(opts: &AnalyzeOptions) -> Vec<Claim> {
+    let sp = &crate::seed::claims().credit;
+    vec![
+        (
+            format!(
+                "re-feed excess above the replica floor > 0, any-informative (seed: {:+.0} to {:+.0} pp)",
+                sp.excess_pp.0, sp.excess_pp.1
+            ),
+            ClaimKind::Signed,
+            Box::new(move |s| {
+                excess_claim(s, Conditioning::AnyInformative, sp.excess_pp)
+            }),
+        ),
+        (
+            format!(
+                "re-feed excess > 0, treatment-independent (seed: {:+.0} to {:+.0} pp)",
+                sp.excess_ti_pp.0, sp.excess_ti_pp.1
+            ),
+            ClaimKind::Signed,
+            Box::new(move |s| {
+                excess_claim(s, Conditioning::TreatmentIndependent, sp.excess_ti_pp)
+            }),
+        ),
+        (
+            format!(
+                "problem-clustered t of the excess significant, any-informative (seed: t = {:.1} to {:.1})",
+                sp.clustered_t.0, sp.clustered_t.1
+            ),
+            ClaimKind::Signed,
+            Box::new(clustered_t_claim),
+        ),
+        (
+            format!(
+                "replica floor > 0 (seed: {:.0} to {:.0}%)",
+                100.0 * sp.floor.0,
+                100.0 * sp.floor.1
+            ),
+            ClaimKind::Signed,
+            Box::new(move |s| floor_claim(s, sp.floor)),
+        ),
+        (
+            format!(
+                "Jaccard(exact, refeed) below the replica ceiling, paired test at the first τ ≥ 1/2 (seed: {:.2}–{:.2} vs {:.2}–{:.2})",
+                sp.jaccard.0, sp.jaccard.1, sp.ceiling.0, sp.ceiling.1
+            ),
+            ClaimKind::Signed,
+            Box::new(move |s| jaccard_claim(s, sp.jaccard)),
+        ),
+        (
+            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), any-informative".into(),
+            ClaimKind::Signed,
+            Box::new(|s| mostly(s, Conditioning::AnyInformative)),
+        ),
+        (
+            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), treatment-independent".into(),
+            ClaimKind::Signed,
+            Box::new(|s| mostly(s, Conditioning::TreatmentIndependent)),
+        ),
+        (
+            "re-feed unbiased: mean(Â_refeed − Â_exact) equivalent to 0 (TOST), any-informative".into(),
+            ClaimKind::Equivalence(opts.equivalence_margin),
+            Box::new(unbiased_claim),
+        ),
+    ]
+}
+
+/// The cell of a claim relative to the replica floor where that floor is a structural zero.
+fn floor_text() -> ClaimCell {
+    ClaimCell::Text(format!("{NOT_MEASURABLE} (structural-zero floor)"))
+}
+
+/// Re-feed excess above the replica floor > 0 under `c`, its interval against the seed's.
+fn excess_claim(s: &ConfigSummary, c: Conditioning, seed: (f64, f64)) -> ClaimCell {
+    if !floor_measurable(s) {
+        return floor_text();
+    }
+    match row_of(s, c).and_then(|r| r.excess.as_ref().map(|e| (r, e))) {
+        Some((r, e)) => ClaimCell::Test {
+            p: e.bootstrap.map(|b| b.p_value),
+            claimed_side: e.estimate > 0.0,
+            note: overlaps(excess_ci(r), seed, 100.0).to_string(),
+        },
+        None => ClaimCell::Text("no test".into()),
+    }
+}
+
+/// Exact≠re-feed disagreements mostly zero-boundary crossings under `c`.
+fn mostly(s: &ConfigSummary, c: Conditioning) -> ClaimCell {
+    match row_of(s, c).and_then(|r| r.treatment.class_shares[0]) {
         Some(b) => ClaimCell::Test {
             p: Some(b.p_value),
             claimed_side: b.estimate > 0.5,
@@ -855,125 +935,71 @@ fn seed_claims(out: &mut String, stock: &[&ConfigSummary], opts: &AnalyzeOptions
             ),
         },
         None => ClaimCell::Text("no disagreements".into()),
-    };
-    type Claim<'a> = (
-        String,
-        ClaimKind,
-        Box<dyn Fn(&ConfigSummary) -> ClaimCell + 'a>,
-    );
-    let claims: Vec<Claim> = vec![
-        (
-            format!(
-                "re-feed excess above the replica floor > 0, any-informative (seed: {:+.0} to {:+.0} pp)",
-                sp.excess_pp.0, sp.excess_pp.1
-            ),
-            ClaimKind::Signed,
-            Box::new(move |s| excess_claim(s, ai, sp.excess_pp)),
-        ),
-        (
-            format!(
-                "re-feed excess > 0, treatment-independent (seed: {:+.0} to {:+.0} pp)",
-                sp.excess_ti_pp.0, sp.excess_ti_pp.1
-            ),
-            ClaimKind::Signed,
-            Box::new(move |s| excess_claim(s, ti, sp.excess_ti_pp)),
-        ),
-        (
-            format!(
-                "problem-clustered t of the excess significant, any-informative (seed: t = {:.1} to {:.1})",
-                sp.clustered_t.0, sp.clustered_t.1
-            ),
-            ClaimKind::Signed,
-            Box::new(move |s| {
-                if !floor_measurable(s) {
-                    return floor_text();
-                }
-                match row_of(s, ai)
-                    .and_then(|r| r.excess.as_ref())
-                    .map(|e| e.t_test)
-                {
-                    Some(t) => ClaimCell::Test {
-                        p: t.p_value,
-                        claimed_side: t.estimate > 0.0,
-                        note: String::new(),
-                    },
-                    None => ClaimCell::Text("no test".into()),
-                }
-            }),
-        ),
-        (
-            format!(
-                "replica floor > 0 (seed: {:.0} to {:.0}%)",
-                100.0 * sp.floor.0,
-                100.0 * sp.floor.1
-            ),
-            ClaimKind::Signed,
-            Box::new(move |s| {
-                if !floor_measurable(s) {
-                    return floor_text();
-                }
-                match row_of(s, ai) {
-                    Some(r) => ClaimCell::Test {
-                        p: r.replica.rate_p,
-                        claimed_side: r.replica.rate.is_some_and(|x| x > 0.0),
-                        note: overlaps(r.replica.rate_ci.map(|c| (c.lo, c.hi)), sp.floor, 1.0)
-                            .to_string(),
-                    },
-                    None => ClaimCell::Text("no test".into()),
-                }
-            }),
-        ),
-        (
-            format!(
-                "Jaccard(exact, refeed) below the replica ceiling, paired test at the first τ ≥ 1/2 (seed: {:.2}–{:.2} vs {:.2}–{:.2})",
-                sp.jaccard.0, sp.jaccard.1, sp.ceiling.0, sp.ceiling.1
-            ),
-            ClaimKind::Signed,
-            Box::new(move |s| {
-                if !floor_measurable(s) {
-                    return floor_text();
-                }
-                let (Some(r), Some(i)) = (row_of(s, ai), side_tau(s)) else {
-                    return ClaimCell::Text("no test".into());
-                };
-                match s.ceiling_gap.get(i).copied().flatten() {
-                    Some(g) => ClaimCell::Test {
-                        p: Some(g.p_value),
-                        claimed_side: g.estimate.is_some_and(|x| x > 0.0),
-                        note: overlaps(jaccard_ci(&r.treatment, i), sp.jaccard, 1.0).to_string(),
-                    },
-                    None => ClaimCell::Text("no test (empty unions)".into()),
-                }
-            }),
-        ),
-        (
-            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), any-informative".into(),
-            ClaimKind::Signed,
-            Box::new(move |s| mostly(s, ai)),
-        ),
-        (
-            "exact≠re-feed disagreements mostly zero-boundary crossings (share > 1/2), treatment-independent".into(),
-            ClaimKind::Signed,
-            Box::new(move |s| mostly(s, ti)),
-        ),
-        (
-            "re-feed unbiased: mean(Â_refeed − Â_exact) equivalent to 0 (TOST), any-informative".into(),
-            ClaimKind::Equivalence(opts.equivalence_margin),
-            Box::new(move |s| match row_of(s, ai) {
-                Some(r) => ClaimCell::Test {
-                    p: r.treatment.equivalence.map(|e| e.p_value),
-                    claimed_side: true,
-                    note: String::new(),
-                },
-                None => ClaimCell::Text("no test".into()),
-            }),
-        ),
-    ];
-    for (claim, kind, cell) in &claims {
-        let cells = claim_verdicts(stock.iter().map(|s| cell(s)).collect(), *kind, opts);
-        let _ = writeln!(out, "| {claim} | {} |", cells.join(" | "));
     }
-    out.push('\n');
+}
+
+/// The problem-clustered t of the excess significant, any-informative.
+fn clustered_t_claim(s: &ConfigSummary) -> ClaimCell {
+    if !floor_measurable(s) {
+        return floor_text();
+    }
+    match row_of(s, Conditioning::AnyInformative)
+        .and_then(|r| r.excess.as_ref())
+        .map(|e| e.t_test)
+    {
+        Some(t) => ClaimCell::Test {
+            p: t.p_value,
+            claimed_side: t.estimate > 0.0,
+            note: String::new(),
+        },
+        None => ClaimCell::Text("no test".into()),
+    }
+}
+
+/// Replica floor > 0, its interval against the seed's range.
+fn floor_claim(s: &ConfigSummary, seed: (f64, f64)) -> ClaimCell {
+    if !floor_measurable(s) {
+        return floor_text();
+    }
+    match row_of(s, Conditioning::AnyInformative) {
+        Some(r) => ClaimCell::Test {
+            p: r.replica.rate_p,
+            claimed_side: r.replica.rate.is_some_and(|x| x > 0.0),
+            note: overlaps(r.replica.rate_ci.map(|c| (c.lo, c.hi)), seed, 1.0).to_string(),
+        },
+        None => ClaimCell::Text("no test".into()),
+    }
+}
+
+/// Jaccard(exact, refeed) below the replica ceiling at the first τ ≥ 1/2 (paired test), its
+/// interval against the seed's Jaccard range.
+fn jaccard_claim(s: &ConfigSummary, seed: (f64, f64)) -> ClaimCell {
+    if !floor_measurable(s) {
+        return floor_text();
+    }
+    let (Some(r), Some(i)) = (row_of(s, Conditioning::AnyInformative), side_tau(s)) else {
+        return ClaimCell::Text("no test".into());
+    };
+    match s.ceiling_gap.get(i).copied().flatten() {
+        Some(g) => ClaimCell::Test {
+            p: Some(g.p_value),
+            claimed_side: g.estimate.is_some_and(|x| x > 0.0),
+            note: overlaps(jaccard_ci(&r.treatment, i), seed, 1.0).to_string(),
+        },
+        None => ClaimCell::Text("no test (empty unions)".into()),
+    }
+}
+
+/// Re-feed unbiased: mean(Â_refeed − Â_exact) equivalent to 0 by TOST, any-informative.
+fn unbiased_claim(s: &ConfigSummary) -> ClaimCell {
+    match row_of(s, Conditioning::AnyInformative) {
+        Some(r) => ClaimCell::Test {
+            p: r.treatment.equivalence.map(|e| e.p_value),
+            claimed_side: true,
+            note: String::new(),
+        },
+        None => ClaimCell::Text("no test".into()),
+    }
 }
 
 fn classes(out: &mut String, summaries: &[ConfigSummary], t: Pass) {

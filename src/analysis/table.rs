@@ -166,6 +166,13 @@ fn comparison(row: &mut Row, c: &Comparison) {
         format!("{vs}: percentile-bootstrap p-value of {p}_zero_boundary_share = 1/2 (\"mostly zero-boundary\")"),
         c.class_shares[0].map(|b| b.p_value),
     );
+    mean_diff_columns(row, c, &vs);
+    jaccard_columns(row, c, &vs);
+}
+
+/// The mean-zero check of one comparison: mean difference, its intervals, t and TOST p.
+fn mean_diff_columns(row: &mut Row, c: &Comparison, vs: &str) {
+    let p = c.pass.as_str();
     let md = c.mean_diff.as_ref();
     row.f(
         format!("{p}_mean_diff"),
@@ -200,6 +207,11 @@ fn comparison(row: &mut Row, c: &Comparison) {
         format!("{vs}: TOST p-value of |mean_diff| < equivalence_margin (max of the two one-sided t p-values; equivalence shown when below 1 − level; null if G < 2)"),
         c.equivalence.map(|e| e.p_value),
     );
+}
+
+/// The critical-set Jaccard of one comparison per τ, its interval and the set sizes.
+fn jaccard_columns(row: &mut Row, c: &Comparison, vs: &str) {
+    let p = c.pass.as_str();
     let j = &c.jaccard;
     row.put(
         format!("{p}_jaccard"),
@@ -270,8 +282,22 @@ fn t_test(row: &mut Row, prefix: &str, what: &str, t: Option<&TTest>) {
 }
 
 fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions) -> Row {
-    let m = &s.meta;
     let mut row = Row::default();
+    config_columns(&mut row, s, r);
+    comparison(&mut row, &r.replica);
+    comparison(&mut row, &r.treatment);
+    ceiling_gap_and_token_columns(&mut row, s);
+    factorial_columns(&mut row, s, r);
+    excess_columns(&mut row, s, r);
+    paired_columns(&mut row, s, r);
+    cost_and_output_columns(&mut row, s);
+    settings_columns(&mut row, opts);
+    row
+}
+
+/// The configuration, its conditioning and its counts of problems, keys and snapshot checks.
+fn config_columns(row: &mut Row, s: &ConfigSummary, r: &ConditioningSummary) {
+    let m = &s.meta;
     row.s("config", "configuration label (campaign name)", &m.config);
     row.s("model", "model label", &m.model);
     row.s("dtype", "dtype label", &m.dtype);
@@ -331,9 +357,12 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         "snapshot_hits / snapshot_checks (null without checks)",
         m.snapshot_hit_rate(),
     );
-    comparison(&mut row, &r.replica);
-    comparison(&mut row, &r.treatment);
-    let t = s.treatment.as_str();
+}
+
+/// The ceiling gap (replica − treatment Jaccard) per τ, the floor's status, and each pass's
+/// token identity with exact.
+fn ceiling_gap_and_token_columns(row: &mut Row, s: &ConfigSummary) {
+    let (m, t) = (&s.meta, s.treatment.as_str());
     let gap = &s.ceiling_gap;
     row.put(
         "ceiling_gap",
@@ -379,6 +408,11 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
             n.and_then(|n| n.share()),
         );
     }
+}
+
+/// The state × schedule factorial (refeed/spectrum treatments with a `_replica` twin).
+fn factorial_columns(row: &mut Row, s: &ConfigSummary, r: &ConditioningSummary) {
+    let t = s.treatment.as_str();
     let fr = s.factorial.as_ref().and_then(|f| {
         f.rows
             .iter()
@@ -433,6 +467,11 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
             e.and_then(|e| e.ci.map(|c| c.hi)),
         );
     }
+}
+
+/// The excess over the replica floor with its t test and bootstrap.
+fn excess_columns(row: &mut Row, s: &ConfigSummary, r: &ConditioningSummary) {
+    let t = s.treatment.as_str();
     let e = r.excess.as_ref();
     row.f(
         "excess",
@@ -450,7 +489,7 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         e.map_or(0, |e| e.n_problems),
     );
     t_test(
-        &mut row,
+        row,
         "excess",
         "linearized CR1 t test of the excess (delta method of the two ratio estimators; equals paired_cr1 under treatment_independent)",
         e.map(|e| &e.t_test),
@@ -472,6 +511,12 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         "replicates of that bootstrap with both eligible sets non-empty (the others are dropped)",
         Value::OptU64(eb.map(|b| b.ci.valid_reps as u64)),
     );
+}
+
+/// The paired differences D_j (cluster-mean and CR1 t tests) and the both-eligible
+/// sensitivity.
+fn paired_columns(row: &mut Row, s: &ConfigSummary, r: &ConditioningSummary) {
+    let t = s.treatment.as_str();
     let p = r.paired.as_ref();
     row.u(
         "paired_n",
@@ -501,13 +546,13 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         p.map(|p| p.cluster_mean.estimate),
     );
     t_test(
-        &mut row,
+        row,
         "paired_cm",
         "cluster-mean t test of paired_cm_estimate",
         p.map(|p| &p.cluster_mean),
     );
     t_test(
-        &mut row,
+        row,
         "paired_cr1",
         "CR1 t test of paired_mean",
         p.map(|p| &p.cr1),
@@ -533,6 +578,11 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         "CR1 p-value of D_j over both_n (sensitivity)",
         b.and_then(|b| b.cr1.p_value),
     );
+}
+
+/// The τ grid, the manifests' costs per pass and in total, and the output counts per pass.
+fn cost_and_output_columns(row: &mut Row, s: &ConfigSummary) {
+    let m = &s.meta;
     row.put(
         "tau",
         "critical-set thresholds m/K, m = 1..K (the index of every list column)",
@@ -618,6 +668,10 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         "… continuations",
         Value::U64(total.2),
     );
+}
+
+/// The analysis settings: bootstrap replicates and seed, level, equivalence margin.
+fn settings_columns(row: &mut Row, opts: &AnalyzeOptions) {
     row.put(
         "boot_reps",
         "cluster-bootstrap replicates per statistic",
@@ -638,7 +692,6 @@ fn summary_row(s: &ConfigSummary, r: &ConditioningSummary, opts: &AnalyzeOptions
         "margin of the mean-zero equivalence test (TOST), on the Â scale",
         Some(opts.equivalence_margin),
     );
-    row
 }
 
 fn rows(summaries: &[ConfigSummary], opts: &AnalyzeOptions) -> Vec<Row> {

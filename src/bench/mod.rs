@@ -25,7 +25,7 @@
 use crate::config::Dims;
 use crate::decode::engine::{self, EngineMode};
 use crate::exec::glue::{self, Glue, GlueCheck};
-use crate::exec::{BiTiles, PolicyKind};
+use crate::exec::{BiTiles, ExecPolicy, PolicyKind};
 use crate::model::Decoder;
 use crate::sampling::{self, Sampler, SamplerCheck};
 use crate::{Error, Result};
@@ -275,8 +275,8 @@ pub struct BenchReport {
     #[serde(default)]
     pub sampler_check: Option<SamplerCheck>,
     /// The fused glue against the ATen ops, bitwise ([`glue::check_fused`], and
-    /// [`crate::model::invariance::check_glue`] on the bench's model and prompt under every policy benched); run
-    /// whenever the fused glue can run on the device.
+    /// [`crate::model::invariance::check_glue`] on the bench's model and prompt under every
+    /// policy benched); run whenever the fused glue can run on the device.
     #[serde(default)]
     pub glue_check: Option<GlueCheck>,
     /// Baselines used for the ratios.
@@ -368,6 +368,46 @@ pub fn run(
     progress: &mut dyn Progress,
 ) -> Result<BenchReport> {
     let _guard = tch::no_grad_guard();
+    check_config(model, cfg)?;
+    let started = Instant::now();
+    let device = model.device();
+    let samplers = if cfg.samplers.is_empty() {
+        vec![Sampler::for_device(device)?]
+    } else {
+        cfg.samplers.clone()
+    };
+    for s in &samplers {
+        s.check_device(device)?;
+    }
+    let tiles = cfg.tiles.unwrap_or_else(|| BiTiles::for_device(device));
+    let vocab = model.config().vocab_size as i64;
+    let mut bench = Bench {
+        model,
+        cfg,
+        prompt: random_ids(cfg.prompt, vocab, cfg.seed),
+        report: empty_report(model, what, shape, cfg, tiles),
+        errors: Vec::new(),
+        progress,
+    };
+    bench.fused_checks(tiles, vocab);
+    let floor_ms = cfg
+        .bandwidth_gbs
+        .map(|bw| decode_weight_bytes(model) as f64 / (bw * 1e9) * 1e3);
+    for &kind in &cfg.policies {
+        let policy = kind.with_tiles(tiles);
+        bench.prefill_decode_profile(policy, floor_ms);
+        if !cfg.cont_batches.is_empty() {
+            bench.continuations(policy, &samplers);
+        }
+    }
+    let mut report = bench.report;
+    report.errors = bench.errors;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Positive prompt, steps and batch sizes, and a context that holds the longest sequence.
+fn check_config(model: &Decoder, cfg: &BenchConfig) -> Result<()> {
     if cfg.prompt == 0 || cfg.steps == 0 {
         return Err(Error::Spec(
             "bench: --prompt and --steps must be positive".into(),
@@ -389,22 +429,19 @@ pub fn run(
             "bench (--prompt {} + {} decode steps or {} rollout and continuation tokens)",
             cfg.prompt, decode, continuation
         ),
-    )?;
-    let started = Instant::now();
+    )
+}
+
+/// The report's header (versions, model, device, settings) with no measurement yet.
+fn empty_report(
+    model: &Decoder,
+    what: &str,
+    shape: Option<&str>,
+    cfg: &BenchConfig,
+    tiles: BiTiles,
+) -> BenchReport {
     let device = model.device();
-    let samplers = if cfg.samplers.is_empty() {
-        vec![Sampler::for_device(device)?]
-    } else {
-        cfg.samplers.clone()
-    };
-    for s in &samplers {
-        s.check_device(device)?;
-    }
-    let tiles = cfg.tiles.unwrap_or_else(|| BiTiles::for_device(device));
-    let floor_ms = cfg
-        .bandwidth_gbs
-        .map(|bw| decode_weight_bytes(model) as f64 / (bw * 1e9) * 1e3);
-    let mut report = BenchReport {
+    BenchReport {
         kvcredit_version: env!("CARGO_PKG_VERSION").into(),
         libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").into(),
         model: what.into(),
@@ -431,59 +468,79 @@ pub fn run(
         targets: vec![],
         errors: vec![],
         seconds: 0.0,
-    };
-    let vocab = model.config().vocab_size as i64;
-    let prompt = random_ids(cfg.prompt, vocab, cfg.seed);
-    let mut errors: Vec<String> = Vec::new();
-    if Sampler::Fused.check_device(device).is_ok() && !cfg.cont_batches.is_empty() {
-        report.sampler_check = attempt(&mut errors, "fused sampler check", || {
-            sampling::check_fused(device, 64, vocab, cfg.seed)
-        });
     }
-    if Glue::Fused.check_device(device).is_ok() {
-        progress.start("fused glue check");
-        report.glue_check = attempt(&mut errors, "fused glue check", || {
-            let mut check = glue::check_fused(device, cfg.seed)?;
-            for &kind in &cfg.policies {
-                let (n, bad) = crate::model::invariance::check_glue(
-                    model,
-                    &kind.with_tiles(tiles),
-                    &prompt,
-                    8,
-                )?;
-                check.logits_elements += n;
-                check.logits_mismatches += bad;
-            }
-            Ok(check)
-        });
-        progress.done();
-    }
-    for &kind in &cfg.policies {
-        let policy = kind.with_tiles(tiles);
-        progress.start(&format!("{policy}: prefill {}", cfg.prompt));
-        let what = format!("{policy} prefill");
-        if let Some(p) = attempt(&mut errors, &what, || {
-            prefill(model, policy, &prompt, cfg.prefill_reps)
-        }) {
-            report.prefill.push(p);
+}
+
+/// One bench run in progress: the model, its settings and prompt, what it measured so far and
+/// the errors of the measurements that failed.
+struct Bench<'a> {
+    model: &'a Decoder,
+    cfg: &'a BenchConfig,
+    prompt: Vec<i64>,
+    report: BenchReport,
+    errors: Vec<String>,
+    progress: &'a mut dyn Progress,
+}
+
+impl Bench<'_> {
+    /// The fused sampler and glue kernels against their references, where the device runs them.
+    fn fused_checks(&mut self, tiles: BiTiles, vocab: i64) {
+        let (model, cfg, device) = (self.model, self.cfg, self.model.device());
+        if Sampler::Fused.check_device(device).is_ok() && !cfg.cont_batches.is_empty() {
+            self.report.sampler_check = attempt(&mut self.errors, "fused sampler check", || {
+                sampling::check_fused(device, 64, vocab, cfg.seed)
+            });
         }
-        progress.done();
+        if Glue::Fused.check_device(device).is_ok() {
+            self.progress.start("fused glue check");
+            let prompt = &self.prompt;
+            self.report.glue_check = attempt(&mut self.errors, "fused glue check", || {
+                let mut check = glue::check_fused(device, cfg.seed)?;
+                for &kind in &cfg.policies {
+                    let (n, bad) = crate::model::invariance::check_glue(
+                        model,
+                        &kind.with_tiles(tiles),
+                        prompt,
+                        8,
+                    )?;
+                    check.logits_elements += n;
+                    check.logits_mismatches += bad;
+                }
+                Ok(check)
+            });
+            self.progress.done();
+        }
+    }
+
+    /// Prefill of the prompt, then the decode steps and profiles of `policy` resumed from it.
+    fn prefill_decode_profile(&mut self, policy: ExecPolicy, floor_ms: Option<f64>) {
+        let (model, cfg, prompt) = (self.model, self.cfg, &self.prompt);
+        self.progress
+            .start(&format!("{policy}: prefill {}", cfg.prompt));
+        let what = format!("{policy} prefill");
+        if let Some(p) = attempt(&mut self.errors, &what, || {
+            prefill(model, policy, prompt, cfg.prefill_reps)
+        }) {
+            self.report.prefill.push(p);
+        }
+        self.progress.done();
 
         // The decode steps resume B copies of one prefilled row.
-        let base = attempt(&mut errors, &format!("{policy} base prefill"), || {
-            runners::prefilled(model, policy, &prompt)
+        let base = attempt(&mut self.errors, &format!("{policy} base prefill"), || {
+            runners::prefilled(model, policy, prompt)
         });
         for &b in &cfg.batches {
             for &mode in &cfg.engines {
-                progress.start(&format!("{policy}: decode batch {b} ({mode})"));
+                self.progress
+                    .start(&format!("{policy}: decode batch {b} ({mode})"));
                 let what = format!("{policy} decode batch {b} ({mode})");
                 let d = base.as_ref().and_then(|base| {
-                    attempt(&mut errors, &what, || {
+                    attempt(&mut self.errors, &what, || {
                         decode_steps(model, policy, mode, base, b, cfg)
                     })
                 });
                 if let Some(d) = d {
-                    report.decode.push(DecodeResult {
+                    self.report.decode.push(DecodeResult {
                         policy: policy.kind(),
                         engine: d.mode,
                         batch: b,
@@ -496,18 +553,18 @@ pub fn run(
                         graph_fallback: d.fallback,
                     });
                 }
-                progress.done();
+                self.progress.done();
             }
         }
         for &b in &cfg.profile_batches {
-            progress.start(&format!("{policy}: profile batch {b}"));
+            self.progress.start(&format!("{policy}: profile batch {b}"));
             let what = format!("{policy} profile batch {b}");
             let trace = cfg
                 .trace_dir
                 .as_ref()
                 .map(|d| d.join(format!("trace-{}-b{b}.json", policy.kind())));
             if let Some(p) = base.as_ref().and_then(|base| {
-                attempt(&mut errors, &what, || {
+                attempt(&mut self.errors, &what, || {
                     if let Some(dir) = &cfg.trace_dir {
                         std::fs::create_dir_all(dir)
                             .map_err(|e| Error::Output(format!("{}: {e}", dir.display())))?;
@@ -515,56 +572,53 @@ pub fn run(
                     runners::profile_steps(model, policy, base, b, cfg, trace.as_deref())
                 })
             }) {
-                report.profiles.push(p);
+                self.report.profiles.push(p);
             }
-            progress.done();
+            self.progress.done();
         }
-        drop(base);
+    }
 
-        if cfg.cont_batches.is_empty() {
-            continue;
-        }
-        progress.start(&format!(
+    /// A rollout under `policy`, then its continuations per batch size, engine and sampler.
+    fn continuations(&mut self, policy: ExecPolicy, samplers: &[Sampler]) {
+        let (model, cfg, prompt) = (self.model, self.cfg, &self.prompt);
+        self.progress.start(&format!(
             "{policy}: rollout of {} tokens",
             cfg.rollout_tokens
         ));
-        let setup = attempt(&mut errors, &format!("{policy} rollout"), || {
-            ContinuationSetup::new(model, policy, &prompt, cfg)
+        let setup = attempt(&mut self.errors, &format!("{policy} rollout"), || {
+            ContinuationSetup::new(model, policy, prompt, cfg)
         });
         if let Some(setup) = &setup
-            && report.memory.is_none()
+            && self.report.memory.is_none()
         {
-            report.memory = Some(setup.memory(model));
+            self.report.memory = Some(setup.memory(model));
         }
-        progress.done();
+        self.progress.done();
         for &b in &cfg.cont_batches {
             for &mode in &cfg.engines {
-                for &sampler in &samplers {
+                for &sampler in samplers {
                     let what = format!(
                         "{policy} continuations batch {b} ({mode}, {} sampler)",
                         sampler.name()
                     );
-                    progress.start(&what);
+                    self.progress.start(&what);
                     if let Some(c) = setup.as_ref().and_then(|setup| {
-                        attempt(&mut errors, &what, || {
+                        attempt(&mut self.errors, &what, || {
                             sampling::with_sampler(sampler, || {
                                 setup.run(model, policy, mode, b, cfg)
                             })
                         })
                     }) {
-                        report.continuations.push(ContinuationResult {
+                        self.report.continuations.push(ContinuationResult {
                             sampler: Some(sampler),
                             ..c
                         });
                     }
-                    progress.done();
+                    self.progress.done();
                 }
             }
         }
     }
-    report.errors = errors;
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
 }
 
 /// Run one measurement; record its error and go on without it.

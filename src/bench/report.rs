@@ -1,6 +1,7 @@
 //! What a [`BenchReport`] looks like on the page: the stdout table and the Parquet rows.
 use super::BenchReport;
 use super::targets::{hf_comparison, hf_legend};
+use std::fmt::Write as _;
 
 impl BenchReport {
     /// One row per measurement (prefill, decode, continuations), for Parquet: columns
@@ -152,8 +153,21 @@ impl BenchReport {
 
     /// The human-readable summary.
     pub fn table(&self) -> String {
-        use std::fmt::Write;
         let mut s = String::new();
+        self.header(&mut s);
+        let hf_column = hf_comparison(&self.hf).map_or("vs HF", |k| k.column());
+        self.decode_lines(&mut s, hf_column);
+        if !self.continuations.is_empty() {
+            self.continuation_lines(&mut s, hf_column);
+        }
+        self.checks_and_memory(&mut s);
+        self.profile_lines(&mut s);
+        self.errors_and_targets(&mut s);
+        s
+    }
+
+    /// The run's model, device and roofline, then the prefill rows.
+    fn header(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "{} | {} {} | threads {} | libtorch {} | {:.0} MB of weights per decode step{}",
@@ -182,16 +196,21 @@ impl BenchReport {
                 p.tokens_per_s
             );
         }
-        let hf_column = hf_comparison(&self.hf).map_or("vs HF", |k| k.column());
-        // Ratio to the baseline at `batch`: static-cache compiled generate when measured.
-        let vs_hf = |tokens_per_s: f64, batch: usize| {
-            self.hf
-                .iter()
-                .find(|h| h.batch == batch)
-                .map_or("-".to_string(), |h| {
-                    format!("{:.1}x", tokens_per_s / h.reference().0)
-                })
-        };
+    }
+
+    /// Ratio to the Hugging Face baseline at `batch` (static-cache compiled generate when
+    /// measured), or `-`.
+    fn vs_hf(&self, tokens_per_s: f64, batch: usize) -> String {
+        self.hf
+            .iter()
+            .find(|h| h.batch == batch)
+            .map_or("-".to_string(), |h| {
+                format!("{:.1}x", tokens_per_s / h.reference().0)
+            })
+    }
+
+    /// The decode-step rows, with the roofline and baseline ratios.
+    fn decode_lines(&self, s: &mut String, hf_column: &str) {
         let _ = writeln!(
             s,
             "\ndecode step (forward + greedy pick + readback) after {} cached tokens",
@@ -206,7 +225,7 @@ impl BenchReport {
             let launches = d
                 .launches_per_step
                 .map_or("-".to_string(), |n| format!("{n} {}", d.launches_source));
-            let hf = vs_hf(d.tokens_per_s, d.batch);
+            let hf = self.vs_hf(d.tokens_per_s, d.batch);
             let _ = writeln!(
                 s,
                 "  {:<16} {:<8} {:>6} {:>11.3} {:>12.0} {:>9} {:>20} {:>13}",
@@ -224,50 +243,48 @@ impl BenchReport {
                 let _ = writeln!(s, "  {:<16} graphs abandoned: {why}", "");
             }
         }
-        if !self.continuations.is_empty() {
-            let c0 = &self.config;
+    }
+
+    /// The continuation rows, one per policy, engine, sampler and batch size.
+    fn continuation_lines(&self, s: &mut String, hf_column: &str) {
+        let c0 = &self.config;
+        let _ = writeln!(
+            s,
+            "\ncontinuations: {} pivots × 2 branches × k={} from a rollout of {} tokens, {} tokens each (temperature {})",
+            self.memory.as_ref().map_or(c0.pivots, |m| m.pivots),
+            c0.k,
+            c0.rollout_tokens,
+            c0.new_tokens,
+            c0.temperature
+        );
+        let _ = writeln!(
+            s,
+            "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10} {:>12} {:>13}",
+            "policy", "engine", "sampler", "batch", "jobs", "tokens", "seconds", "tok/s", hf_column
+        );
+        for c in &self.continuations {
+            let hf = self.vs_hf(c.tokens_per_s, c.batch);
             let _ = writeln!(
                 s,
-                "\ncontinuations: {} pivots × 2 branches × k={} from a rollout of {} tokens, {} tokens each (temperature {})",
-                self.memory.as_ref().map_or(c0.pivots, |m| m.pivots),
-                c0.k,
-                c0.rollout_tokens,
-                c0.new_tokens,
-                c0.temperature
+                "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>13}",
+                c.policy.to_string(),
+                c.engine.to_string(),
+                c.sampler.map_or("-", |s| s.name()),
+                c.batch,
+                c.jobs,
+                c.tokens,
+                c.seconds,
+                c.tokens_per_s,
+                hf
             );
-            let _ = writeln!(
-                s,
-                "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10} {:>12} {:>13}",
-                "policy",
-                "engine",
-                "sampler",
-                "batch",
-                "jobs",
-                "tokens",
-                "seconds",
-                "tok/s",
-                hf_column
-            );
-            for c in &self.continuations {
-                let hf = vs_hf(c.tokens_per_s, c.batch);
-                let _ = writeln!(
-                    s,
-                    "  {:<16} {:<8} {:<7} {:>6} {:>6} {:>9} {:>10.2} {:>12.0} {:>13}",
-                    c.policy.to_string(),
-                    c.engine.to_string(),
-                    c.sampler.map_or("-", |s| s.name()),
-                    c.batch,
-                    c.jobs,
-                    c.tokens,
-                    c.seconds,
-                    c.tokens_per_s,
-                    hf
-                );
-                if let Some(st) = &c.stats {
-                    let _ = writeln!(s, "  {:<16} {}", "", st.describe());
-                }
+            if let Some(st) = &c.stats {
+                let _ = writeln!(s, "  {:<16} {}", "", st.describe());
             }
         }
+    }
+
+    /// The baseline legend, the fused-kernel checks and the snapshot memory.
+    fn checks_and_memory(&self, s: &mut String) {
         if let Some(legend) = hf_legend(&self.hf) {
             let _ = writeln!(s, "\n{legend}");
         }
@@ -311,6 +328,10 @@ impl BenchReport {
                 m.prefix_copy_ratio
             );
         }
+    }
+
+    /// One block per device profile: GPU ms per step by family and the top kernels.
+    fn profile_lines(&self, s: &mut String) {
         for p in &self.profiles {
             let families: Vec<String> = p
                 .families
@@ -341,6 +362,10 @@ impl BenchReport {
                 let _ = writeln!(s, "  trace: {t}");
             }
         }
+    }
+
+    /// The failed measurements and the targets with their verdicts.
+    fn errors_and_targets(&self, s: &mut String) {
         if !self.errors.is_empty() {
             let _ = writeln!(s, "\nfailed measurements");
             for e in &self.errors {
@@ -365,7 +390,6 @@ impl BenchReport {
                 );
             }
         }
-        s
     }
 }
 

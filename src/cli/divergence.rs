@@ -72,7 +72,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
                 kvcredit::io::integrity::verify_run(dir)?;
             }
             let out = out.unwrap_or_else(|| run_dirs[0].clone());
-            let path = kvcredit::analysis::divergence::write_report(&run_dirs, &out, level)?;
+            let path = kvcredit::divergence::report::write_report(&run_dirs, &out, level)?;
             println!("report: {}", path.display());
             return Ok(());
         }

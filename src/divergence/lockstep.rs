@@ -226,114 +226,193 @@ pub fn run(
     mode: Mode,
 ) -> Result<Vec<PairOutcome>> {
     let _guard = tch::no_grad_guard();
-    let (model, dev) = (s.model, s.model.device());
-    let n = prompts.len();
-    let drift = matches!(mode, Mode::Forced { drift: true });
-    let forced = matches!(mode, Mode::Forced { .. });
-    let mut out: Vec<PairOutcome> = (0..n)
-        .map(|_| PairOutcome {
-            on: vec![],
-            off: vec![],
-            stop_on: Stop::Length,
-            stop_off: Stop::Length,
-            compare: vec![],
-            drift: vec![],
-        })
-        .collect();
-    let (mut done_on, mut done_off) = (vec![false; n], vec![false; n]);
-    let plen: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
-    let width = plen.iter().copied().max().unwrap_or(0);
+    let mut ls = Lockstep::prefill(s, prompts, keys, mode)?;
+    for step in 0..s.max_new_tokens {
+        let off = ls.off_forward(step)?;
+        let lo = match &ls.logits_on {
+            Some(z) => {
+                let z = z.f_view([ls.active_on.len() as i64, -1])?;
+                check_finite(&z, &format!("cache-ON decoding, step {step}"))?;
+                Some(z)
+            }
+            None => None,
+        };
+        let both = ls.compared_rows();
+        let host = ls.read_back(step, lo.as_ref(), off.logits.as_ref(), &both)?;
+        let drift = ls.drift_values(&off)?;
+        ls.record(step, &host, lo.is_some(), &both, drift.as_deref());
+        if step + 1 == s.max_new_tokens || !ls.advance()? {
+            break;
+        }
+    }
+    Ok(ls.out)
+}
 
-    // Cache-ON prefill (right-padded, lengths cut back to each prompt).
-    let mut cache = model.new_cache(n, width + s.max_new_tokens as i64 + 1)?;
-    let ids = padded(
-        &prompts.iter().map(|p| p.as_slice()).collect::<Vec<_>>(),
-        dev,
-    )?;
-    let last: Vec<i64> = plen.iter().map(|l| l - 1).collect();
-    let mut rec_on = Recorder::new(last.clone(), false);
-    let logits_on = {
-        let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
-        model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::PerRow(last), hook)?
-    };
-    cache.truncate(&plen)?;
-    // Rows still decoding on each path: finished rows leave that path's batch (compaction).
-    let mut active_on: Vec<usize> = (0..n).collect();
-    let mut active_off: Vec<usize> = (0..n).collect();
-    let mut logits_on = Some(logits_on);
-    let layers = model.config().num_layers();
-    let words_for = |rows: &[usize], step: usize| -> Result<Tensor> {
-        let step_keys: Vec<NoiseKey> = rows
-            .iter()
-            .map(|&i| NoiseKey {
-                step: step as u64,
-                ..keys[i]
+/// The lockstep of one batch in progress: both paths' outputs so far, the rows still decoding
+/// on each path, cache-ON's cache, recorder and next logits.
+struct Lockstep<'a> {
+    s: &'a Settings<'a>,
+    prompts: &'a [Vec<i64>],
+    keys: &'a [NoiseKey],
+    /// Cache-OFF is fed cache-ON's tokens.
+    forced: bool,
+    /// Layer-wise drift is recorded.
+    drift: bool,
+    out: Vec<PairOutcome>,
+    done_on: Vec<bool>,
+    done_off: Vec<bool>,
+    /// Rows still decoding on each path: finished rows leave that path's batch (compaction).
+    active_on: Vec<usize>,
+    active_off: Vec<usize>,
+    cache: KvCache,
+    rec_on: Recorder,
+    /// Cache-ON's logits of the step to come (none once every row stopped).
+    logits_on: Option<Tensor>,
+}
+
+/// Cache-OFF's forward of one step: its logits and fresh cache (none without active rows),
+/// its recorder and the length of each active row's sequence.
+struct OffStep {
+    logits: Option<Tensor>,
+    cache: Option<KvCache>,
+    rec: Recorder,
+    lens: Vec<i64>,
+}
+
+impl<'a> Lockstep<'a> {
+    /// Cache-ON's prefill (right-padded, lengths cut back to each prompt).
+    fn prefill(
+        s: &'a Settings<'a>,
+        prompts: &'a [Vec<i64>],
+        keys: &'a [NoiseKey],
+        mode: Mode,
+    ) -> Result<Self> {
+        let (model, dev) = (s.model, s.model.device());
+        let n = prompts.len();
+        let drift = matches!(mode, Mode::Forced { drift: true });
+        let forced = matches!(mode, Mode::Forced { .. });
+        let out: Vec<PairOutcome> = (0..n)
+            .map(|_| PairOutcome {
+                on: vec![],
+                off: vec![],
+                stop_on: Stop::Length,
+                stop_off: Stop::Length,
+                compare: vec![],
+                drift: vec![],
             })
             .collect();
-        Ok(Tensor::f_from_slice(&sampling::noise_words(&step_keys))?
-            .f_to_device(dev)?
-            .f_view([2, rows.len() as i64, 1])?)
-    };
-    let stop = |toks: &[i64]| -> Option<Stop> {
-        let last = *toks.last()?;
-        if s.stop_tokens.contains(&last) {
-            Some(Stop::Eos)
-        } else if s.text_stop.is_some_and(|f| f(toks)) {
-            Some(Stop::Text)
-        } else {
-            None
-        }
-    };
+        let plen: Vec<i64> = prompts.iter().map(|p| p.len() as i64).collect();
+        let width = plen.iter().copied().max().unwrap_or(0);
+        let mut cache = model.new_cache(n, width + s.max_new_tokens as i64 + 1)?;
+        let ids = padded(
+            &prompts.iter().map(|p| p.as_slice()).collect::<Vec<_>>(),
+            dev,
+        )?;
+        let last: Vec<i64> = plen.iter().map(|l| l - 1).collect();
+        let mut rec_on = Recorder::new(last.clone(), false);
+        let logits_on = {
+            let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
+            model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::PerRow(last), hook)?
+        };
+        cache.truncate(&plen)?;
+        Ok(Self {
+            s,
+            prompts,
+            keys,
+            forced,
+            drift,
+            out,
+            done_on: vec![false; n],
+            done_off: vec![false; n],
+            active_on: (0..n).collect(),
+            active_off: (0..n).collect(),
+            cache,
+            rec_on,
+            logits_on: Some(logits_on),
+        })
+    }
 
-    for step in 0..s.max_new_tokens {
-        // Cache-OFF: a full forward over each of its active rows' sequence.
-        let seqs: Vec<Vec<i64>> = active_off
+    /// Cache-OFF: a full forward over each of its active rows' sequence.
+    fn off_forward(&self, step: usize) -> Result<OffStep> {
+        let (s, out, forced) = (self.s, &self.out, self.forced);
+        let seqs: Vec<Vec<i64>> = self
+            .active_off
             .iter()
             .map(|&i| {
                 let generated = if forced { &out[i].on } else { &out[i].off };
-                let mut v = prompts[i].clone();
+                let mut v = self.prompts[i].clone();
                 v.extend_from_slice(generated);
                 v
             })
             .collect();
         let lens: Vec<i64> = seqs.iter().map(|v| v.len() as i64).collect();
-        let mut rec_off = Recorder::new(lens.iter().map(|l| l - 1).collect(), false);
-        let (logits_off, off_cache) = if active_off.is_empty() {
+        let mut rec = Recorder::new(lens.iter().map(|l| l - 1).collect(), false);
+        let (logits, cache) = if self.active_off.is_empty() {
             (None, None)
         } else {
-            let ids = padded(&seqs.iter().map(|v| v.as_slice()).collect::<Vec<_>>(), dev)?;
-            let mut off_cache = model.new_cache(active_off.len(), ids.size()[1])?;
+            let ids = padded(
+                &seqs.iter().map(|v| v.as_slice()).collect::<Vec<_>>(),
+                s.model.device(),
+            )?;
+            let mut off_cache = s.model.new_cache(self.active_off.len(), ids.size()[1])?;
             let last: Vec<i64> = lens.iter().map(|l| l - 1).collect();
-            let hook: &mut dyn ForwardHook = if drift { &mut rec_off } else { &mut NoHook };
-            let z = model.forward_with(
+            let hook: &mut dyn ForwardHook = if self.drift { &mut rec } else { &mut NoHook };
+            let z = s.model.forward_with(
                 &ids,
                 &mut off_cache,
                 &s.policy,
                 &LogitsAt::PerRow(last),
                 hook,
             )?;
-            let z = z.f_view([active_off.len() as i64, -1])?;
+            let z = z.f_view([self.active_off.len() as i64, -1])?;
             check_finite(&z, &format!("cache-OFF decoding, step {step}"))?;
             (Some(z), Some(off_cache))
         };
-        let lo = match &logits_on {
-            Some(z) => {
-                let z = z.f_view([active_on.len() as i64, -1])?;
-                check_finite(&z, &format!("cache-ON decoding, step {step}"))?;
-                Some(z)
-            }
-            None => None,
-        };
-        // Rows compared this step: active on both paths with a shared prefix.
-        let pos_off = |i: usize| active_off.iter().position(|&r| r == i);
-        let both: Vec<(usize, usize, usize)> = active_on
+        Ok(OffStep {
+            logits,
+            cache,
+            rec,
+            lens,
+        })
+    }
+
+    /// Rows compared this step: active on both paths with a shared prefix, as (row, index in
+    /// cache-ON's batch, index in cache-OFF's).
+    fn compared_rows(&self) -> Vec<(usize, usize, usize)> {
+        let out = &self.out;
+        let pos_off = |i: usize| self.active_off.iter().position(|&r| r == i);
+        self.active_on
             .iter()
             .enumerate()
-            .filter(|&(_, &i)| forced || out[i].on == out[i].off)
+            .filter(|&(_, &i)| self.forced || out[i].on == out[i].off)
             .filter_map(|(j, &i)| pos_off(i).map(|k| (i, j, k)))
-            .collect();
+            .collect()
+    }
+
+    /// The step's one readback: the comparison of the `both` rows (7 values each), then
+    /// cache-ON's tokens, then cache-OFF's (free mode only).
+    fn read_back(
+        &self,
+        step: usize,
+        lo: Option<&Tensor>,
+        logits_off: Option<&Tensor>,
+        both: &[(usize, usize, usize)],
+    ) -> Result<Vec<f64>> {
+        let (s, dev) = (self.s, self.s.model.device());
+        let words_for = |rows: &[usize]| -> Result<Tensor> {
+            let step_keys: Vec<NoiseKey> = rows
+                .iter()
+                .map(|&i| NoiseKey {
+                    step: step as u64,
+                    ..self.keys[i]
+                })
+                .collect();
+            Ok(Tensor::f_from_slice(&sampling::noise_words(&step_keys))?
+                .f_to_device(dev)?
+                .f_view([2, rows.len() as i64, 1])?)
+        };
         let mut parts: Vec<Tensor> = Vec::with_capacity(3);
-        if let (Some(lo), Some(lf)) = (&lo, &logits_off)
+        if let (Some(lo), Some(lf)) = (lo, logits_off)
             && !both.is_empty()
         {
             let idx =
@@ -343,29 +422,59 @@ pub fn run(
             let c = compare_logits(&lo.f_index_select(0, &jo)?, &lf.f_index_select(0, &jf)?)?;
             parts.push(c.f_reshape([-1])?);
         }
-        if let Some(lo) = &lo {
-            let t = sampling::select_on_device(lo, s.sampling, &words_for(&active_on, step)?)?;
+        if let Some(lo) = lo {
+            let t = sampling::select_on_device(lo, s.sampling, &words_for(&self.active_on)?)?;
             parts.push(t.f_to_kind(Kind::Double)?.f_reshape([-1])?);
         }
-        if let (Some(lf), false) = (&logits_off, forced) {
-            let t = sampling::select_on_device(lf, s.sampling, &words_for(&active_off, step)?)?;
+        if let (Some(lf), false) = (logits_off, self.forced) {
+            let t = sampling::select_on_device(lf, s.sampling, &words_for(&self.active_off)?)?;
             parts.push(t.f_to_kind(Kind::Double)?.f_reshape([-1])?);
         }
-        let host: Vec<f64> = Vec::try_from(Tensor::f_cat(&parts, 0)?.f_to_device(Device::Cpu)?)?;
-        let drift_host: Option<Vec<f64>> = match &off_cache {
-            Some(off_cache) if drift => {
+        Ok(Vec::try_from(
+            Tensor::f_cat(&parts, 0)?.f_to_device(Device::Cpu)?,
+        )?)
+    }
+
+    /// Layer-wise drift of the step's rows, `[B, L, 6]` flattened (drift mode with an active
+    /// cache-OFF batch only).
+    fn drift_values(&self, off: &OffStep) -> Result<Option<Vec<f64>>> {
+        match &off.cache {
+            Some(off_cache) if self.drift => {
                 // Forced: both paths hold the same rows in the same order.
-                let a = active_on.len();
-                let on_at: Vec<(usize, i64)> = (0..a).map(|j| (j, cache.lens()[j] - 1)).collect();
-                let off_at: Vec<(usize, i64)> = (0..a).map(|j| (j, lens[j] - 1)).collect();
-                let t = drift_tensor(&rec_on, &rec_off, &cache, &on_at, off_cache, &off_at)?;
-                Some(Vec::try_from(t.f_to_device(Device::Cpu)?.f_reshape([-1])?)?)
+                let a = self.active_on.len();
+                let on_at: Vec<(usize, i64)> =
+                    (0..a).map(|j| (j, self.cache.lens()[j] - 1)).collect();
+                let off_at: Vec<(usize, i64)> = (0..a).map(|j| (j, off.lens[j] - 1)).collect();
+                let t = drift_tensor(
+                    &self.rec_on,
+                    &off.rec,
+                    &self.cache,
+                    &on_at,
+                    off_cache,
+                    &off_at,
+                )?;
+                Ok(Some(Vec::try_from(
+                    t.f_to_device(Device::Cpu)?.f_reshape([-1])?,
+                )?))
             }
-            _ => None,
-        };
+            _ => Ok(None),
+        }
+    }
+
+    /// Record the step's comparisons, drift and tokens, and each path's stops.
+    fn record(
+        &mut self,
+        step: usize,
+        host: &[f64],
+        on_ran: bool,
+        both: &[(usize, usize, usize)],
+        drift: Option<&[f64]>,
+    ) {
+        let (forced, layers) = (self.forced, self.s.model.config().num_layers());
+        let out = &mut self.out;
         let nc = both.len() * 7;
         let (cmp, rest) = host.split_at(nc);
-        let (tok_on, tok_off) = rest.split_at(if lo.is_some() { active_on.len() } else { 0 });
+        let (tok_on, tok_off) = rest.split_at(if on_ran { self.active_on.len() } else { 0 });
         for (r, &(i, _, _)) in both.iter().enumerate() {
             let row = &cmp[r * 7..(r + 1) * 7];
             out[i].compare.push(StepCompare {
@@ -382,8 +491,8 @@ pub fn run(
                 out[i].off.push(row[4] as i64);
             }
         }
-        if let Some(d) = &drift_host {
-            for (j, &i) in active_on.iter().enumerate() {
+        if let Some(d) = drift {
+            for (j, &i) in self.active_on.iter().enumerate() {
                 for l in 0..layers {
                     let c = &d[(j * layers + l) * 6..(j * layers + l + 1) * 6];
                     out[i].drift.push(Drift {
@@ -399,55 +508,80 @@ pub fn run(
                 }
             }
         }
-        for (j, &i) in active_on.iter().enumerate() {
+        let s = self.s;
+        let stop = |toks: &[i64]| -> Option<Stop> {
+            let last = *toks.last()?;
+            if s.stop_tokens.contains(&last) {
+                Some(Stop::Eos)
+            } else if s.text_stop.is_some_and(|f| f(toks)) {
+                Some(Stop::Text)
+            } else {
+                None
+            }
+        };
+        for (j, &i) in self.active_on.iter().enumerate() {
             out[i].on.push(tok_on[j] as i64);
             if let Some(r) = stop(&out[i].on) {
                 out[i].stop_on = r;
-                done_on[i] = true;
+                self.done_on[i] = true;
             }
             if forced {
                 out[i].stop_off = out[i].stop_on;
-                done_off[i] = done_on[i];
+                self.done_off[i] = self.done_on[i];
             }
         }
         if !forced {
-            for (k, &i) in active_off.iter().enumerate() {
+            for (k, &i) in self.active_off.iter().enumerate() {
                 out[i].off.push(tok_off[k] as i64);
                 if let Some(r) = stop(&out[i].off) {
                     out[i].stop_off = r;
-                    done_off[i] = true;
+                    self.done_off[i] = true;
                 }
             }
         }
-        if step + 1 == s.max_new_tokens {
-            break;
-        }
-        active_off.retain(|&i| !done_off[i]);
-        let keep: Vec<usize> = (0..active_on.len())
-            .filter(|&j| !done_on[active_on[j]])
+    }
+
+    /// Drop the stopped rows from each path's batch, then run cache-ON's next decode step;
+    /// false once both paths have stopped every row.
+    fn advance(&mut self) -> Result<bool> {
+        let (done_on, done_off) = (&self.done_on, &self.done_off);
+        self.active_off.retain(|&i| !done_off[i]);
+        let keep: Vec<usize> = (0..self.active_on.len())
+            .filter(|&j| !done_on[self.active_on[j]])
             .collect();
-        if keep.len() < active_on.len() && !keep.is_empty() {
-            cache.select_rows(&keep)?;
+        if keep.len() < self.active_on.len() && !keep.is_empty() {
+            self.cache.select_rows(&keep)?;
         }
-        active_on = keep.iter().map(|&j| active_on[j]).collect();
-        if active_on.is_empty() && active_off.is_empty() {
-            break;
+        self.active_on = keep.iter().map(|&j| self.active_on[j]).collect();
+        if self.active_on.is_empty() && self.active_off.is_empty() {
+            return Ok(false);
         }
         // Cache-ON: one decode step per active row.
-        logits_on = if active_on.is_empty() {
+        self.logits_on = if self.active_on.is_empty() {
             None
         } else {
-            let feed: Vec<i64> = active_on
+            let feed: Vec<i64> = self
+                .active_on
                 .iter()
-                .map(|&i| *out[i].on.last().expect("a token per step"))
+                .map(|&i| *self.out[i].on.last().expect("a token per step"))
                 .collect();
             let ids = Tensor::f_from_slice(&feed)?
-                .f_view([active_on.len() as i64, 1])?
-                .f_to_device(dev)?;
-            rec_on = Recorder::new(vec![0; active_on.len()], false);
-            let hook: &mut dyn ForwardHook = if drift { &mut rec_on } else { &mut NoHook };
-            Some(model.forward_with(&ids, &mut cache, &s.policy, &LogitsAt::Last, hook)?)
+                .f_view([self.active_on.len() as i64, 1])?
+                .f_to_device(self.s.model.device())?;
+            self.rec_on = Recorder::new(vec![0; self.active_on.len()], false);
+            let hook: &mut dyn ForwardHook = if self.drift {
+                &mut self.rec_on
+            } else {
+                &mut NoHook
+            };
+            Some(self.s.model.forward_with(
+                &ids,
+                &mut self.cache,
+                &self.s.policy,
+                &LogitsAt::Last,
+                hook,
+            )?)
         };
+        Ok(true)
     }
-    Ok(out)
 }

@@ -7,10 +7,15 @@
 //! drift of the residual stream and cached K/V ([`lockstep::Mode::Forced`]), and residual-stream
 //! patching at the first divergence step ([`patch`]), and live vs replay with the prefill-chunk
 //! sweep and KV transplants ([`replay`]). Model code is untouched: the study reads
-//! and replaces activations through [`crate::model::hooks`].
+//! and replaces activations through [`crate::model::hooks`]. `kvcredit divergence analyze` reads
+//! the run dirs back ([`analysis`]) and writes the report ([`report`]) and its figures
+//! ([`figures`]).
+pub mod analysis;
+mod figures;
 pub mod lockstep;
 pub mod patch;
 pub mod replay;
+pub mod report;
 pub mod run;
 pub mod spec;
 

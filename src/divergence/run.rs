@@ -8,11 +8,12 @@
 use super::lockstep::{self, Mode, PairOutcome, Settings};
 use super::patch::{self, PatchOutcome};
 use super::replay;
-use super::spec::{DivergenceSpec, LayerSet, strategy_label};
+use super::spec::{DivergenceSpec, LayerSet, PatchSpec, ReplaySpec, strategy_label};
 use crate::decode::engine::{EngineMode, Stop};
 use crate::exec::{ExecPolicy, ExecSettings};
 use crate::io::parquet::{Column, Table};
 use crate::io::schema::{ExecRecord, RunHeader, RunOrigin};
+use crate::model::Decoder;
 use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
 use crate::sampling::{NoiseKey, Sampling};
 use crate::study::{
@@ -512,59 +513,129 @@ fn run_batch(
     if let Some(p) = &spec.steps.patch {
         let t = Instant::now();
         let greedy = greedy.expect("validated: patching needs the greedy strategy");
-        let outs = &free[greedy].1;
-        for i in rows_below(p.max_problems) {
-            if let Some(o) = &outs[i]
-                && let Some(tau) = o.first_divergence()
-                && tau >= 1
-                && tau < o.on.len()
-                && tau < o.off.len()
-            {
-                let r = patch::run(
-                    dec,
-                    &policy,
-                    &prompts[i],
-                    &o.on,
-                    &o.off,
-                    tau,
-                    sets,
-                    p.trajectory_tokens,
-                )?;
-                patches[i] = Some((tau, r));
-            }
-        }
+        let rows = rows_below(p.max_problems);
+        patches = patch_rows(dec, &policy, &prompts, &free[greedy].1, &rows, sets, p)?;
         timed("patch".into(), t);
     }
-
     let mut replays: Vec<Vec<(usize, replay::StateResult)>> = vec![vec![]; batch.len()];
     if let Some(r) = &spec.steps.replay {
         let t = Instant::now();
         let greedy = greedy.expect("validated: replay needs the greedy strategy");
-        let mut chunks = r.chunks.clone();
-        if !chunks.contains(&0) {
-            chunks.push(0);
-        }
-        for i in rows_below(r.max_problems) {
-            let Some(o) = &free[greedy].1[i] else {
-                continue;
-            };
-            for &b in r.boundaries.iter().filter(|&&b| b <= o.on.len()) {
-                let rows = replay::run(
-                    dec,
-                    fp32.map(|m| &m.decoder),
-                    &policy,
-                    &prompts[i],
-                    &o.on,
-                    b,
-                    &chunks,
-                    r.continuation_tokens,
-                )?;
-                replays[i].extend(rows.into_iter().map(|x| (b, x)));
-            }
-        }
+        let rows = rows_below(r.max_problems);
+        let fp32 = fp32.map(|m| &m.decoder);
+        replays = replay_rows(dec, fp32, &policy, &prompts, &free[greedy].1, &rows, r)?;
         timed("replay".into(), t);
     }
+    let outcomes = Outcomes {
+        free,
+        forced,
+        patches,
+        replays,
+    };
+    let info = ShardInfo {
+        batch: batch.iter().map(|p| p.index).collect(),
+        seconds,
+    };
+    shard_tables(spec, dtype, model, task, batch, &prompts, &outcomes, &info)
+}
 
+/// What the phases of one batch produced, per row of the batch.
+struct Outcomes {
+    /// Per strategy (its index in the spec): each row's free-running pair, `None` if left out.
+    free: Vec<(usize, Vec<Option<PairOutcome>>)>,
+    /// The teacher-forced pair of each row, when the spec asks for it.
+    forced: Option<Vec<Option<PairOutcome>>>,
+    /// The divergence step and patch outcome of each row that diverged.
+    patches: Vec<Option<(usize, PatchOutcome)>>,
+    /// Each row's replay and transplant results, by boundary.
+    replays: Vec<Vec<(usize, replay::StateResult)>>,
+}
+
+/// Residual-stream patching at τ for the `rows` whose greedy pair diverged at a step both
+/// sequences reach.
+fn patch_rows(
+    dec: &Decoder,
+    policy: &ExecPolicy,
+    prompts: &[Vec<i64>],
+    greedy: &[Option<PairOutcome>],
+    rows: &[usize],
+    sets: &[LayerSet],
+    p: &PatchSpec,
+) -> Result<Vec<Option<(usize, PatchOutcome)>>> {
+    let mut patches: Vec<Option<(usize, PatchOutcome)>> = vec![None; prompts.len()];
+    for &i in rows {
+        if let Some(o) = &greedy[i]
+            && let Some(tau) = o.first_divergence()
+            && tau >= 1
+            && tau < o.on.len()
+            && tau < o.off.len()
+        {
+            let r = patch::run(
+                dec,
+                policy,
+                &prompts[i],
+                &o.on,
+                &o.off,
+                tau,
+                sets,
+                p.trajectory_tokens,
+            )?;
+            patches[i] = Some((tau, r));
+        }
+    }
+    Ok(patches)
+}
+
+/// Live vs replay (every chunk size of the spec, one shot included) and the KV transplants at
+/// each boundary within the greedy cache-ON sequence of the `rows`.
+fn replay_rows(
+    dec: &Decoder,
+    fp32: Option<&Decoder>,
+    policy: &ExecPolicy,
+    prompts: &[Vec<i64>],
+    greedy: &[Option<PairOutcome>],
+    rows: &[usize],
+    r: &ReplaySpec,
+) -> Result<Vec<Vec<(usize, replay::StateResult)>>> {
+    let mut replays: Vec<Vec<(usize, replay::StateResult)>> = vec![vec![]; prompts.len()];
+    let mut chunks = r.chunks.clone();
+    if !chunks.contains(&0) {
+        chunks.push(0);
+    }
+    for &i in rows {
+        let Some(o) = &greedy[i] else {
+            continue;
+        };
+        for &b in r.boundaries.iter().filter(|&&b| b <= o.on.len()) {
+            let rows = replay::run(
+                dec,
+                fp32,
+                policy,
+                &prompts[i],
+                &o.on,
+                b,
+                &chunks,
+                r.continuation_tokens,
+            )?;
+            replays[i].extend(rows.into_iter().map(|x| (b, x)));
+        }
+    }
+    Ok(replays)
+}
+
+/// One shard's tables per problem of the batch (pairs, and forced, drift, patches and replay
+/// where the spec runs those steps), each with the batch's shard info.
+#[allow(clippy::too_many_arguments)]
+fn shard_tables(
+    spec: &DivergenceSpec,
+    dtype: Dtype,
+    model: &LoadedModel,
+    task: &SpecTask,
+    batch: &[Problem],
+    prompts: &[Vec<i64>],
+    o: &Outcomes,
+    info: &ShardInfo,
+) -> Result<Vec<ShardTables>> {
     let ctx = |i: usize| Ctx {
         config: &spec.name,
         model: &model.name,
@@ -577,26 +648,20 @@ fn run_batch(
         let c = ctx(i);
         let mut tables = vec![(
             "pairs",
-            pairs_table(&c, spec, model, task, problem, &prompts[i], &free, i)?,
+            pairs_table(&c, spec, model, task, problem, &prompts[i], &o.free, i)?,
         )];
-        if let Some(f) = &forced {
-            let o = f[i].as_ref();
-            tables.push(("forced", forced_table(&c, o)));
-            tables.push(("drift", drift_table(&c, o)));
+        if let Some(f) = &o.forced {
+            let fo = f[i].as_ref();
+            tables.push(("forced", forced_table(&c, fo)));
+            tables.push(("drift", drift_table(&c, fo)));
         }
         if spec.steps.patch.is_some() {
-            tables.push(("patches", patches_table(&c, &patches[i])));
+            tables.push(("patches", patches_table(&c, &o.patches[i])));
         }
         if spec.steps.replay.is_some() {
-            tables.push(("replay", replay_table(&c, &replays[i])));
+            tables.push(("replay", replay_table(&c, &o.replays[i])));
         }
-        shards.push((
-            tables,
-            ShardInfo {
-                batch: batch.iter().map(|p| p.index).collect(),
-                seconds: seconds.clone(),
-            },
-        ));
+        shards.push((tables, info.clone()));
     }
     Ok(shards)
 }

@@ -119,128 +119,16 @@ impl Decoder {
         let (kind, device) = (w.kind, w.device);
         let Dims {
             hidden: h,
-            intermediate: inter,
             vocab: v,
-            heads: hq,
-            kv_heads: hkv,
-            head_dim: d,
+            ..
         } = cfg.dims();
-        let eps = cfg.rms_norm_eps;
-        let (off, fp32) = (cfg.norm_weight_offset, cfg.norm_weight_fp32);
-        let norm = |w: &mut Weights, key: &str, n: i64| -> Result<RmsNorm> {
-            let kind = if fp32 {
-                crate::exec::accum_kind(w.kind)
-            } else {
-                w.kind
-            };
-            RmsNorm::new(w.take_as(key, &[n], kind)?, eps, off, fp32)
-        };
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_layers());
         for (i, &kind_i) in cfg.layer_types.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let bias = if cfg.attention_bias {
-                Some((
-                    w.take(&format!("{a}.q_proj.bias"), &[hq * d])?,
-                    w.take(&format!("{a}.k_proj.bias"), &[hkv * d])?,
-                    w.take(&format!("{a}.v_proj.bias"), &[hkv * d])?,
-                ))
-            } else {
-                None
-            };
-            let qk_norm = if cfg.qk_norm {
-                let (nq, nk) = if cfg.qk_norm_across_heads {
-                    (hq * d, hkv * d)
-                } else {
-                    (d, d)
-                };
-                Some(QkNorm {
-                    q: norm(&mut w, &format!("{a}.q_norm.weight"), nq)?,
-                    k: norm(&mut w, &format!("{a}.k_norm.weight"), nk)?,
-                    across_heads: cfg.qk_norm_across_heads,
-                })
-            } else {
-                None
-            };
-            // Phi-3 stores q/k/v as one `qkv_proj` (q rows, then k, then v).
-            let fused_qkv = format!("{a}.qkv_proj.weight");
-            let (q, k, v) = if w.contains(&fused_qkv) {
-                let qkv = w.take(&fused_qkv, &[(hq + 2 * hkv) * d, h])?;
-                (
-                    qkv.f_narrow(0, 0, hq * d)?,
-                    qkv.f_narrow(0, hq * d, hkv * d)?,
-                    qkv.f_narrow(0, (hq + hkv) * d, hkv * d)?,
-                )
-            } else {
-                (
-                    w.take(&format!("{a}.q_proj.weight"), &[hq * d, h])?,
-                    w.take(&format!("{a}.k_proj.weight"), &[hkv * d, h])?,
-                    w.take(&format!("{a}.v_proj.weight"), &[hkv * d, h])?,
-                )
-            };
-            let attn = Attention::new(
-                &q,
-                &k,
-                &v,
-                bias,
-                w.take(&format!("{a}.o_proj.weight"), &[h, hq * d])?,
-                qk_norm,
-                (hq, hkv, d),
-                cfg.softmax_scale,
-                cfg.attn_logit_softcapping,
-            )?;
-            // Phi-3 stores gate and up as one `gate_up_proj` (gate rows, then up).
-            let fused_gate_up = format!("{p}.mlp.gate_up_proj.weight");
-            let (gate, up) = if w.contains(&fused_gate_up) {
-                let gu = w.take(&fused_gate_up, &[2 * inter, h])?;
-                (gu.f_narrow(0, 0, inter)?, gu.f_narrow(0, inter, inter)?)
-            } else {
-                (
-                    w.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
-                    w.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
-                )
-            };
-            let mlp = Mlp::new(
-                &gate,
-                &up,
-                w.take(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
-                cfg.activation,
-            )?;
-            let mut opt_norm = |on: bool, name: &str| -> Result<Option<RmsNorm>> {
-                on.then(|| norm(&mut w, &format!("{p}.{name}.weight"), h))
-                    .transpose()
-            };
-            let (pre, sandwich) = (cfg.pre_norms, cfg.sandwich_norms);
-            let mlp_in_name = if sandwich {
-                "pre_feedforward_layernorm"
-            } else {
-                "post_attention_layernorm"
-            };
-            layers.push(Layer {
-                kind: kind_i,
-                attn_in: opt_norm(pre, "input_layernorm")?,
-                attn_out: opt_norm(sandwich, "post_attention_layernorm")?,
-                mlp_in: opt_norm(pre, mlp_in_name)?,
-                mlp_out: opt_norm(sandwich, "post_feedforward_layernorm")?,
-                attn,
-                mlp,
-            });
+            layers.push(load_layer(&cfg, &mut w, i, kind_i)?);
         }
-        let final_norm = norm(&mut w, "model.norm.weight", h)?;
-        let lm_head = if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
-            w.take("lm_head.weight", &[v, h])?
-        } else if cfg.tie_word_embeddings {
-            // Some tied checkpoints still store a copy; it must not be left unused.
-            if w.contains("lm_head.weight") {
-                let _ = w.take("lm_head.weight", &[v, h])?;
-            }
-            embed.shallow_clone()
-        } else {
-            return Err(Error::Weights(
-                "missing tensor `lm_head.weight` (embeddings are not tied)".into(),
-            ));
-        };
+        let final_norm = load_norm(&cfg, &mut w, "model.norm.weight", h)?;
+        let lm_head = load_lm_head(&cfg, &mut w, &embed)?;
         let unused = w.unused();
         if !unused.is_empty() {
             return Err(Error::Weights(format!(
@@ -692,5 +580,161 @@ impl Decoder {
         let dims = tokens.size();
         let mut cache = self.new_cache(dims[0] as usize, dims[1])?;
         self.forward(tokens, &mut cache, policy, &LogitsAt::All)
+    }
+}
+
+/// An RMSNorm weight of `n` elements under `key` (kept in the accumulation dtype where the
+/// architecture says so).
+fn load_norm(cfg: &ArchConfig, w: &mut Weights, key: &str, n: i64) -> Result<RmsNorm> {
+    let fp32 = cfg.norm_weight_fp32;
+    let kind = if fp32 {
+        crate::exec::accum_kind(w.kind)
+    } else {
+        w.kind
+    };
+    RmsNorm::new(
+        w.take_as(key, &[n], kind)?,
+        cfg.rms_norm_eps,
+        cfg.norm_weight_offset,
+        fp32,
+    )
+}
+
+/// Decoder layer `i`: its attention, MLP and the norms the architecture places around them.
+fn load_layer(cfg: &ArchConfig, w: &mut Weights, i: usize, kind: LayerKind) -> Result<Layer> {
+    let h = cfg.dims().hidden;
+    let p = format!("model.layers.{i}");
+    let attn = load_attention(cfg, w, &format!("{p}.self_attn"))?;
+    let mlp = load_mlp(cfg, w, &p)?;
+    let mut opt_norm = |on: bool, name: &str| -> Result<Option<RmsNorm>> {
+        on.then(|| load_norm(cfg, w, &format!("{p}.{name}.weight"), h))
+            .transpose()
+    };
+    let (pre, sandwich) = (cfg.pre_norms, cfg.sandwich_norms);
+    let mlp_in_name = if sandwich {
+        "pre_feedforward_layernorm"
+    } else {
+        "post_attention_layernorm"
+    };
+    Ok(Layer {
+        kind,
+        attn_in: opt_norm(pre, "input_layernorm")?,
+        attn_out: opt_norm(sandwich, "post_attention_layernorm")?,
+        mlp_in: opt_norm(pre, mlp_in_name)?,
+        mlp_out: opt_norm(sandwich, "post_feedforward_layernorm")?,
+        attn,
+        mlp,
+    })
+}
+
+/// The attention of the layer whose tensors start with `a` (`model.layers.{i}.self_attn`):
+/// projections (q/k/v separate or one fused `qkv_proj`), biases and q/k norms as configured.
+fn load_attention(cfg: &ArchConfig, w: &mut Weights, a: &str) -> Result<Attention> {
+    let Dims {
+        hidden: h,
+        heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+        ..
+    } = cfg.dims();
+    let bias = if cfg.attention_bias {
+        Some((
+            w.take(&format!("{a}.q_proj.bias"), &[hq * d])?,
+            w.take(&format!("{a}.k_proj.bias"), &[hkv * d])?,
+            w.take(&format!("{a}.v_proj.bias"), &[hkv * d])?,
+        ))
+    } else {
+        None
+    };
+    let qk_norm = if cfg.qk_norm {
+        let (nq, nk) = if cfg.qk_norm_across_heads {
+            (hq * d, hkv * d)
+        } else {
+            (d, d)
+        };
+        Some(QkNorm {
+            q: load_norm(cfg, w, &format!("{a}.q_norm.weight"), nq)?,
+            k: load_norm(cfg, w, &format!("{a}.k_norm.weight"), nk)?,
+            across_heads: cfg.qk_norm_across_heads,
+        })
+    } else {
+        None
+    };
+    // Phi-3 stores q/k/v as one `qkv_proj` (q rows, then k, then v).
+    let fused_qkv = format!("{a}.qkv_proj.weight");
+    let (q, k, v) = if w.contains(&fused_qkv) {
+        let qkv = w.take(&fused_qkv, &[(hq + 2 * hkv) * d, h])?;
+        (
+            qkv.f_narrow(0, 0, hq * d)?,
+            qkv.f_narrow(0, hq * d, hkv * d)?,
+            qkv.f_narrow(0, (hq + hkv) * d, hkv * d)?,
+        )
+    } else {
+        (
+            w.take(&format!("{a}.q_proj.weight"), &[hq * d, h])?,
+            w.take(&format!("{a}.k_proj.weight"), &[hkv * d, h])?,
+            w.take(&format!("{a}.v_proj.weight"), &[hkv * d, h])?,
+        )
+    };
+    Attention::new(
+        &q,
+        &k,
+        &v,
+        bias,
+        w.take(&format!("{a}.o_proj.weight"), &[h, hq * d])?,
+        qk_norm,
+        (hq, hkv, d),
+        cfg.softmax_scale,
+        cfg.attn_logit_softcapping,
+    )
+}
+
+/// The gated MLP of the layer whose tensors start with `p` (gate and up separate or one fused
+/// `gate_up_proj`).
+fn load_mlp(cfg: &ArchConfig, w: &mut Weights, p: &str) -> Result<Mlp> {
+    let Dims {
+        hidden: h,
+        intermediate: inter,
+        ..
+    } = cfg.dims();
+    // Phi-3 stores gate and up as one `gate_up_proj` (gate rows, then up).
+    let fused_gate_up = format!("{p}.mlp.gate_up_proj.weight");
+    let (gate, up) = if w.contains(&fused_gate_up) {
+        let gu = w.take(&fused_gate_up, &[2 * inter, h])?;
+        (gu.f_narrow(0, 0, inter)?, gu.f_narrow(0, inter, inter)?)
+    } else {
+        (
+            w.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
+            w.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
+        )
+    };
+    Mlp::new(
+        &gate,
+        &up,
+        w.take(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+        cfg.activation,
+    )
+}
+
+/// The output projection: `lm_head.weight`, or the embeddings when tied (a stored copy of a
+/// tied head is taken so it does not count as unused).
+fn load_lm_head(cfg: &ArchConfig, w: &mut Weights, embed: &Tensor) -> Result<Tensor> {
+    let Dims {
+        hidden: h,
+        vocab: v,
+        ..
+    } = cfg.dims();
+    if w.contains("lm_head.weight") && !cfg.tie_word_embeddings {
+        w.take("lm_head.weight", &[v, h])
+    } else if cfg.tie_word_embeddings {
+        // Some tied checkpoints still store a copy; it must not be left unused.
+        if w.contains("lm_head.weight") {
+            let _ = w.take("lm_head.weight", &[v, h])?;
+        }
+        Ok(embed.shallow_clone())
+    } else {
+        Err(Error::Weights(
+            "missing tensor `lm_head.weight` (embeddings are not tied)".into(),
+        ))
     }
 }

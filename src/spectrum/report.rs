@@ -540,12 +540,71 @@ pub fn report(dirs: &[PathBuf], out: &Path) -> Result<String> {
 pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
     let mut md = String::from("# SpectrumKV report\n");
     md.push_str(READING);
-    let mut ppl_panels: Vec<PplPanel> = Vec::new();
-    let mut niah_panels: Vec<NiahPanel> = Vec::new();
-    let mut ttft_panels: Vec<TtftPanel> = Vec::new();
+    let mut panels = Panels::default();
     let mut models: Vec<String> = Vec::new();
     let mut claims: Vec<SeedRow> = Vec::new();
     for dir in dirs {
+        let mut run = RunRows::read(dir)?;
+        if !run.ppl.is_empty() || !run.niah.is_empty() {
+            if models.contains(&run.model) {
+                run.model = format!("{} ({})", run.model, dir.display());
+            }
+            models.push(run.model.clone());
+        }
+        let _ = writeln!(md, "\n## {}\n", dir.display());
+        if !run.ppl.is_empty() {
+            panels.ppl.push(ppl_section(&mut md, &run, &mut claims)?);
+        }
+        if !run.niah.is_empty() {
+            panels.niah.push(niah_section(&mut md, &run, &mut claims)?);
+        }
+        probe_tables(&mut md, &parquet_files(dir, "probe", &["probe-trials"])?)?;
+        ttft_section(&mut md, dir, &mut claims, &mut panels.ttft)?;
+    }
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let (figures, listed) = write_figures(panels, out)?;
+    seed_claims(&mut md, &claims)?;
+    md.push_str("\n## Figures\n\n");
+    if listed.is_empty() {
+        md.push_str("None: no PPL, NIAH or TTFT rows.\n");
+    }
+    for l in &listed {
+        md.push_str(l);
+        md.push('\n');
+    }
+    let path = out.join("report.md");
+    crate::io::write_atomic(&path, md.as_bytes())?;
+    Ok(Report {
+        markdown: md,
+        path,
+        figures,
+    })
+}
+
+/// The figure panels gathered over the run folders.
+#[derive(Default)]
+struct Panels {
+    ppl: Vec<PplPanel>,
+    niah: Vec<NiahPanel>,
+    ttft: Vec<TtftPanel>,
+}
+
+/// One run folder's PPL and NIAH rows, their grids' manifests (none for an older run's
+/// journals), the journals' paths and the model the panels are named after.
+struct RunRows {
+    ppl: Vec<PplRow>,
+    niah: Vec<NiahRow>,
+    ppl_run: Option<grid::GridManifest>,
+    niah_run: Option<grid::GridManifest>,
+    ppl_path: PathBuf,
+    niah_path: PathBuf,
+    model: String,
+}
+
+impl RunRows {
+    /// Read `dir`'s rows; the model is the grids' spec's, else the journals', else the folder's
+    /// name without its `spectrum-` prefix.
+    fn read(dir: &Path) -> Result<RunRows> {
         // A grid's rows: its finished units (see [`super::grid`]), else a journal of an
         // older run.
         let ppl_path = dir.join("ppl.rows.jsonl");
@@ -562,9 +621,8 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
         };
         let ppl_run = grid::read_manifest(dir, "ppl")?;
         let niah_run = grid::read_manifest(dir, "niah")?;
-        // The model of the panels: the grids' specs, else the folder's name; a name already
-        // used gets its folder appended.
-        let mut model = ppl_run
+        // The model of the panels: the grids' specs, else the journals', else the folder's name.
+        let model = ppl_run
             .as_ref()
             .or(niah_run.as_ref())
             .map(|m| m.spec.model.clone())
@@ -578,195 +636,225 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
                 n.strip_prefix("spectrum-")
                     .map_or(n.clone(), str::to_string)
             });
-        if !ppl.is_empty() || !niah.is_empty() {
-            if models.contains(&model) {
-                model = format!("{model} ({})", dir.display());
-            }
-            models.push(model.clone());
-        }
-        let _ = writeln!(md, "\n## {}\n", dir.display());
-        if !ppl.is_empty() {
-            ppl_protocol(&mut md, ppl_settings(ppl_run.as_ref(), &ppl_path).as_ref());
-            md.push_str("| variant | windows | Δ% pooled | mean per-window Δ% | 95% t-interval | b_real | shared |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-            let keys = variants(
-                ppl.iter()
-                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
-            );
-            for (p, q, b) in &keys {
-                let mine: Vec<&PplRow> = ppl
-                    .iter()
-                    .filter(|r| &r.policy == p && &r.quantizer == q && r.b == *b)
-                    .collect();
-                let (_, _, pooled, _, b_real) = super::eval::ppl_summary(&mine);
-                let (mean, ci) = delta_stats(&mine)?;
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {pooled:+.2} | {mean:+.2} | {} | {b_real:.4} | {} |",
-                    key(p, q, *b),
-                    mine.len(),
-                    fmt_interval(ci),
-                    mine.iter().filter(|r| r.shared_with.is_some()).count()
-                );
-            }
-            let at = |p: &str, q: &str| -> Vec<&PplRow> {
-                ppl.iter()
-                    .filter(|r| r.policy == p && r.quantizer == q && r.b == Some(0.5))
-                    .collect()
-            };
-            let (tier, trim) = (at("spectrum", "kivi"), at("pdtrim", "none"));
-            if !tier.is_empty() && tier.len() == trim.len() {
-                let d: Vec<f64> = tier
-                    .iter()
-                    .zip(&trim)
-                    .map(|(a, b)| window_delta(a) - window_delta(b))
-                    .collect();
-                let w: Vec<u64> = tier.iter().map(|r| r.window as u64).collect();
-                let t = stats::cluster_mean_t(&d, &w)?;
-                let _ = writeln!(
-                    md,
-                    "\nTiered (kivi) − PDTrim at b = 0.5, paired over windows: {:+.2} points Δ%, 95% {} (p {}).",
-                    t.estimate,
-                    interval(&d, &w)?,
-                    t.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
-                );
-                claims.push(SeedRow::Ppl {
-                    model: model.clone(),
-                    tiered: delta_stats(&tier)?,
-                    pdtrim: delta_stats(&trim)?,
-                    diff: (t.estimate, t.confidence_interval(0.95)?),
-                    windows: tier.len(),
+        Ok(RunRows {
+            ppl,
+            niah,
+            ppl_run,
+            niah_run,
+            ppl_path,
+            niah_path,
+            model,
+        })
+    }
+}
+
+/// The PPL protocol and tables of one run (per variant, the tiered − PDTrim contrast at
+/// b = 0.5, the paired differences), its seed rows, and its figure panel.
+fn ppl_section(md: &mut String, run: &RunRows, claims: &mut Vec<SeedRow>) -> Result<PplPanel> {
+    let (ppl, model) = (&run.ppl, &run.model);
+    ppl_protocol(
+        md,
+        ppl_settings(run.ppl_run.as_ref(), &run.ppl_path).as_ref(),
+    );
+    md.push_str("| variant | windows | Δ% pooled | mean per-window Δ% | 95% t-interval | b_real | shared |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+    let keys = variants(
+        ppl.iter()
+            .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+    );
+    for (p, q, b) in &keys {
+        let mine: Vec<&PplRow> = ppl
+            .iter()
+            .filter(|r| &r.policy == p && &r.quantizer == q && r.b == *b)
+            .collect();
+        let (_, _, pooled, _, b_real) = super::eval::ppl_summary(&mine);
+        let (mean, ci) = delta_stats(&mine)?;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {pooled:+.2} | {mean:+.2} | {} | {b_real:.4} | {} |",
+            key(p, q, *b),
+            mine.len(),
+            fmt_interval(ci),
+            mine.iter().filter(|r| r.shared_with.is_some()).count()
+        );
+    }
+    let at = |p: &str, q: &str| -> Vec<&PplRow> {
+        ppl.iter()
+            .filter(|r| r.policy == p && r.quantizer == q && r.b == Some(0.5))
+            .collect()
+    };
+    let (tier, trim) = (at("spectrum", "kivi"), at("pdtrim", "none"));
+    if !tier.is_empty() && tier.len() == trim.len() {
+        let d: Vec<f64> = tier
+            .iter()
+            .zip(&trim)
+            .map(|(a, b)| window_delta(a) - window_delta(b))
+            .collect();
+        let w: Vec<u64> = tier.iter().map(|r| r.window as u64).collect();
+        let t = stats::cluster_mean_t(&d, &w)?;
+        let _ = writeln!(
+            md,
+            "\nTiered (kivi) − PDTrim at b = 0.5, paired over windows: {:+.2} points Δ%, 95% {} (p {}).",
+            t.estimate,
+            interval(&d, &w)?,
+            t.p_value.map_or("n/a".into(), |p| format!("{p:.3}"))
+        );
+        claims.push(SeedRow::Ppl {
+            model: model.clone(),
+            tiered: delta_stats(&tier)?,
+            pdtrim: delta_stats(&trim)?,
+            diff: (t.estimate, t.confidence_interval(0.95)?),
+            windows: tier.len(),
+        });
+    }
+    let keys: Vec<compare::Key> = variants(
+        ppl.iter()
+            .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+    );
+    ppl_diff_table(md, &compare::ppl_diffs(ppl, &keys)?);
+    let int4 = |q: &str| -> Vec<&PplRow> {
+        ppl.iter()
+            .filter(|r| r.policy == "uniform-int4" && r.quantizer == q)
+            .collect()
+    };
+    let (kivi4, lab4) = (int4("kivi"), int4("lab-compat"));
+    if !kivi4.is_empty() && !lab4.is_empty() {
+        claims.push(SeedRow::Int4 {
+            model: model.clone(),
+            kivi: delta_stats(&kivi4)?,
+            lab: delta_stats(&lab4)?,
+        });
+    }
+    let mut windows: Vec<u32> = ppl.iter().map(|r| r.window).collect();
+    windows.sort_unstable();
+    windows.dedup();
+    let title = format!(
+        "{model}: {} window{}",
+        windows.len(),
+        if windows.len() == 1 { "" } else { "s" }
+    );
+    ppl_panel(title, ppl)
+}
+
+/// The NIAH table and paired differences of one run, its seed row, and its figure panel.
+fn niah_section(md: &mut String, run: &RunRows, claims: &mut Vec<SeedRow>) -> Result<NiahPanel> {
+    let (niah, model) = (&run.niah, &run.model);
+    md.push_str("\n| NIAH variant | correct | n | accuracy | 95% Wilson | prompt |\n| --- | --- | --- | --- | --- | --- |\n");
+    let keys = variants(
+        niah.iter()
+            .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+    );
+    for (p, q, b) in &keys {
+        let mine: Vec<&NiahRow> = niah
+            .iter()
+            .filter(|r| &r.policy == p && &r.quantizer == q && r.b == *b)
+            .collect();
+        let ok = mine.iter().filter(|r| r.correct).count() as u64;
+        let n = mine.len() as u64;
+        let ci = stats::wilson(ok, n, 0.95)?.map_or("n/a".into(), |(lo, hi)| {
+            format!("[{:.1}, {:.1}]%", 100.0 * lo, 100.0 * hi)
+        });
+        let _ = writeln!(
+            md,
+            "| {} | {ok} | {n} | {:.1}% | {ci} | {} |",
+            key(p, q, *b),
+            100.0 * ok as f64 / n as f64,
+            mine[0].prompt_format
+        );
+    }
+    let count = |p: &str, q: &str| -> (u64, u64) {
+        let mine: Vec<&NiahRow> = niah
+            .iter()
+            .filter(|r| r.policy == p && r.quantizer == q && r.b == Some(0.3))
+            .collect();
+        (
+            mine.iter().filter(|r| r.correct).count() as u64,
+            mine.len() as u64,
+        )
+    };
+    let (tiered, pdtrim) = (count("spectrum", "kivi"), count("pdtrim", "none"));
+    if tiered.1 > 0 && pdtrim.1 > 0 {
+        claims.push(SeedRow::Niah {
+            model: model.clone(),
+            tiered,
+            pdtrim,
+        });
+    }
+    let keys: Vec<compare::Key> = variants(
+        niah.iter()
+            .filter(|r| r.policy != "full")
+            .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
+    );
+    niah_diff_table(md, &compare::niah_diffs(niah, &keys)?);
+    let grid_depths = match &run.niah_run {
+        Some(m) => m.spec.niah.as_ref().map(|n| n.depths as u64),
+        None => journal_header(&run.niah_path).and_then(|h| h["grid"]["depths"].as_u64()),
+    };
+    Ok(niah_panel(model, niah, grid_depths))
+}
+
+/// The TTFT tables of one run folder (`ttft*.parquet`), their seed rows and figure panels.
+fn ttft_section(
+    md: &mut String,
+    dir: &Path,
+    claims: &mut Vec<SeedRow>,
+    ttft_panels: &mut Vec<TtftPanel>,
+) -> Result<()> {
+    let ttft_files = parquet_files(dir, "ttft", &[])?;
+    let mut ttft = Vec::new();
+    for f in &ttft_files {
+        ttft.extend(read_ttft(f)?);
+    }
+    for g in ttft_groups(&ttft) {
+        ttft_table(md, &g);
+        for t in g
+            .transfers
+            .iter()
+            .filter(|t| t.label.starts_with("spectrum"))
+        {
+            if let Some(cut) = g.cut(t) {
+                claims.push(SeedRow::Ttft {
+                    model: g.model.clone(),
+                    link: link(g.bandwidth_mbps),
+                    cut,
+                    repeats: t.used,
                 });
             }
-            let keys: Vec<compare::Key> = variants(
-                ppl.iter()
-                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
-            );
-            ppl_diff_table(&mut md, &compare::ppl_diffs(&ppl, &keys)?);
-            let int4 = |q: &str| -> Vec<&PplRow> {
-                ppl.iter()
-                    .filter(|r| r.policy == "uniform-int4" && r.quantizer == q)
-                    .collect()
-            };
-            let (kivi4, lab4) = (int4("kivi"), int4("lab-compat"));
-            if !kivi4.is_empty() && !lab4.is_empty() {
-                claims.push(SeedRow::Int4 {
-                    model: model.clone(),
-                    kivi: delta_stats(&kivi4)?,
-                    lab: delta_stats(&lab4)?,
-                });
-            }
-            let mut windows: Vec<u32> = ppl.iter().map(|r| r.window).collect();
-            windows.sort_unstable();
-            windows.dedup();
-            let title = format!(
-                "{model}: {} window{}",
-                windows.len(),
-                if windows.len() == 1 { "" } else { "s" }
-            );
-            ppl_panels.push(ppl_panel(title, &ppl)?);
         }
-        if !niah.is_empty() {
-            md.push_str("\n| NIAH variant | correct | n | accuracy | 95% Wilson | prompt |\n| --- | --- | --- | --- | --- | --- |\n");
-            let keys = variants(
-                niah.iter()
-                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
-            );
-            for (p, q, b) in &keys {
-                let mine: Vec<&NiahRow> = niah
-                    .iter()
-                    .filter(|r| &r.policy == p && &r.quantizer == q && r.b == *b)
-                    .collect();
-                let ok = mine.iter().filter(|r| r.correct).count() as u64;
-                let n = mine.len() as u64;
-                let ci = stats::wilson(ok, n, 0.95)?.map_or("n/a".into(), |(lo, hi)| {
-                    format!("[{:.1}, {:.1}]%", 100.0 * lo, 100.0 * hi)
-                });
-                let _ = writeln!(
-                    md,
-                    "| {} | {ok} | {n} | {:.1}% | {ci} | {} |",
-                    key(p, q, *b),
-                    100.0 * ok as f64 / n as f64,
-                    mine[0].prompt_format
-                );
-            }
-            let count = |p: &str, q: &str| -> (u64, u64) {
-                let mine: Vec<&NiahRow> = niah
-                    .iter()
-                    .filter(|r| r.policy == p && r.quantizer == q && r.b == Some(0.3))
-                    .collect();
-                (
-                    mine.iter().filter(|r| r.correct).count() as u64,
-                    mine.len() as u64,
-                )
-            };
-            let (tiered, pdtrim) = (count("spectrum", "kivi"), count("pdtrim", "none"));
-            if tiered.1 > 0 && pdtrim.1 > 0 {
-                claims.push(SeedRow::Niah {
-                    model: model.clone(),
-                    tiered,
-                    pdtrim,
-                });
-            }
-            let keys: Vec<compare::Key> = variants(
-                niah.iter()
-                    .filter(|r| r.policy != "full")
-                    .map(|r| (r.policy.as_str(), r.quantizer.as_str(), r.b)),
-            );
-            niah_diff_table(&mut md, &compare::niah_diffs(&niah, &keys)?);
-            let grid_depths = match &niah_run {
-                Some(m) => m.spec.niah.as_ref().map(|n| n.depths as u64),
-                None => journal_header(&niah_path).and_then(|h| h["grid"]["depths"].as_u64()),
-            };
-            niah_panels.push(niah_panel(&model, &niah, grid_depths));
-        }
-        probe_tables(&mut md, &parquet_files(dir, "probe", &["probe-trials"])?)?;
-        let ttft_files = parquet_files(dir, "ttft", &[])?;
-        let mut ttft = Vec::new();
-        for f in &ttft_files {
-            ttft.extend(read_ttft(f)?);
-        }
-        for g in ttft_groups(&ttft) {
-            ttft_table(&mut md, &g);
-            for t in g
+        let used = g.transfers.iter().map(|t| t.used).max().unwrap_or(0);
+        ttft_panels.push(TtftPanel {
+            title: format!(
+                "{}, {} tokens, link {}",
+                g.model,
+                g.context,
+                link(g.bandwidth_mbps)
+            ),
+            y_desc: format!(
+                "TTFT ms (median of {used} repeat{})",
+                if used == 1 { "" } else { "s" }
+            ),
+            bars: g
                 .transfers
                 .iter()
-                .filter(|t| t.label.starts_with("spectrum"))
-            {
-                if let Some(cut) = g.cut(t) {
-                    claims.push(SeedRow::Ttft {
-                        model: g.model.clone(),
-                        link: link(g.bandwidth_mbps),
-                        cut,
-                        repeats: t.used,
-                    });
-                }
-            }
-            let used = g.transfers.iter().map(|t| t.used).max().unwrap_or(0);
-            ttft_panels.push(TtftPanel {
-                title: format!(
-                    "{}, {} tokens, link {}",
-                    g.model,
-                    g.context,
-                    link(g.bandwidth_mbps)
-                ),
-                y_desc: format!(
-                    "TTFT ms (median of {used} repeat{})",
-                    if used == 1 { "" } else { "s" }
-                ),
-                bars: g
-                    .transfers
-                    .iter()
-                    .map(|t| TtftBar {
-                        label: t.label.clone(),
-                        stages: t.stages(),
-                        total: t.ttft,
-                        cut: g.cut(t),
-                    })
-                    .collect(),
-            });
-        }
+                .map(|t| TtftBar {
+                    label: t.label.clone(),
+                    stages: t.stages(),
+                    total: t.ttft,
+                    cut: g.cut(t),
+                })
+                .collect(),
+        });
     }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    Ok(())
+}
+
+/// Draw the PPL, NIAH and TTFT figures that have panels into `out` (removing an earlier
+/// report's figure that has none now); returns the files written and the report's list lines.
+fn write_figures(panels: Panels, out: &Path) -> Result<(Vec<PathBuf>, Vec<String>)> {
+    let Panels {
+        ppl: ppl_panels,
+        niah: niah_panels,
+        ttft: ttft_panels,
+    } = panels;
     let mut figures = Vec::new();
     let mut listed: Vec<String> = Vec::new();
     let mut figure = |stem: &str, drawn: Option<Result<Vec<PathBuf>>>, what: &str| -> Result<()> {
@@ -819,22 +907,7 @@ pub fn write_report(dirs: &[PathBuf], out: &Path) -> Result<Report> {
             TTFT_STAGES.join(", ")
         ),
     )?;
-    seed_claims(&mut md, &claims)?;
-    md.push_str("\n## Figures\n\n");
-    if listed.is_empty() {
-        md.push_str("None: no PPL, NIAH or TTFT rows.\n");
-    }
-    for l in &listed {
-        md.push_str(l);
-        md.push('\n');
-    }
-    let path = out.join("report.md");
-    crate::io::write_atomic(&path, md.as_bytes())?;
-    Ok(Report {
-        markdown: md,
-        path,
-        figures,
-    })
+    Ok((figures, listed))
 }
 
 /// How the paired comparisons are computed and read (printed under the title).

@@ -1,10 +1,10 @@
 //! The divergence study's tables as the report reads them: per-cell counts from
 //! `pairs.parquet`, teacher-forced metrics, patch, replay and drift rows, and the statistics
 //! over them (exact McNemar, paired bootstrap of ratios) that the report and its figures share.
-use super::read::Frame;
-use crate::Result;
+use crate::analysis::read::Frame;
+use crate::{Error, Result};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One model × strategy × dtype cell of the report.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,14 +47,14 @@ pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
 }
 
 /// Quantile `q` of sorted values (linear interpolation).
-pub(crate) fn quantile(sorted: &[usize], q: f64) -> f64 {
+pub(super) fn quantile(sorted: &[usize], q: f64) -> f64 {
     let h = q * (sorted.len() - 1) as f64;
     let (lo, hi) = (h.floor() as usize, h.ceil() as usize);
     sorted[lo] as f64 + (h - lo as f64) * (sorted[hi] as f64 - sorted[lo] as f64)
 }
 
-pub(crate) fn first_difference(a: &[i64], b: &[i64]) -> Option<usize> {
-    crate::divergence::lockstep::first_difference(a, b)
+pub(super) fn first_difference(a: &[i64], b: &[i64]) -> Option<usize> {
+    super::lockstep::first_difference(a, b)
 }
 
 /// Read the cells of one run dir's `pairs.parquet`, keyed by (model, strategy, dtype).
@@ -138,11 +138,11 @@ impl ForcedCell {
     }
 }
 
-pub(crate) const METRICS: [&str; 3] = ["max abs Δlogit", "MSE", "KL(OFF‖ON)"];
-pub(crate) const BOOT_REPS: usize = 2000;
-pub(crate) const BOOT_SEED: u64 = 0x005E_EDB0;
+pub(super) const METRICS: [&str; 3] = ["max abs Δlogit", "MSE", "KL(OFF‖ON)"];
+pub(super) const BOOT_REPS: usize = 2000;
+pub(super) const BOOT_SEED: u64 = 0x005E_EDB0;
 
-pub(crate) fn read_forced(dir: &Path) -> Result<Forced> {
+pub(super) fn read_forced(dir: &Path) -> Result<Forced> {
     let path = dir.join("forced.parquet");
     let mut out = Forced::new();
     if !path.exists() {
@@ -179,7 +179,7 @@ pub(crate) fn read_forced(dir: &Path) -> Result<Forced> {
 }
 
 /// Mean over problems (each weighs the same) with its t interval over problems.
-pub(crate) fn mean_t(c: &ForcedCell, i: usize, level: f64) -> Result<String> {
+pub(super) fn mean_t(c: &ForcedCell, i: usize, level: f64) -> Result<String> {
     let (v, g): (Vec<f64>, Vec<u64>) = c.rows.iter().map(|(p, x)| (x[i], *p)).unzip();
     let t = crate::stats::cluster_mean_t(&v, &g)?;
     Ok(match t.confidence_interval(level)? {
@@ -189,16 +189,16 @@ pub(crate) fn mean_t(c: &ForcedCell, i: usize, level: f64) -> Result<String> {
 }
 
 /// A ratio, its interval (if any draw is finite) and the problems it is over.
-pub(crate) type Ratio = (f64, Option<(f64, f64)>, usize);
+pub(super) type Ratio = (f64, Option<(f64, f64)>, usize);
 
 /// Patch rows grouped by model, dtype, sort keys and label.
-pub(crate) type PatchKey = (String, String, bool, bool, i64, i64, String);
+pub(super) type PatchKey = (String, String, bool, bool, i64, i64, String);
 /// Replay rows grouped by model, dtype, kind, chunk, direction, parts and layers.
-pub(crate) type ReplayKey = (String, String, String, i64, String, String, i64, i64);
+pub(super) type ReplayKey = (String, String, String, i64, String, String, i64, i64);
 
 /// Ratio of means over problems `a / b` on the problems both have, with a percentile
 /// bootstrap over problems (paired: one draw picks a problem for both).
-pub(crate) fn ratio_boot(
+pub(super) fn ratio_boot(
     a: &BTreeMap<u64, f64>,
     b: &BTreeMap<u64, f64>,
     level: f64,
@@ -235,7 +235,7 @@ pub(crate) fn ratio_boot(
 }
 
 /// Three significant digits, plain or scientific by size.
-pub(crate) fn sig(x: f64) -> String {
+pub(super) fn sig(x: f64) -> String {
     if x != 0.0 && (x.abs() >= 1e4 || x.abs() < 1e-2) {
         format!("{x:.2e}")
     } else {
@@ -243,7 +243,7 @@ pub(crate) fn sig(x: f64) -> String {
     }
 }
 
-pub(crate) fn fmt_ratio(r: Option<Ratio>) -> String {
+pub(super) fn fmt_ratio(r: Option<Ratio>) -> String {
     match r {
         None => "no common problems".into(),
         Some((p, Some((lo, hi)), g)) if p.is_finite() => {
@@ -277,7 +277,7 @@ impl PatchRow {
     }
 }
 
-pub(crate) fn read_patches(dir: &Path) -> Result<Vec<PatchRow>> {
+pub(super) fn read_patches(dir: &Path) -> Result<Vec<PatchRow>> {
     let path = dir.join("patches.parquet");
     if !path.exists() {
         return Ok(vec![]);
@@ -345,7 +345,7 @@ impl ReplayRow {
     }
 }
 
-pub(crate) fn read_replay(dir: &Path) -> Result<Vec<ReplayRow>> {
+pub(super) fn read_replay(dir: &Path) -> Result<Vec<ReplayRow>> {
     let path = dir.join("replay.parquet");
     if !path.exists() {
         return Ok(vec![]);
@@ -393,8 +393,11 @@ pub(crate) fn read_replay(dir: &Path) -> Result<Vec<ReplayRow>> {
         .collect())
 }
 
+/// Per (model, dtype): the mean relative residual drift of each layer.
+pub(super) type Drift = BTreeMap<(String, String), Vec<f64>>;
+
 /// Per layer drift of one run dir: (model, dtype) → per layer mean relative residual drift.
-pub(crate) fn read_drift(dir: &Path) -> Result<BTreeMap<(String, String), Vec<f64>>> {
+pub(super) fn read_drift(dir: &Path) -> Result<Drift> {
     let path = dir.join("drift.parquet");
     let mut out = BTreeMap::new();
     if !path.exists() {
@@ -424,4 +427,55 @@ pub(crate) fn read_drift(dir: &Path) -> Result<BTreeMap<(String, String), Vec<f6
         );
     }
     Ok(out)
+}
+
+/// A Hugging Face reference file (`hf-*.json`) of a run dir: its path, its text and the models
+/// of the run dir's pairs it is set beside.
+pub(super) type HfFile = (PathBuf, String, Vec<String>);
+
+/// Every table of the run dirs, read and reduced.
+pub(super) struct Tables {
+    pub(super) cells: Cells,
+    pub(super) forced: Forced,
+    pub(super) patches: Vec<PatchRow>,
+    pub(super) replays: Vec<ReplayRow>,
+    pub(super) drift: Drift,
+    pub(super) hf: Vec<HfFile>,
+}
+
+/// Read the tables of every run dir (one per model), and its `hf-*.json` files in name order.
+pub(super) fn read_tables(run_dirs: &[PathBuf]) -> Result<Tables> {
+    let mut t = Tables {
+        cells: Cells::new(),
+        forced: Forced::new(),
+        patches: Vec::new(),
+        replays: Vec::new(),
+        drift: Drift::new(),
+        hf: Vec::new(),
+    };
+    for d in run_dirs {
+        let dir_cells = read_cells(d)?;
+        let mut models: Vec<String> = dir_cells.keys().map(|k| k.0.clone()).collect();
+        models.dedup();
+        t.cells.extend(dir_cells);
+        t.forced.extend(read_forced(d)?);
+        t.patches.extend(read_patches(d)?);
+        t.replays.extend(read_replay(d)?);
+        t.drift.extend(read_drift(d)?);
+        let entries = std::fs::read_dir(d).map_err(|e| Error::io(d, e))?;
+        let mut names: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("hf-") && n.ends_with(".json"))
+            })
+            .collect();
+        names.sort();
+        for p in names {
+            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+            t.hf.push((p, text, models.clone()));
+        }
+    }
+    Ok(t)
 }

@@ -1,13 +1,15 @@
-//! The figures of `kvcredit divergence analyze` past the rate bars, the τ ECDF and the drift
-//! curves (those stay in `divergence.rs`): accuracy ON/OFF with churn, log10 max|Δlogit| by
-//! dtype, flip rate vs position, the patch-recovery heatmap over layer ranges, transplant
-//! donor-following bars and divergence vs prefill chunk size. Each is drawn from the run-dir
-//! tables as `divergence.rs` reduced them, as PNG + SVG through [`render`]; a figure whose
-//! table is absent (or holds nothing it could draw) is skipped.
-use super::divergence_data::{Cells, Forced, PatchRow, ReplayRow};
-use super::plot::{CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short};
-use crate::Result;
+//! The figures of `kvcredit divergence analyze`: greedy divergence-rate bars, the τ ECDF, drift
+//! per layer, accuracy ON/OFF with churn, log10 max|Δlogit| by dtype, flip rate vs position, the
+//! patch-recovery heatmap over layer ranges, transplant donor-following bars and divergence vs
+//! prefill chunk size. Each is drawn from the run-dir tables as [`super::analysis`] reads them,
+//! as PNG + SVG through [`render`]; a figure whose table is absent (or holds nothing it could
+//! draw) is skipped.
+use super::analysis::{Cells, Drift, Forced, PatchRow, ReplayRow, Tables};
+use crate::analysis::plot::{
+    CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short,
+};
 use crate::stats::wilson;
+use crate::{Error, Result};
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
@@ -15,6 +17,128 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+
+/// Greedy divergence rate per model × dtype: (label, rate %, lo %, hi %).
+struct RateFigure {
+    bars: Vec<(String, f64, f64, f64)>,
+}
+
+impl Figure for RateFigure {
+    fn size(&self) -> (u32, u32) {
+        ((300 + 160 * self.bars.len() as u32).min(2400), 480)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB::ErrorType: 'static,
+    {
+        root.fill(&WHITE)?;
+        let axis = CategoryAxis {
+            labels: self.bars.iter().map(|b| short(&b.0, 28)).collect(),
+        };
+        let mut chart = ChartBuilder::on(root)
+            .caption(
+                "Greedy cache-ON vs cache-OFF divergence",
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(axis.clone(), 0.0..105.0)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_label_formatter(&|x| axis.format_ext(x))
+            .y_desc("pairs diverged (%, 95% Wilson)")
+            .label_style(("sans-serif", 12))
+            .draw()?;
+        chart.draw_series(self.bars.iter().enumerate().map(|(i, b)| {
+            let x = i as f64;
+            Rectangle::new([(x - 0.3, 0.0), (x + 0.3, b.1)], PALETTE[i % 10].filled())
+        }))?;
+        chart.draw_series(self.bars.iter().enumerate().map(|(i, b)| {
+            ErrorBar::new_vertical(i as f64, b.2, b.1, b.3, BLACK.stroke_width(1), 8)
+        }))?;
+        Ok(())
+    }
+}
+
+/// Named curves over x (ECDF of τ, or drift per layer).
+struct LineFigure {
+    title: String,
+    x_desc: String,
+    y_desc: String,
+    log_y: bool,
+    lines: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+impl Figure for LineFigure {
+    fn size(&self) -> (u32, u32) {
+        (900, 520)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB::ErrorType: 'static,
+    {
+        root.fill(&WHITE)?;
+        let pts = self.lines.iter().flat_map(|l| &l.1);
+        let xmax = pts.clone().map(|p| p.0).fold(1.0_f64, f64::max);
+        let ys = pts
+            .map(|p| p.1)
+            .filter(|y| y.is_finite() && (!self.log_y || *y > 0.0));
+        let (ymin, ymax) = ys.fold((f64::INFINITY, 0.0_f64), |(a, b), y| (a.min(y), b.max(y)));
+        let mut builder = ChartBuilder::on(root);
+        builder
+            .caption(&self.title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70);
+        let style = |i: usize| PALETTE[i % 10].stroke_width(2);
+        if self.log_y {
+            let lo = if ymin.is_finite() { ymin / 2.0 } else { 1e-8 };
+            let hi = (ymax * 2.0).max(lo * 10.0);
+            let mut chart = builder.build_cartesian_2d(0.0..xmax, (lo..hi).log_scale())?;
+            chart
+                .configure_mesh()
+                .x_desc(&self.x_desc)
+                .y_desc(&self.y_desc)
+                .label_style(("sans-serif", 12))
+                .draw()?;
+            for (i, (name, l)) in self.lines.iter().enumerate() {
+                let l: Vec<(f64, f64)> = l.iter().copied().filter(|p| p.1 > 0.0).collect();
+                chart
+                    .draw_series(LineSeries::new(l, style(i)))?
+                    .label(name.clone())
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], style(i)));
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
+        } else {
+            let mut chart = builder.build_cartesian_2d(0.0..xmax, 0.0..1.02)?;
+            chart
+                .configure_mesh()
+                .x_desc(&self.x_desc)
+                .y_desc(&self.y_desc)
+                .label_style(("sans-serif", 12))
+                .draw()?;
+            for (i, (name, l)) in self.lines.iter().enumerate() {
+                chart
+                    .draw_series(LineSeries::new(l.iter().copied(), style(i)))?
+                    .label(name.clone())
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], style(i)));
+            }
+            draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+        }
+        Ok(())
+    }
+}
+
+/// Stems of the divergence figures.
+pub const RATE_STEM: &str = "divergence-rate";
+/// See [`RATE_STEM`].
+pub const TAU_STEM: &str = "tau-ecdf";
+/// See [`RATE_STEM`] (written only with a `drift.parquet`).
+pub const DRIFT_STEM: &str = "drift";
 
 /// Accuracy ON/OFF with churn (`.png`/`.svg`).
 pub const ACCURACY_STEM: &str = "accuracy-churn";
@@ -29,8 +153,8 @@ pub const TRANSPLANT_STEM: &str = "transplant-donor";
 /// REPLAY's divergence from LIVE vs prefill chunk size.
 pub const CHUNK_STEM: &str = "chunk-divergence";
 
-/// Stems of every figure drawn here.
-pub(super) const STEMS: [&str; 6] = [
+/// Stems of the figures of [`write_all`].
+const STEMS: [&str; 6] = [
     ACCURACY_STEM,
     LOGIT_STEM,
     FLIP_STEM,
@@ -38,14 +162,6 @@ pub(super) const STEMS: [&str; 6] = [
     TRANSPLANT_STEM,
     CHUNK_STEM,
 ];
-
-/// The reduced tables of the run dirs.
-pub(super) struct Tables<'a> {
-    pub(super) cells: &'a Cells,
-    pub(super) forced: &'a Forced,
-    pub(super) patches: &'a [PatchRow],
-    pub(super) replays: &'a [ReplayRow],
-}
 
 /// A rate and its Wilson interval, in percent.
 type Pt = (f64, f64, f64);
@@ -78,50 +194,149 @@ fn model_dtype(m: &str, d: &str) -> String {
     format!("{} {d}", short(m, 24))
 }
 
-/// Draw every figure whose table is present; returns (stem, what it shows) of each written.
-pub(super) fn write_all(
-    t: &Tables<'_>,
+/// Draw every figure its tables allow into `out` and remove those left from an earlier
+/// analysis that are not drawn this time; returns (stem, what it shows) of each written.
+pub(super) fn write(t: &Tables, out: &Path, level: f64) -> Result<Vec<(&'static str, String)>> {
+    let mut figures = summary_figures(&t.cells, &t.drift, out, level)?;
+    figures.extend(write_all(t, out, level)?);
+    for stem in [RATE_STEM, TAU_STEM, DRIFT_STEM]
+        .into_iter()
+        .chain(STEMS)
+        .filter(|s| figures.iter().all(|f| f.0 != *s))
+    {
+        for ext in ["png", "svg"] {
+            let p = out.join(format!("{stem}.{ext}"));
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+            }
+        }
+    }
+    Ok(figures)
+}
+
+/// Divergence-rate bars and τ ECDFs (greedy pairs), and drift per layer when present; returns
+/// each figure's stem and a line saying what it shows.
+fn summary_figures(
+    cells: &Cells,
+    drift: &Drift,
     out: &Path,
     level: f64,
 ) -> Result<Vec<(&'static str, String)>> {
+    let mut bars = vec![];
+    let mut ecdfs = vec![];
+    for ((m, _, d), c) in cells.iter().filter(|(k, _)| k.1 == "greedy") {
+        let (lo, hi) = wilson(c.diverged, c.n, level)?.unwrap_or((0.0, 0.0));
+        let rate = if c.n == 0 {
+            0.0
+        } else {
+            c.diverged as f64 / c.n as f64
+        };
+        bars.push((
+            format!("{} {d}", short(m, 20)),
+            100.0 * rate,
+            100.0 * lo,
+            100.0 * hi,
+        ));
+        let mut t = c.taus.clone();
+        t.sort_unstable();
+        let n = t.len() as f64;
+        let pts: Vec<(f64, f64)> = t
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &x)| [(x as f64, i as f64 / n), (x as f64, (i + 1) as f64 / n)])
+            .collect();
+        ecdfs.push((format!("{m} {d} (n={})", t.len()), pts));
+    }
+    let pct = 100.0 * level;
+    render(&RateFigure { bars }, &out.join(RATE_STEM))?;
+    let mut figures = vec![(
+        RATE_STEM,
+        format!(
+            "greedy cache-ON vs cache-OFF divergence rate per model × dtype, {pct:.0}% Wilson intervals."
+        ),
+    )];
+    render(
+        &LineFigure {
+            title: "τ (first divergence step), greedy: ECDF".into(),
+            x_desc: "τ".into(),
+            y_desc: "share of diverged pairs".into(),
+            log_y: false,
+            lines: ecdfs,
+        },
+        &out.join(TAU_STEM),
+    )?;
+    figures.push((
+        TAU_STEM,
+        "ECDF of the first divergence step τ over the diverged greedy pairs, per model × dtype."
+            .into(),
+    ));
+    if !drift.is_empty() {
+        let lines = drift
+            .iter()
+            .map(|((m, d), v)| {
+                let pts = v.iter().enumerate().map(|(l, &y)| (l as f64, y)).collect();
+                (format!("{m} {d}"), pts)
+            })
+            .collect();
+        render(
+            &LineFigure {
+                title: "Residual drift per layer (teacher-forced, mean over steps)".into(),
+                x_desc: "layer".into(),
+                y_desc: "‖h_ON − h_OFF‖ / ‖h_OFF‖".into(),
+                log_y: true,
+                lines,
+            },
+            &out.join(DRIFT_STEM),
+        )?;
+        figures.push((
+            DRIFT_STEM,
+            "mean relative residual-stream drift ‖h_ON − h_OFF‖ / ‖h_OFF‖ per layer (log scale), per model × dtype.".into(),
+        ));
+    }
+    Ok(figures)
+}
+
+/// Draw every figure past the summary ones whose table is present; returns (stem, what it
+/// shows) of each written.
+fn write_all(t: &Tables, out: &Path, level: f64) -> Result<Vec<(&'static str, String)>> {
     let ci = format!("{:.0}%", 100.0 * level);
     let mut done = vec![];
-    if let Some(f) = accuracy(t.cells, level)? {
+    if let Some(f) = accuracy(&t.cells, level)? {
         render(&f, &out.join(ACCURACY_STEM))?;
         done.push((
             ACCURACY_STEM,
             format!("accuracy cache-ON vs cache-OFF per model × strategy × dtype ({ci} Wilson), and churn: the problems correct under one path only (ON-only + OFF-only), with the McNemar p."),
         ));
     }
-    if let Some(f) = logit_delta(t.forced) {
+    if let Some(f) = logit_delta(&t.forced) {
         render(&f, &out.join(LOGIT_STEM))?;
         done.push((
             LOGIT_STEM,
             "log10 of max |Δlogit| per teacher-forced step, box per model × dtype (quartiles, median, whiskers at the 2.5 and 97.5 percentiles; exact zeros counted, not drawn).".into(),
         ));
     }
-    if let Some(f) = flip_position(t.forced, level)? {
+    if let Some(f) = flip_position(&t.forced, level)? {
         render(&f, &out.join(FLIP_STEM))?;
         done.push((
             FLIP_STEM,
             format!("teacher-forced argmax flip rate vs generated-token position (binned), per model × dtype, {ci} Wilson over the steps of a bin."),
         ));
     }
-    if let Some(f) = patch_recovery(t.patches) {
+    if let Some(f) = patch_recovery(&t.patches) {
         render(&f, &out.join(PATCH_STEM))?;
         done.push((
             PATCH_STEM,
             "residual-stream patching at τ: share of reproduced problems whose next token (immediate) or whole continuation (trajectory) follows cache-OFF, per patched layer set drawn over the layers it spans, one panel per model × dtype with a reproduced problem (others omitted).".into(),
         ));
     }
-    if let Some(f) = transplant(t.replays, level)? {
+    if let Some(f) = transplant(&t.replays, level)? {
         render(&f, &out.join(TRANSPLANT_STEM))?;
         done.push((
             TRANSPLANT_STEM,
             format!("KV transplants LIVE ← REPLAY and REPLAY ← LIVE: share of boundaries whose continuation equals the donor's own, per buffers (K+V, K, V) and layer range, {ci} Wilson."),
         ));
     }
-    if let Some(f) = chunk_divergence(t.replays, level)? {
+    if let Some(f) = chunk_divergence(&t.replays, level)? {
         render(&f, &out.join(CHUNK_STEM))?;
         done.push((
             CHUNK_STEM,
@@ -345,7 +560,7 @@ fn accuracy(cells: &Cells, level: f64) -> Result<Option<HBarFigure>> {
             c.on_only,
             c.off_only,
             c.n,
-            super::divergence_data::mcnemar_exact(c.on_only, c.off_only)
+            super::analysis::mcnemar_exact(c.on_only, c.off_only)
         ));
     }
     let acc = vec![
@@ -863,7 +1078,7 @@ fn range_name(lo: i64, hi: i64, n: i64) -> (usize, String) {
         "3rd quarter",
         "4th quarter",
     ];
-    let ranges = crate::divergence::replay::transplant_ranges(n.max(0) as usize);
+    let ranges = super::replay::transplant_ranges(n.max(0) as usize);
     match ranges
         .iter()
         .position(|&(a, b)| a as i64 == lo && b as i64 == hi)
