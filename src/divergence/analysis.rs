@@ -29,23 +29,6 @@ pub struct Cell {
 
 pub(super) type Cells = BTreeMap<(String, String, String), Cell>;
 
-/// Two-sided exact McNemar p-value from the discordant counts `b` and `c`.
-pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
-    let n = b + c;
-    if n == 0 {
-        return 1.0;
-    }
-    let ln_choose = |n: u64, k: u64| -> f64 {
-        (1..=k)
-            .map(|i| ((n - k + i) as f64).ln() - (i as f64).ln())
-            .sum()
-    };
-    let tail: f64 = (0..=b.min(c))
-        .map(|k| (ln_choose(n, k) - n as f64 * std::f64::consts::LN_2).exp())
-        .sum();
-    (2.0 * tail).min(1.0)
-}
-
 /// Quantile `q` of sorted values (linear interpolation).
 pub(super) fn quantile(sorted: &[usize], q: f64) -> f64 {
     let h = q * (sorted.len() - 1) as f64;

@@ -560,7 +560,7 @@ fn accuracy(cells: &Cells, level: f64) -> Result<Option<HBarFigure>> {
             c.on_only,
             c.off_only,
             c.n,
-            super::analysis::mcnemar_exact(c.on_only, c.off_only)
+            crate::stats::mcnemar_exact(c.on_only, c.off_only)
         ));
     }
     let acc = vec![

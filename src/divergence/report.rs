@@ -8,6 +8,7 @@
 //! section listing the ones written.
 use super::analysis::*;
 use crate::seed::DivergenceClaims;
+use crate::stats::mcnemar_exact;
 use crate::stats::{wilson, wilson_rate as rate};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -590,14 +591,6 @@ fn claim_transplant(r: &mut String, informative: (u64, u64), level: f64) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mcnemar_exact_matches_hand_values() {
-        assert_eq!(mcnemar_exact(0, 0), 1.0);
-        // b = 0, c = 5: 2 · 0.5^5.
-        assert!((mcnemar_exact(0, 5) - 0.0625).abs() < 1e-12);
-        assert!((mcnemar_exact(3, 3) - 1.0).abs() < 1e-12);
-    }
 
     #[test]
     fn ratio_bootstrap_is_paired_over_common_problems() {

@@ -16,7 +16,7 @@
 //! `uniform-int8`; `spectrum` against `spectrum-position` with the same quantizer.
 use super::eval::{NiahRow, PplRow, window_delta};
 use crate::Result;
-use crate::divergence::analysis::mcnemar_exact;
+use crate::stats::mcnemar_exact;
 use crate::stats::{self, BootstrapCi};
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::BTreeMap;

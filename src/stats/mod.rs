@@ -992,3 +992,20 @@ pub fn wilson(successes: u64, n: u64, level: f64) -> Result<Option<(f64, f64)>> 
         (center + half).clamp(0.0, 1.0),
     )))
 }
+
+/// Two-sided exact McNemar p-value from the discordant counts `b` and `c`.
+pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    let ln_choose = |n: u64, k: u64| -> f64 {
+        (1..=k)
+            .map(|i| ((n - k + i) as f64).ln() - (i as f64).ln())
+            .sum()
+    };
+    let tail: f64 = (0..=b.min(c))
+        .map(|k| (ln_choose(n, k) - n as f64 * std::f64::consts::LN_2).exp())
+        .sum();
+    (2.0 * tail).min(1.0)
+}

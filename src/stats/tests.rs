@@ -828,3 +828,14 @@ fn jaccard_gap_is_paired_and_rejects_only_a_real_gap() {
         None
     );
 }
+
+#[test]
+fn mcnemar_exact_is_the_two_sided_binomial_tail_of_the_discordant_pairs() {
+    assert_eq!(mcnemar_exact(0, 0), 1.0);
+    // 2 · 0.5^6 = 0.03125: six discordant pairs all one way is the first to reach p < 0.05.
+    assert!((mcnemar_exact(6, 0) - 0.03125).abs() < 1e-12);
+    assert!((mcnemar_exact(5, 0) - 0.0625).abs() < 1e-12);
+    assert_eq!(mcnemar_exact(3, 7), mcnemar_exact(7, 3));
+    // Balanced discordance is no evidence: p is capped at 1.
+    assert_eq!(mcnemar_exact(4, 4), 1.0);
+}
