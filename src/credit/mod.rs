@@ -6,6 +6,8 @@
 //! built on [`crate::spectrum`]'s scoring, allocation, packing and restore).
 pub mod campaign;
 pub mod estimate;
+pub(crate) mod pass;
+pub(crate) mod passes;
 pub mod records;
 pub mod rollout;
 pub mod spec;
