@@ -444,7 +444,7 @@ const MAX_FN_LINES: usize = 150;
 
 /// Functions still over [`MAX_FN_LINES`], by file and name. The list only shrinks: a function
 /// split below the limit must leave it, and no other function may join it.
-const OVER_LIMIT: [(&str, &str); 13] = [
+const OVER_LIMIT: [(&str, &str); 12] = [
     ("analysis/divergence.rs", "extra_sections"),
     ("analysis/divergence.rs", "seed_claims"),
     ("analysis/divergence.rs", "write_report"),
@@ -453,7 +453,6 @@ const OVER_LIMIT: [(&str, &str); 13] = [
     ("analysis/table.rs", "summary_row"),
     ("bench/mod.rs", "run"),
     ("bench/report.rs", "table"),
-    ("credit/campaign.rs", "run_group"),
     ("divergence/lockstep.rs", "run"),
     ("divergence/run.rs", "run_batch"),
     ("model/mod.rs", "from_weights"),

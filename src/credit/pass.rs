@@ -4,7 +4,7 @@
 //! snapshot checks). The plug-ins are in `credit::passes`.
 use super::records::{JobId, PassAudit};
 use super::rollout::{Pivot, Rollout};
-use super::spec::{CampaignSpec, Pass};
+use super::spec::{CampaignSpec, Pass, PassSpec};
 use crate::decode::engine::{
     self, Decoding, EngineOptions, Job, NumericalPath, Outcome, SnapshotChecks, Start,
 };
@@ -108,6 +108,7 @@ pub(crate) struct Schedule {
 }
 
 /// Fixed batches, or with `passes.refill` one queue refilling `width` rows.
+#[derive(Debug, PartialEq)]
 pub(crate) enum Plan {
     /// Job indices per batch.
     Batches(Batches),
@@ -134,8 +135,9 @@ pub(crate) trait CreditPass {
     /// One problem's starting states: one per pivot of `pivots`, from its rollout `roll`.
     fn starts(&self, cx: &PassContext, roll: &Rollout, pivots: &[Pivot]) -> Result<Starts>;
 
-    /// The batches a group's `jobs` pooled continuations run in.
-    fn schedule(&self, cx: &PassContext, jobs: usize) -> Result<Schedule>;
+    /// The batches a group's `jobs` pooled continuations run in under `passes` (`what`: the
+    /// group in words, for errors).
+    fn schedule(&self, passes: &PassSpec, what: &str, jobs: usize) -> Result<Schedule>;
 }
 
 /// What one pass recorded of one problem.
@@ -216,7 +218,7 @@ pub(crate) fn run(
             }
         })
         .collect();
-    let schedule = plugin.schedule(cx, pooled.len())?;
+    let schedule = plugin.schedule(&cx.spec.passes, cx.what, pooled.len())?;
     let (run, rows) = run_jobs(cx, pass, &jobs, &schedule, pb)?;
     pb.set_position(pooled.len() as u64);
     let device = cx.model.decoder.device();

@@ -4,7 +4,7 @@
 use crate::Result;
 use crate::credit::pass::{CreditPass, PassContext, Plan, Schedule, StartState, Starts};
 use crate::credit::rollout::{Pivot, Rollout};
-use crate::credit::spec::Pass;
+use crate::credit::spec::{Pass, PassSpec};
 use crate::decode::schedule;
 
 /// Decode-time KV under exact's schedule.
@@ -19,8 +19,8 @@ impl CreditPass for Exact {
         Ok(snapshots())
     }
 
-    fn schedule(&self, cx: &PassContext, jobs: usize) -> Result<Schedule> {
-        Ok(exact_schedule(cx, jobs))
+    fn schedule(&self, passes: &PassSpec, _: &str, jobs: usize) -> Result<Schedule> {
+        Ok(exact_schedule(passes, jobs))
     }
 }
 
@@ -36,8 +36,7 @@ pub(crate) fn snapshots() -> Starts {
 /// Exact's schedule for `jobs` pooled jobs: consecutive batches of `passes.batch_size`
 /// ([`schedule::exact`]), or with `passes.refill` one queue in natural order on as many rows;
 /// the natural key axis.
-pub(crate) fn exact_schedule(cx: &PassContext, jobs: usize) -> Schedule {
-    let p = &cx.spec.passes;
+pub(crate) fn exact_schedule(p: &PassSpec, jobs: usize) -> Schedule {
     Schedule {
         plan: if p.refill {
             Plan::Queue {

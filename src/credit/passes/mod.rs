@@ -19,3 +19,37 @@ pub(crate) fn plugin(pass: Pass) -> &'static dyn CreditPass {
         Pass::SpectrumReplica => &spectrum::Spectrum { replica: true },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credit::spec::{PassSchedule, PassSpec};
+
+    /// Every pass name has a plug-in that runs that pass, under the schedule the spec declares
+    /// for it; a plug-in registered under the wrong name is told apart.
+    #[test]
+    fn every_pass_is_registered_under_its_schedule() {
+        let passes: PassSpec =
+            toml::from_str("run = [\"exact\"]\nbatch_size = 4\nreplica_schedule = \"shuffled\"")
+                .expect("pass spec");
+        let runs_exact = |p: &dyn CreditPass| {
+            let s = p.schedule(&passes, "test", 10).expect("schedule");
+            assert_eq!(s.name == "exact", s.key_pad == 0);
+            s.name == "exact"
+        };
+        for pass in Pass::ALL {
+            let p = plugin(pass);
+            assert_eq!(p.pass(), pass);
+            assert_eq!(
+                runs_exact(p),
+                pass.schedule() == PassSchedule::Exact,
+                "{pass}"
+            );
+        }
+        let wrong = refeed::Refeed { replica: true };
+        assert_ne!(
+            runs_exact(&wrong),
+            Pass::Refeed.schedule() == PassSchedule::Exact
+        );
+    }
+}

@@ -6,7 +6,7 @@ use super::replica::replica_schedule;
 use crate::Result;
 use crate::credit::pass::{CreditPass, PassContext, Schedule, StartState, Starts};
 use crate::credit::rollout::{Pivot, Rollout};
-use crate::credit::spec::Pass;
+use crate::credit::spec::{Pass, PassSpec};
 use crate::kv_cache::KvCache;
 use crate::model::LogitsAt;
 use tch::Tensor;
@@ -38,11 +38,11 @@ impl CreditPass for Refeed {
         })
     }
 
-    fn schedule(&self, cx: &PassContext, jobs: usize) -> Result<Schedule> {
+    fn schedule(&self, passes: &PassSpec, what: &str, jobs: usize) -> Result<Schedule> {
         if self.replica {
-            replica_schedule(cx, jobs)
+            replica_schedule(passes, what, jobs)
         } else {
-            Ok(exact_schedule(cx, jobs))
+            Ok(exact_schedule(passes, jobs))
         }
     }
 }

@@ -5,7 +5,7 @@ use super::exact::exact_schedule;
 use super::replica::replica_schedule;
 use crate::credit::pass::{CreditPass, PassContext, Schedule, StartState, Starts};
 use crate::credit::rollout::{Pivot, Rollout};
-use crate::credit::spec::{Pass, SpectrumPass};
+use crate::credit::spec::{Pass, PassSpec, SpectrumPass};
 use crate::io::schema::SpectrumStats;
 use crate::kv_cache::KvCache;
 use crate::spectrum::eval;
@@ -45,11 +45,11 @@ impl CreditPass for Spectrum {
         })
     }
 
-    fn schedule(&self, cx: &PassContext, jobs: usize) -> Result<Schedule> {
+    fn schedule(&self, passes: &PassSpec, what: &str, jobs: usize) -> Result<Schedule> {
         if self.replica {
-            replica_schedule(cx, jobs)
+            replica_schedule(passes, what, jobs)
         } else {
-            Ok(exact_schedule(cx, jobs))
+            Ok(exact_schedule(passes, jobs))
         }
     }
 }
