@@ -263,7 +263,7 @@ pub(crate) fn run(
             },
             numerics: path_numerics(&run.paths[r.clone()], &base),
             checks: engine::count_checks(&jobs[r.clone()], &run.verified[r.clone()]),
-            spectrum: s.spectrum.clone(),
+            spectrum: s.spectrum,
         })
         .collect())
 }
