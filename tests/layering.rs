@@ -842,7 +842,7 @@ const MAX_FN_LINES: usize = 150;
 
 /// Functions still over [`MAX_FN_LINES`], by file and name. The list only shrinks: a function
 /// split below the limit must leave it, and no other function may join it.
-const OVER_LIMIT: [(&str, &str); 1] = [("credit/campaign.rs", "run_group")];
+const OVER_LIMIT: [(&str, &str); 0] = [];
 
 /// Every function with a body outside test modules (`#[cfg(test)] mod` blocks, `*_tests.rs`,
 /// `tests.rs`): (file, name, lines from `fn` to the closing brace).

@@ -2,16 +2,15 @@
 //! and estimates, written as one atomic shard; a rerun skips finished shards, and the merged
 //! tables are rebuilt from the shards at the end.
 use super::estimate::{Estimate, estimate};
+use super::pass::{self, PassContext, Prepared, share};
+use super::passes;
 use super::records::{self, JobId, PassAudit};
-use super::rollout::{self, Pivot, Rollout, RolloutParams};
-use super::spec::{CampaignSpec, Pass, ReplicaSchedule, SpectrumPass};
-use crate::decode::engine::{self, Decoding, EngineMode, EngineOptions, Job, Outcome, Start, Stop};
-use crate::decode::schedule;
-use crate::exec::{ExecPolicy, ExecSettings, PolicyKind};
+use super::rollout::{self, RolloutParams};
+use super::spec::{CampaignSpec, Pass};
+use crate::decode::engine::{Decoding, EngineMode, Outcome, Stop};
+use crate::exec::{ExecSettings, PolicyKind};
 use crate::io::parquet::Table;
 use crate::io::schema::{ExecRecord, RecordedSpec, RunHeader, RunOrigin};
-use crate::kv_cache::{KvCache, Snapshot};
-use crate::model::LogitsAt;
 use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
 use crate::spectrum::eval;
@@ -25,7 +24,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tch::Tensor;
 
 pub use crate::io::schema::{
     Manifest, PassCost, PassNumerics, PassSchedule, PassState, ShardSpec, SpectrumStats, TABLES,
@@ -658,42 +656,10 @@ struct Shard {
     info: ShardInfo,
 }
 
-/// One problem of a group up to its passes: its rollout, pivots and continuation jobs.
-struct Prepared {
-    roll: Rollout,
-    pivots: Vec<Pivot>,
-    /// Jobs in natural order: pivot, branch, sample.
-    ids: Vec<JobId>,
-}
-
-impl Prepared {
-    fn branch_token(&self, id: &JobId) -> i64 {
-        let p = &self.pivots[id.pivot];
-        if id.branch == 0 {
-            p.token
-        } else {
-            p.alternatives[id.branch - 1]
-        }
-    }
-}
-
-/// `seconds` shared among a group's problems in proportion to their `counts` (all of it to
-/// a problem alone).
-fn share(seconds: f64, counts: &[u64], i: usize) -> f64 {
-    let total: u64 = counts.iter().sum();
-    if counts.len() == 1 {
-        seconds
-    } else if total == 0 {
-        seconds / counts.len() as f64
-    } else {
-        seconds * counts[i] as f64 / total as f64
-    }
-}
-
 /// Run one group of consecutive problems (`passes.pool_problems` of them, one for the
-/// per-problem schedule): their rollouts decoded together, then per pass the continuations of
-/// all of them pooled, problem after problem in natural order, into the pass's batches. Returns
-/// each problem's shard, in the group's order.
+/// per-problem schedule): their rollouts decoded together, then each pass of `passes.run`
+/// ([`passes::plugin`]) over the continuations of all of them pooled. Returns each problem's
+/// shard, in the group's order.
 fn run_group(
     spec: &CampaignSpec,
     settings: &ExecSettings,
@@ -702,9 +668,11 @@ fn run_group(
     group: &[Problem],
     pb: &ProgressBar,
 ) -> Result<Vec<Shard>> {
-    let dec = &model.decoder;
-    let device = dec.device();
-    let policy = settings.policy(spec.policy);
+    let what = match group {
+        [one] => format!("problem {}", one.index),
+        [a, .., b] => format!("problems {}-{}", a.index, b.index),
+        [] => return Ok(vec![]),
+    };
     let stops = task.stop_sequences();
     let text_stop = |ids: &[i64]| -> bool {
         model
@@ -712,15 +680,62 @@ fn run_group(
             .map(|t| stops.iter().any(|s| t.contains(s)))
             .unwrap_or(false)
     };
-    let text_stop_ref: &dyn Fn(&[i64]) -> bool = &text_stop;
-    let what = match group {
-        [one] => format!("problem {}", one.index),
-        [a, .., b] => format!("problems {}-{}", a.index, b.index),
-        [] => return Ok(vec![]),
+    let text_stop: &dyn Fn(&[i64]) -> bool = &text_stop;
+    let decoding = Decoding {
+        model: &model.decoder,
+        policy: settings.policy(spec.policy),
+        sampling: spec.continuation_sampling(),
+        max_new_tokens: spec.continuations.max_new_tokens,
+        stop_tokens: &model.stop_tokens,
+        text_stop: Some(text_stop),
+    };
+    let (preps, mut infos) = prepare_group(spec, model, task, group, &decoding)?;
+    let cx = PassContext {
+        spec,
+        model,
+        settings,
+        decoding: &decoding,
+        what: &what,
     };
     let n = group.len();
-    let mut infos: Vec<ShardInfo> = vec![ShardInfo::default(); n];
+    let mut outcomes: Vec<BTreeMap<Pass, Vec<Outcome>>> = vec![BTreeMap::new(); n];
+    let mut audits: Vec<BTreeMap<Pass, PassAudit>> = (0..n).map(|_| BTreeMap::new()).collect();
+    for &pass in &spec.passes.run {
+        let runs = pass::run(passes::plugin(pass), &cx, &preps, pb)?;
+        for (q, run) in runs.into_iter().enumerate() {
+            let info = &mut infos[q];
+            info.snapshot_checks += run.checks.checks;
+            info.snapshot_hits += run.checks.hits;
+            info.snapshot_checks_pivots += run.checks.snapshots;
+            info.snapshot_hits_pivots += run.checks.snapshot_hits;
+            info.cost.insert(pass.as_str().into(), run.cost);
+            info.numerics.insert(pass.as_str().into(), run.numerics);
+            if run.spectrum.is_some() {
+                info.spectrum = run.spectrum;
+            }
+            outcomes[q].insert(pass, run.outcomes);
+            audits[q].insert(pass, run.audit);
+        }
+    }
+    preps
+        .iter()
+        .zip(group)
+        .zip(infos.into_iter().zip(outcomes).zip(audits))
+        .map(|((pr, problem), ((info, outcomes), audits))| {
+            finish_problem(spec, model, task, problem, pr, info, outcomes, audits)
+        })
+        .collect()
+}
 
+/// A group's rollouts, decoded together, with each problem's pivots and continuation jobs, and
+/// its bookkeeping so far (the rollout's cost, the pivots).
+fn prepare_group(
+    spec: &CampaignSpec,
+    model: &LoadedModel,
+    task: &SpecTask,
+    group: &[Problem],
+    decoding: &Decoding,
+) -> Result<(Vec<Prepared>, Vec<ShardInfo>)> {
     let prompts = group
         .iter()
         .map(|p| model.encode_prompt(&task.prompt(p)))
@@ -731,7 +746,7 @@ fn run_group(
         .collect();
     let t0 = Instant::now();
     let rolls = rollout::rollouts(
-        dec,
+        decoding.model,
         &prompts.iter().map(Vec::as_slice).collect::<Vec<_>>(),
         &keys,
         &RolloutParams {
@@ -740,21 +755,22 @@ fn run_group(
             key: keys[0],
             stop_tokens: &model.stop_tokens,
             special_tokens: &model.special_tokens,
-            text_stop: Some(text_stop_ref),
-            policy,
+            text_stop: decoding.text_stop,
+            policy: decoding.policy,
             max_margin: spec.pivots.max_margin,
             alternatives: spec.pivots.alternatives,
         },
     )?;
-    sync(device);
+    sync(decoding.model.device());
     let seconds = t0.elapsed().as_secs_f64();
     let roll_tokens: Vec<u64> = rolls
         .iter()
         .map(|r| (r.prompt.len() + r.steps.len()) as u64)
         .collect();
     let branches = 1 + spec.pivots.alternatives;
-    let mut preps = Vec::with_capacity(n);
-    for (q, roll) in rolls.into_iter().enumerate() {
+    let mut preps = Vec::with_capacity(group.len());
+    let mut infos = vec![ShardInfo::default(); group.len()];
+    for (q, (roll, problem)) in rolls.into_iter().zip(group).enumerate() {
         infos[q].cost.insert(
             "rollout".into(),
             PassCost {
@@ -777,249 +793,14 @@ fn run_group(
                 }
             }
         }
-        preps.push(Prepared { roll, pivots, ids });
+        preps.push(Prepared {
+            problem: problem.index,
+            roll,
+            pivots,
+            ids,
+        });
     }
-    // The pool: (problem in the group, job of that problem), problem-major; each problem's
-    // jobs are one contiguous range of it.
-    let pooled: Vec<(usize, usize)> = preps
-        .iter()
-        .enumerate()
-        .flat_map(|(q, pr)| (0..pr.ids.len()).map(move |j| (q, j)))
-        .collect();
-    let mut ranges = Vec::with_capacity(n);
-    let mut at = 0;
-    for pr in &preps {
-        ranges.push(at..at + pr.ids.len());
-        at += pr.ids.len();
-    }
-    let key = |q: usize, id: &JobId| NoiseKey {
-        seed: spec.seed,
-        problem: group[q].index as u64,
-        pivot: preps[q].pivots[id.pivot].pos as u64,
-        branch: id.branch as u64,
-        sample: id.sample as u64,
-        step: 0,
-    };
-    let decoding = Decoding {
-        model: dec,
-        policy,
-        sampling: spec.continuation_sampling(),
-        max_new_tokens: spec.continuations.max_new_tokens,
-        stop_tokens: &model.stop_tokens,
-        text_stop: Some(text_stop_ref),
-    };
-    let exact_batches = schedule::exact(pooled.len(), spec.passes.batch_size);
-
-    let mut outcomes: Vec<BTreeMap<Pass, Vec<Outcome>>> = vec![BTreeMap::new(); n];
-    let mut audits: Vec<BTreeMap<Pass, PassAudit>> = (0..n).map(|_| BTreeMap::new()).collect();
-    for &pass in &spec.passes.run {
-        pb.set_prefix(pass.as_str());
-        pb.set_length(pooled.len() as u64);
-        pb.set_position(0);
-        let started = Instant::now();
-        let mut prefix_tokens = vec![0u64; n];
-        // Refeed: one fresh prefill of prompt ⊕ y_<t per pivot, as token ids.
-        // Spectrum: per pivot the decode-time snapshot compressed into a restored cache.
-        let mut refeed_caches: Vec<Vec<KvCache>> = Vec::with_capacity(n);
-        for (q, pr) in preps.iter().enumerate() {
-            let caches: Vec<KvCache> = match (pass.state(), spec.spectrum_pass()) {
-                (PassState::Refeed, _) => pr
-                    .pivots
-                    .iter()
-                    .map(|p| refeed_prefix(model, &pr.roll, p, &mut prefix_tokens[q], &policy))
-                    .collect::<Result<_>>()?,
-                (PassState::Spectrum, Some(sp)) => {
-                    let mut stats = SpectrumStats::default();
-                    let caches = pr
-                        .pivots
-                        .iter()
-                        .map(|p| {
-                            spectrum_prefix(
-                                model,
-                                &pr.roll,
-                                p,
-                                sp,
-                                &policy,
-                                &mut prefix_tokens[q],
-                                &mut stats,
-                            )
-                        })
-                        .collect::<Result<_>>()?;
-                    infos[q].spectrum = Some(stats);
-                    caches
-                }
-                _ => vec![],
-            };
-            refeed_caches.push(caches);
-        }
-        let jobs: Vec<Job> = pooled
-            .iter()
-            .map(|&(q, j)| {
-                let pr = &preps[q];
-                let id = &pr.ids[j];
-                let pivot = &pr.pivots[id.pivot];
-                let start = match pass.state() {
-                    PassState::Decode => Start {
-                        cache: &pr.roll.cache,
-                        snap: pr.roll.snapshot(pivot.pos),
-                        expect: Some(pivot.fingerprint),
-                    },
-                    PassState::Refeed | PassState::Spectrum => Start {
-                        cache: &refeed_caches[q][id.pivot],
-                        snap: Snapshot {
-                            row: 0,
-                            len: pr.roll.snapshot(pivot.pos).len,
-                        },
-                        expect: None,
-                    },
-                };
-                Job {
-                    start,
-                    first_token: pr.branch_token(id),
-                    key: key(q, id),
-                }
-            })
-            .collect();
-        let replica_schedule = pass.schedule() == PassSchedule::Replica;
-        let shuffled =
-            replica_schedule && spec.passes.replica_schedule == ReplicaSchedule::Shuffled;
-        let batches = if spec.passes.refill {
-            vec![]
-        } else if shuffled {
-            replica_batches(spec, &what, &exact_batches)?
-        } else {
-            exact_batches.clone()
-        };
-        let queue = if !spec.passes.refill {
-            None
-        } else if shuffled {
-            Some(replica_queue(spec, &what, pooled.len())?)
-        } else {
-            Some(((0..pooled.len()).collect(), spec.passes.batch_size))
-        };
-        let mut since = Instant::now();
-        let mut recent = 0u64;
-        let mut on_tokens = |k: u64| {
-            recent += k;
-            let dt = since.elapsed().as_secs_f64();
-            if dt > 1.0 {
-                pb.set_message(format!("{:.1} tok/s", recent as f64 / dt));
-                since = Instant::now();
-                recent = 0;
-            }
-        };
-        let opts = EngineOptions {
-            mode: settings.engine,
-            key_pad: if replica_schedule {
-                spec.passes.effective_replica_key_pad()
-            } else {
-                0
-            },
-        };
-        let run = match &queue {
-            Some((order, width)) => {
-                engine::run_queue(&decoding, &jobs, order, *width, &opts, &mut on_tokens)
-            }
-            None => engine::run_batches(&decoding, &jobs, &batches, &opts, &mut on_tokens),
-        }
-        .map_err(|e| {
-            let rows = match &queue {
-                Some((_, width)) => *width,
-                None => batches.iter().map(Vec::len).max().unwrap_or(0),
-            };
-            let what = format!("{} pass, batch size {rows}", pass.as_str());
-            match e {
-                Error::OutOfMemory(m) => Error::OutOfMemory(format!(
-                    "{what}: {m}; try a smaller {}",
-                    if shuffled && spec.passes.replica_batch_size.is_some() {
-                        "passes.replica_batch_size"
-                    } else {
-                        "passes.batch_size"
-                    }
-                )),
-                other => other.context(&what),
-            }
-        })?;
-        pb.set_position(pooled.len() as u64);
-        sync(device);
-        let seconds = started.elapsed().as_secs_f64();
-        let schedule_summary = PassNumerics {
-            engine: run.stats.mode.clone(),
-            schedule: if replica_schedule {
-                spec.passes.replica_schedule.to_string()
-            } else {
-                "exact".into()
-            },
-            batch_rows: match &queue {
-                Some((_, width)) => *width,
-                None => batches.iter().map(Vec::len).max().unwrap_or(0),
-            },
-            key_pad: opts.key_pad,
-            sampler: settings.sampler_name(device),
-            glue: settings.glue_name(device),
-            ..PassNumerics::default()
-        };
-        // Every sampled token of a continuation was one live row of one step.
-        let tokens: Vec<u64> = (0..n)
-            .map(|q| {
-                prefix_tokens[q]
-                    + run.outcomes[ranges[q].clone()]
-                        .iter()
-                        .map(|o| o.tokens.len() as u64)
-                        .sum::<u64>()
-            })
-            .collect();
-        for (q, r) in ranges.iter().enumerate() {
-            let checks = engine::count_checks(&jobs[r.clone()], &run.verified[r.clone()]);
-            let info = &mut infos[q];
-            info.snapshot_checks += checks.checks;
-            info.snapshot_hits += checks.hits;
-            info.snapshot_checks_pivots += checks.snapshots;
-            info.snapshot_hits_pivots += checks.snapshot_hits;
-            info.cost.insert(
-                pass.as_str().into(),
-                PassCost {
-                    device_seconds: share(seconds, &tokens, q),
-                    tokens: tokens[q],
-                    continuations: r.len() as u64,
-                },
-            );
-            info.numerics.insert(
-                pass.as_str().into(),
-                pass_numerics(&run.paths[r.clone()], &schedule_summary),
-            );
-            outcomes[q].insert(pass, run.outcomes[r.clone()].to_vec());
-            audits[q].insert(
-                pass,
-                PassAudit {
-                    placements: run.placements[r.clone()].to_vec(),
-                    verified: run.verified[r.clone()].to_vec(),
-                    paths: run.paths[r.clone()].to_vec(),
-                },
-            );
-        }
-    }
-    preps
-        .iter()
-        .zip(group)
-        .zip(infos.into_iter().zip(outcomes).zip(audits))
-        .map(|((pr, problem), ((info, outcomes), audits))| {
-            finish_problem(spec, model, task, problem, pr, info, outcomes, audits)
-        })
-        .collect()
-}
-
-/// A pass's numerical path over some of its continuations: `base` (engine, schedule, kernels)
-/// with the rows, key axes and steps of `paths`.
-fn pass_numerics(
-    paths: &[crate::decode::engine::NumericalPath],
-    base: &PassNumerics,
-) -> PassNumerics {
-    let mut n = base.clone();
-    for p in paths {
-        n.widen(p.rows_range(), p.keys_range(), p.steps.len() as u64);
-    }
-    n
+    Ok((preps, infos))
 }
 
 /// Grade a problem's rollout and continuations (outputs that hit the token cap are graded
@@ -1118,99 +899,4 @@ fn finish_problem(
         records::estimates(&ctx, roll, pivots, &estimates, model)?,
     ];
     Ok(Shard { tables, info })
-}
-
-/// A group's shuffled replica batches ([`schedule::shuffled`]); refuses a grouping equal to
-/// exact's (which the schedule avoids for every problem with two or more continuations unless
-/// both batch sizes are 1, a spec `validate` rejects).
-fn replica_batches(
-    spec: &CampaignSpec,
-    what: &str,
-    exact: &[Vec<usize>],
-) -> Result<schedule::Batches> {
-    let n = exact.iter().map(Vec::len).sum();
-    let r = spec.passes.effective_replica_batch_size();
-    let replica = schedule::shuffled(n, spec.passes.batch_size, r);
-    if n > 0 && schedule::same_grouping(&replica, exact) {
-        return Err(Error::Spec(format!(
-            "{what}: the shuffled replica would run exact's batches ({n} continuations, passes.batch_size = {}, passes.replica_batch_size = {r}); change passes.replica_batch_size",
-            spec.passes.batch_size
-        )));
-    }
-    Ok(replica)
-}
-
-/// A group's shuffled replica queue with `passes.refill`: its `n` jobs in reverse order on
-/// `passes.replica_batch_size` rows; refused when that is exact's queue (the same order on
-/// as many rows, which happens only for a single job).
-fn replica_queue(spec: &CampaignSpec, what: &str, n: usize) -> Result<(Vec<usize>, usize)> {
-    let r = spec.passes.effective_replica_batch_size();
-    let order: Vec<usize> = (0..n).rev().collect();
-    let exact: Vec<usize> = (0..n).collect();
-    if n > 0 && order == exact && r.min(n) == spec.passes.batch_size.min(n) {
-        return Err(Error::Spec(format!(
-            "{what}: the shuffled replica would run exact's queue ({n} continuations, passes.batch_size = {}, passes.replica_batch_size = {r})",
-            spec.passes.batch_size
-        )));
-    }
-    Ok((order, r))
-}
-
-/// Prefill `prompt ⊕ y_<t` afresh into a cache with room for the continuation.
-fn refeed_prefix(
-    model: &LoadedModel,
-    roll: &Rollout,
-    pivot: &Pivot,
-    tokens: &mut u64,
-    policy: &ExecPolicy,
-) -> Result<KvCache> {
-    let mut ids = roll.prompt.clone();
-    ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
-    *tokens += ids.len() as u64;
-    let mut cache = model.decoder.new_cache(1, ids.len() as i64)?;
-    let t = Tensor::f_from_slice(&ids)?.f_view([1, -1])?;
-    let _ = model
-        .decoder
-        .forward(&t, &mut cache, policy, &LogitsAt::Last)?;
-    Ok(cache)
-}
-
-/// The spectrum pass's start at `pivot`: importance from a traced prefill of `prompt ⊕ y_<t`
-/// (the last prompt queries' attention, as `spectrum ppl` scores a context), the rollout's
-/// decode-time snapshot at the pivot allocated into tiers at the budget, quantized and packed
-/// into a wire frame, then decoded, verified and dequantized into an ordinary one-row cache
-/// (dropped tokens masked at their original positions).
-fn spectrum_prefix(
-    model: &LoadedModel,
-    roll: &Rollout,
-    pivot: &Pivot,
-    sp: &SpectrumPass,
-    policy: &ExecPolicy,
-    tokens: &mut u64,
-    stats: &mut SpectrumStats,
-) -> Result<KvCache> {
-    let mut ids = roll.prompt.clone();
-    ids.extend(roll.steps[..pivot.pos].iter().map(|s| s.token));
-    *tokens += ids.len() as u64;
-    let snap = roll.snapshot(pivot.pos);
-    let pre = eval::prefill_and_score(&model.decoder, &ids, policy, &sp.importance)?;
-    drop(pre.cache);
-    let variant = sp.variant()?;
-    let c = eval::compress_snapshot(&roll.cache, snap.row, &pre.scores, &variant, sp.protect)
-        .map_err(|e| e.context(&format!("spectrum pass at pivot {}", pivot.pos)))?;
-    let [fp16, int8, int4] = c.plan.counts();
-    let real_b = c.real_b();
-    stats.add(&SpectrumStats {
-        snapshots: 1,
-        tokens: c.plan.len() as u64,
-        tokens_fp16: fp16 as u64,
-        tokens_int8: int8 as u64,
-        tokens_int4: int4 as u64,
-        tokens_drop: c.plan.dropped() as u64,
-        frame_bytes: c.frame.len() as u64,
-        fp16_bytes: c.fp16_bytes as u64,
-        real_b_min: real_b,
-        real_b_max: real_b,
-    });
-    eval::receive(&model.decoder, &c.frame, 0)
 }
