@@ -1629,3 +1629,56 @@ fn ttft_transfers(path: &Path) -> (usize, Vec<String>) {
     kinds.dedup();
     (all.len(), kinds)
 }
+
+#[test]
+fn a_cpu_grid_records_its_thread_count_and_resumes_only_with_it() {
+    let dir = common::scratch("spectrum", "threads");
+    let model = common::chat_fixture(&dir.join("model"), 4096);
+    let spec = dir.join("spec.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name = \"t\"\nmodel = \"{}\"\ndtype = \"fp32\"\n[protect]\nsinks = 2\nrecent = 8\n\
+             [ppl]\ncontext = 64\ncontinuation = 8\nwindows = 2\nbudgets = [0.5]\n\
+             policies = [\"pdtrim\"]\nquantizers = [\"kivi\"]\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.join("run");
+    let run = |threads: &str| {
+        common::kvcredit(&[
+            "spectrum",
+            "ppl",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+            "--threads",
+            threads,
+        ])
+    };
+    let (code, _, err) = run("1");
+    assert_eq!(code, 0, "{err}");
+    let manifest = out.join("ppl.manifest.json");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    assert_eq!(m["cpu_threads"], 1, "{m}");
+    // One window lost, then a resume with another thread count: refused in one line, naming
+    // the count to pass, before anything is measured.
+    let shard = out.join("shards/ppl/window-00001");
+    std::fs::remove_dir_all(&shard).unwrap();
+    let (code, _, err) = run("2");
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--threads 1"), "{err}");
+    assert!(!shard.exists());
+    // The same count resumes.
+    let (code, _, err) = run("1");
+    assert_eq!(code, 0, "{err}");
+    assert!(shard.join("shard.json").exists());
+    // Out of range is a usage error.
+    let (code, _, _) = run("0");
+    assert_ne!(code, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,6 +23,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// libtorch intra-op threads (default: libtorch's, from the cores or OMP_NUM_THREADS). CPU
+    /// results depend on it (sums split by thread); CPU runs record it and resume only with it.
+    #[arg(long, global = true, value_parser = clap::value_parser!(i32).range(1..=4096))]
+    threads: Option<i32>,
 }
 
 #[derive(Subcommand)]
@@ -84,6 +88,9 @@ pub fn one_line(e: &anyhow::Error) -> String {
 /// Parse the command line and run the chosen subcommand.
 pub fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        tch::set_num_threads(n);
+    }
     match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Models(cmd) => models::run(cmd),

@@ -231,7 +231,7 @@ fn check_resume(
     task: &SpecTask,
 ) -> Result<()> {
     let out = &opts.out_dir;
-    m.run.check_spec(spec_sha256, out)?;
+    m.run.check_resume(spec_sha256, out)?;
     if m.shard != opts.shard {
         let was = |s: Option<ShardSpec>| match s {
             Some(s) => format!("shard {s}"),

@@ -241,7 +241,7 @@ fn resume(
         return Ok(None);
     }
     let mut m: Manifest = read_json(&manifest_path)?;
-    m.run.check_spec(spec_sha256, out)?;
+    m.run.check_resume(spec_sha256, out)?;
     m.run.exec.resume_with(record, &out.display().to_string())?;
     if let Some(was) = &m.task {
         was.resume_with(&task.record(), &out.display().to_string())?;

@@ -336,6 +336,11 @@ pub struct RunHeader {
     /// Execution policy, its tiles and the engine.
     #[serde(flatten)]
     pub exec: ExecRecord,
+    /// libtorch's intra-op threads in a CPU run (`--threads`): the CPU's GEMMs and reductions
+    /// split their sums by thread, so other counts give other low bits. Absent for GPU runs
+    /// and for runs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_threads: Option<i32>,
     /// kvcredit version.
     pub kvcredit_version: String,
     /// libtorch version the binary was built against.
@@ -377,6 +382,7 @@ impl RunHeader {
             model_sha256: o.model_sha256.map(str::to_string),
             device: o.device.to_string(),
             exec,
+            cpu_threads: cpu_threads(o.device),
             kvcredit_version: env!("CARGO_PKG_VERSION").to_string(),
             libtorch_version: env!("KVCREDIT_LIBTORCH_VERSION").to_string(),
             started_at: super::UtcTime::now().rfc3339(),
@@ -385,18 +391,34 @@ impl RunHeader {
         }
     }
 
-    /// Refuse, in one line, to resume the run in `out` with a spec of another hash.
-    pub fn check_spec(&self, spec_sha256: &str, out: &std::path::Path) -> crate::Result<()> {
-        if self.spec_sha256 == spec_sha256 {
-            return Ok(());
+    /// Refuse, in one line, to resume the run in `out` with a spec of another hash, or a CPU
+    /// run with another libtorch thread count than it started with.
+    pub fn check_resume(&self, spec_sha256: &str, out: &std::path::Path) -> crate::Result<()> {
+        if self.spec_sha256 != spec_sha256 {
+            return Err(crate::Error::Spec(format!(
+                "{} holds a run of a different spec (sha256 {}…, this spec {}…); use another --out",
+                out.display(),
+                &self.spec_sha256[..self.spec_sha256.len().min(12)],
+                &spec_sha256[..spec_sha256.len().min(12)]
+            )));
         }
-        Err(crate::Error::Spec(format!(
-            "{} holds a run of a different spec (sha256 {}…, this spec {}…); use another --out",
-            out.display(),
-            &self.spec_sha256[..self.spec_sha256.len().min(12)],
-            &spec_sha256[..spec_sha256.len().min(12)]
-        )))
+        let now = cpu_threads(&self.device);
+        if let (Some(was), Some(now)) = (self.cpu_threads, now)
+            && was != now
+        {
+            return Err(crate::Error::Spec(format!(
+                "{} was run with {was} libtorch threads and would resume with {now} (CPU sums split by thread, so other counts give other numbers); pass --threads {was} to resume",
+                out.display()
+            )));
+        }
+        Ok(())
     }
+}
+
+/// libtorch's intra-op thread count when `device` is the CPU (what a CPU run records and
+/// resumes only with).
+fn cpu_threads(device: &str) -> Option<i32> {
+    (device == "cpu").then(tch::get_num_threads)
 }
 
 /// What a campaign run records about itself (`manifest.json`).

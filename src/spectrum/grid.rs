@@ -129,7 +129,7 @@ fn open(g: &GridRun, grid: &str, units_total: usize, text: Option<TextNorm>) -> 
     let manifest = if path.exists() {
         let mut m: GridManifest = read_json(&path)?;
         let what = format!("{} ({grid})", g.out.display());
-        m.run.check_spec(g.spec_sha256, g.out)?;
+        m.run.check_resume(g.spec_sha256, g.out)?;
         if (m.dtype, m.run.device.as_str()) != (g.dtype, g.spec.device.as_str()) {
             return Err(Error::Spec(format!(
                 "{what} was run as {} on {} and this run asks for {} on {}; use another --out",
