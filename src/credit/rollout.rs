@@ -230,6 +230,22 @@ pub fn rollouts(
     })
 }
 
+/// The special tokens that are not stop tokens (never candidates nor alternatives), and the
+/// same as an index tensor on `device` (`None` when there are none).
+fn excluded_tokens(p: &RolloutParams, device: Device) -> Result<(Vec<i64>, Option<Tensor>)> {
+    let excluded: Vec<i64> = p
+        .special_tokens
+        .iter()
+        .copied()
+        .filter(|t| !p.stop_tokens.contains(t))
+        .collect();
+    let idx = match excluded.is_empty() {
+        true => None,
+        false => Some(Tensor::f_from_slice(&excluded)?.f_to_device(device)?),
+    };
+    Ok((excluded, idx))
+}
+
 /// [`rollouts`]' decoding; candidate steps' K/V go to `hashes`, tagged (rollout, step).
 fn decode_rollouts(
     model: &Decoder,
@@ -248,16 +264,7 @@ fn decode_rollouts(
     if n == 0 {
         return Ok(vec![]);
     }
-    let excluded: Vec<i64> = p
-        .special_tokens
-        .iter()
-        .copied()
-        .filter(|t| !p.stop_tokens.contains(t))
-        .collect();
-    let excluded_idx = match excluded.is_empty() {
-        true => None,
-        false => Some(Tensor::f_from_slice(&excluded)?.f_to_device(model.device())?),
-    };
+    let (excluded, excluded_idx) = excluded_tokens(p, model.device())?;
     let mut caches = Vec::with_capacity(n);
     let mut first = Vec::with_capacity(n);
     for prompt in prompts {
