@@ -78,7 +78,7 @@ pub fn generate(model: &Decoder, prompt: &[i64], opts: &GenerateOptions) -> Resu
     for step in 0..opts.max_new_tokens {
         let row = logits.f_view([1, -1])?;
         check_finite(&row, "generation")?;
-        let next = sampling::select(&row, opts.sampling, &[key(opts, step)])?[0];
+        let next = sampling::select(&row, opts.sampling, &[key(opts, step)], model.sampler())?[0];
         tokens.push(next);
         if opts.stop_tokens.contains(&next) || step + 1 == opts.max_new_tokens {
             break;
@@ -113,7 +113,8 @@ pub fn generate_nocache(
             .forward(&ids, &mut cache, &opts.policy, &LogitsAt::Last)?
             .f_view([1, -1])?;
         check_finite(&logits, "generation")?;
-        let next = sampling::select(&logits, opts.sampling, &[key(opts, step)])?[0];
+        let next =
+            sampling::select(&logits, opts.sampling, &[key(opts, step)], model.sampler())?[0];
         tokens.push(next);
         seq.push(next);
         if opts.stop_tokens.contains(&next) {

@@ -18,7 +18,6 @@ pub mod model;
 pub mod nvrtc;
 pub mod profile;
 pub mod sampling;
-pub mod scoped;
 pub mod stats;
 pub mod tokenizer;
 

@@ -8,11 +8,11 @@
 //! Two [`Sampler`]s draw the token: the ATen reference (the noise as `[B, V]` tensors, about
 //! thirty passes over int64/fp64 data) and, on CUDA, the fused kernels of
 //! `kernels/sampling.cu` (two launches), which choose bitwise the same token;
-//! [`check_fused`] verifies that on the device, with a negative control.
+//! [`check_fused`] verifies that on the device, with a negative control. The choice travels
+//! as a value: the run's [`crate::ExecSettings::sampler`], resolved by [`Sampler::resolve`],
+//! is held by the decoder ([`crate::Decoder::sampler`]) and handed to each selection.
 use crate::nvrtc::{Arg, Kernel};
 use crate::{Error, Result};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};
 
 /// How the next token is chosen.
@@ -191,10 +191,6 @@ pub enum Sampler {
     Fused,
 }
 
-thread_local! {
-    static OVERRIDE: Cell<Option<Sampler>> = const { Cell::new(None) };
-}
-
 impl Sampler {
     /// Parse `aten` or `fused`.
     pub fn parse(s: &str) -> Result<Sampler> {
@@ -223,39 +219,15 @@ impl Sampler {
         Ok(())
     }
 
-    /// The sampler used on `device`: the calling thread's [`with_sampler`] override, else the
-    /// process default ([`set_default`]: the CLI's resolved `KVCREDIT_SAMPLER`), else fused
-    /// where it can run and ATen elsewhere.
-    pub fn for_device(device: Device) -> Result<Sampler> {
-        if let Some(s) = OVERRIDE.with(Cell::get) {
-            return Ok(s);
-        }
-        match DEFAULT.load(Ordering::Relaxed) {
-            1 => Ok(Sampler::Aten),
-            2 => Sampler::Fused.check_device(device).map(|()| Sampler::Fused),
-            _ if crate::nvrtc::available(device) => Ok(Sampler::Fused),
-            _ => Ok(Sampler::Aten),
+    /// The sampler that runs on `device` when `asked` (`None`: the device's default): the one
+    /// asked for, else fused where it can run, else ATen.
+    pub fn resolve(asked: Option<Sampler>, device: Device) -> Sampler {
+        match asked {
+            Some(s) => s,
+            None if crate::nvrtc::available(device) => Sampler::Fused,
+            None => Sampler::Aten,
         }
     }
-}
-
-/// The process default: 0 none (the device's), 1 ATen, 2 fused.
-static DEFAULT: AtomicU8 = AtomicU8::new(0);
-
-/// Set the sampler of every thread without a [`with_sampler`] override (`None`: the device's
-/// default). The CLI calls it once, with the sampler its run arguments resolved.
-pub fn set_default(sampler: Option<Sampler>) {
-    let code = match sampler {
-        None => 0,
-        Some(Sampler::Aten) => 1,
-        Some(Sampler::Fused) => 2,
-    };
-    DEFAULT.store(code, Ordering::Relaxed);
-}
-
-/// Run `f` with `sampler` drawing this thread's tokens (the previous choice is restored).
-pub fn with_sampler<T>(sampler: Sampler, f: impl FnOnce() -> T) -> T {
-    crate::scoped::scoped(&OVERRIDE, sampler, f)
 }
 
 const SAMPLING_SOURCE: &str = include_str!("../kernels/sampling.cu");
@@ -348,14 +320,17 @@ pub fn gumbel_noise_fused(words: &Tensor, vocab: i64, control: bool) -> Result<T
     Ok(out)
 }
 
-/// Gumbel-max of `scaled` logits (`[B, V]`, fp32) under [`Sampler::for_device`].
-fn gumbel_argmax(scaled: &Tensor, words: &Tensor) -> Result<Tensor> {
-    match Sampler::for_device(scaled.device())? {
+/// Gumbel-max of `scaled` logits (`[B, V]`, fp32) by `sampler`.
+fn gumbel_argmax(scaled: &Tensor, words: &Tensor, sampler: Sampler) -> Result<Tensor> {
+    match sampler {
         Sampler::Aten => {
             let noise = gumbel_noise_from(words, vocab_of(scaled)?)?;
             Ok(scaled.f_add(&noise)?.f_argmax(-1, false)?)
         }
-        Sampler::Fused => fused_argmax(scaled, words),
+        Sampler::Fused => {
+            Sampler::Fused.check_device(scaled.device())?;
+            fused_argmax(scaled, words)
+        }
     }
 }
 
@@ -434,8 +409,8 @@ pub fn check_fused(device: Device, rows: i64, vocab: i64, seed: u64) -> Result<S
     ];
     let mut token_mismatches = 0;
     for rule in rules {
-        let a = with_sampler(Sampler::Aten, || select_on_device(&logits, rule, &words))?;
-        let f = with_sampler(Sampler::Fused, || select_on_device(&logits, rule, &words))?;
+        let a = select_on_device(&logits, rule, &words, Sampler::Aten)?;
+        let f = select_on_device(&logits, rule, &words, Sampler::Fused)?;
         token_mismatches += count_ne(&a, &f)?;
     }
     Ok(SamplerCheck {
@@ -447,21 +422,35 @@ pub fn check_fused(device: Device, rows: i64, vocab: i64, seed: u64) -> Result<S
     })
 }
 
-/// Choose one token per row of `logits` (`[B, V]`, any float dtype).
-pub fn select(logits: &Tensor, sampling: Sampling, keys: &[NoiseKey]) -> Result<Vec<i64>> {
+/// Choose one token per row of `logits` (`[B, V]`, any float dtype), drawing with `sampler`
+/// (unused when greedy).
+pub fn select(
+    logits: &Tensor,
+    sampling: Sampling,
+    keys: &[NoiseKey],
+    sampler: Sampler,
+) -> Result<Vec<i64>> {
     let chosen = match sampling {
         Sampling::Greedy => logits.f_to_kind(Kind::Float)?.f_argmax(-1, false)?,
-        Sampling::Temperature { .. } | Sampling::TopP { .. } => {
-            select_on_device(logits, sampling, &key_words(keys, logits.device())?)?
-        }
+        Sampling::Temperature { .. } | Sampling::TopP { .. } => select_on_device(
+            logits,
+            sampling,
+            &key_words(keys, logits.device())?,
+            sampler,
+        )?,
     };
     Ok(Vec::<i64>::try_from(chosen.f_to_device(Device::Cpu)?)?)
 }
 
 /// The chosen token of each row as a device tensor `[B]`, from device-resident key words
 /// `[2, B, 1]` ([`noise_words`]; unused when greedy). Same choice as [`select`]; no host sync.
-/// The noise and argmax run under [`Sampler::for_device`].
-pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> Result<Tensor> {
+/// The noise and argmax run by `sampler`.
+pub fn select_on_device(
+    logits: &Tensor,
+    sampling: Sampling,
+    words: &Tensor,
+    sampler: Sampler,
+) -> Result<Tensor> {
     let logits = logits.f_to_kind(Kind::Float)?;
     Ok(match sampling {
         Sampling::Greedy => logits.f_argmax(-1, false)?,
@@ -472,7 +461,7 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
             } else {
                 logits.f_div_scalar(temperature)?
             };
-            gumbel_argmax(&scaled, words)?
+            gumbel_argmax(&scaled, words, sampler)?
         }
         Sampling::TopP { top_p, temperature } => {
             let scaled = logits.f_div_scalar(temperature)?;
@@ -483,7 +472,11 @@ pub fn select_on_device(logits: &Tensor, sampling: Sampling, words: &Tensor) -> 
             let before = p.f_cumsum(-1, Kind::Double)?.f_sub(&p)?;
             let drop_sorted = before.f_ge(top_p)?;
             let drop = drop_sorted.f_scatter(-1, &order, &drop_sorted)?;
-            gumbel_argmax(&scaled.f_masked_fill(&drop, f64::NEG_INFINITY)?, words)?
+            gumbel_argmax(
+                &scaled.f_masked_fill(&drop, f64::NEG_INFINITY)?,
+                words,
+                sampler,
+            )?
         }
     })
 }
@@ -494,8 +487,9 @@ pub fn select_and_check_on_device(
     logits: &Tensor,
     sampling: Sampling,
     words: &Tensor,
+    sampler: Sampler,
 ) -> Result<Tensor> {
-    let chosen = select_on_device(logits, sampling, words)?;
+    let chosen = select_on_device(logits, sampling, words, sampler)?;
     let finite = logits
         .f_isfinite()?
         .f_all()?
@@ -510,8 +504,9 @@ pub fn select_checked(
     logits: &Tensor,
     sampling: Sampling,
     words: &Tensor,
+    sampler: Sampler,
 ) -> Result<(Vec<i64>, bool)> {
-    let both = select_and_check_on_device(logits, sampling, words)?;
+    let both = select_and_check_on_device(logits, sampling, words, sampler)?;
     split_checked(&both)
 }
 
@@ -606,10 +601,11 @@ mod tests {
         assert!(gumbel_noise_from(&bad, 5).is_err());
         let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 0.5, 0.0, 1.0]).view([2, 3]);
         let t = Sampling::Temperature { temperature: 0.5 };
-        assert_eq!(select_on_device(&logits, t, &words)?.size(), [2]);
-        assert!(select_on_device(&logits, t, &bad).is_err());
+        let aten = Sampler::Aten;
+        assert_eq!(select_on_device(&logits, t, &words, aten)?.size(), [2]);
+        assert!(select_on_device(&logits, t, &bad, aten).is_err());
         // 1-D logits have no vocabulary axis.
-        let err = select(&logits.get(0), t, &keys[..1])
+        let err = select(&logits.get(0), t, &keys[..1], aten)
             .unwrap_err()
             .to_string();
         assert!(err.contains("[B, V]") && !err.contains('\n'), "{err}");
@@ -620,7 +616,7 @@ mod tests {
     }
 
     #[test]
-    fn samplers_parse_and_the_override_is_scoped() -> Result<()> {
+    fn samplers_parse_and_resolve_per_device() -> Result<()> {
         assert_eq!(Sampler::parse("aten")?, Sampler::Aten);
         assert_eq!(Sampler::parse("fused")?, Sampler::Fused);
         for s in [Sampler::Aten, Sampler::Fused] {
@@ -636,29 +632,33 @@ mod tests {
         assert!(err.contains("CUDA") && !err.contains('\n'), "{err}");
         assert!(Sampler::Aten.check_device(Device::Cpu).is_ok());
         assert!(check_fused(Device::Cpu, 4, 16, 0).is_err());
-        // The override holds inside the closure only, also when it returns an error.
-        let inside = with_sampler(Sampler::Fused, || Sampler::for_device(Device::Cpu))?;
-        assert_eq!(inside, Sampler::Fused);
-        let failed: Result<()> = with_sampler(Sampler::Fused, || Err(Error::Spec("stop".into())));
-        assert!(failed.is_err());
-        assert_eq!(OVERRIDE.with(Cell::get), None);
-        // Under the fused override on the CPU, sampling fails cleanly (no kernel to run),
-        // and greedy selection does not need a sampler at all.
+        // The device's default is ATen on the CPU; a sampler asked for is kept.
+        assert_eq!(Sampler::resolve(None, Device::Cpu), Sampler::Aten);
+        for s in [Sampler::Aten, Sampler::Fused] {
+            assert_eq!(Sampler::resolve(Some(s), Device::Cpu), s);
+            assert_eq!(Sampler::resolve(Some(s), Device::Cuda(0)), s);
+        }
+        assert_eq!(
+            Sampler::resolve(None, Device::Cuda(0)),
+            if crate::cuda_graph::compiled() {
+                Sampler::Fused
+            } else {
+                Sampler::Aten
+            }
+        );
+        // The fused sampler on the CPU fails cleanly (no kernel to run), and greedy selection
+        // does not need a sampler at all.
         let logits = Tensor::from_slice(&[0.0f32, 1.0, 2.0]).view([1, 3]);
         let t = Sampling::Temperature { temperature: 1.0 };
-        assert!(with_sampler(Sampler::Fused, || select(&logits, t, &[key(0)])).is_err());
+        let err = select(&logits, t, &[key(0)], Sampler::Fused)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CUDA") && !err.contains('\n'), "{err}");
         assert_eq!(
-            with_sampler(Sampler::Fused, || select(
-                &logits,
-                Sampling::Greedy,
-                &[key(0)]
-            ))?,
+            select(&logits, Sampling::Greedy, &[key(0)], Sampler::Fused)?,
             [2]
         );
-        assert_eq!(
-            with_sampler(Sampler::Aten, || select(&logits, t, &[key(0)]))?,
-            select(&logits, t, &[key(0)])?
-        );
+        assert!(select(&logits, t, &[key(0)], Sampler::Aten).is_ok());
         Ok(())
     }
 
@@ -671,9 +671,12 @@ mod tests {
                 sample: s,
                 ..key(0)
             };
-            counts
-                [select(&logits, Sampling::Temperature { temperature: 1.0 }, &[k])?[0] as usize] +=
-                1;
+            counts[select(
+                &logits,
+                Sampling::Temperature { temperature: 1.0 },
+                &[k],
+                Sampler::Aten,
+            )?[0] as usize] += 1;
         }
         let p2 = counts[2] as f64 / 3000.0;
         // softmax([0,1,2])[2] = 0.665; 3000 draws give sd 0.009.
@@ -699,6 +702,7 @@ mod tests {
                         temperature: 1.0,
                     },
                     &k,
+                    Sampler::Aten,
                 )?[0];
                 counts[i][t as usize] += 1;
             }

@@ -453,7 +453,6 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "tokenizer",
             "nvrtc",
             "cuda_graph",
-            "scoped",
             "profile",
             "stats",
         ],
@@ -681,7 +680,7 @@ fn layering_check_flags_a_synthetic_graph() {
 
 /// The top-level modules the library builds without feature `studies` (`make check-core`):
 /// the core and what it needs.
-const CORE: [&str; 15] = [
+const CORE: [&str; 14] = [
     "config",
     "cuda_graph",
     "decode",
@@ -694,7 +693,6 @@ const CORE: [&str; 15] = [
     "nvrtc",
     "profile",
     "sampling",
-    "scoped",
     "stats",
     "tokenizer",
 ];
@@ -995,8 +993,7 @@ const GLOBALS_NOT_SETTINGS: [(&str, &str); 2] = [
 
 /// Run settings still held in process globals with thread-local overrides (filled from
 /// `ExecSettings` by the CLI). The list only shrinks.
-const SETTING_GLOBALS_PENDING: [(&str, &str); 1] =
-    [("sampling.rs", "the sampler's default and override")];
+const SETTING_GLOBALS_PENDING: [(&str, &str); 0] = [];
 
 /// Non-test files (outside `cli/` and `main.rs`) that read the environment, and those that hold
 /// an atomic `static` or a `thread_local!`.

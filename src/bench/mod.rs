@@ -66,8 +66,8 @@ pub struct BenchConfig {
     pub cont_batches: Vec<usize>,
     /// Continuation sampling temperature.
     pub temperature: f64,
-    /// Samplers each continuation measurement runs under (empty: the device's default,
-    /// [`Sampler::for_device`]). With the fused sampler available, the report also holds
+    /// Samplers each continuation measurement runs under (empty: the model's,
+    /// [`Decoder::sampler`]). With the fused sampler available, the report also holds
     /// [`BenchReport::sampler_check`].
     #[serde(default)]
     pub samplers: Vec<Sampler>,
@@ -359,9 +359,10 @@ pub fn measurement_count(cfg: &BenchConfig) -> u64 {
     (cfg.policies.len() * per_policy) as u64
 }
 
-/// Run every measurement of `cfg` on `model`.
+/// Run every measurement of `cfg` on `model`, its continuations under each of `cfg.samplers`
+/// (empty: the model's own sampler, [`Decoder::sampler`], which it draws with again after).
 pub fn run(
-    model: &Decoder,
+    model: &mut Decoder,
     what: &str,
     shape: Option<&str>,
     cfg: &BenchConfig,
@@ -372,7 +373,7 @@ pub fn run(
     let started = Instant::now();
     let device = model.device();
     let samplers = if cfg.samplers.is_empty() {
-        vec![Sampler::for_device(device)?]
+        vec![model.sampler()]
     } else {
         cfg.samplers.clone()
     };
@@ -381,18 +382,20 @@ pub fn run(
     }
     let tiles = cfg.tiles.unwrap_or_else(|| BiTiles::for_device(device));
     let vocab = model.config().vocab_size as i64;
+    let own_sampler = model.sampler();
+    let report = empty_report(model, what, shape, cfg, tiles);
     let mut bench = Bench {
         model,
         cfg,
         prompt: random_ids(cfg.prompt, vocab, cfg.seed),
-        report: empty_report(model, what, shape, cfg, tiles),
+        report,
         errors: Vec::new(),
         progress,
     };
     bench.fused_checks(tiles, vocab);
     let floor_ms = cfg
         .bandwidth_gbs
-        .map(|bw| decode_weight_bytes(model) as f64 / (bw * 1e9) * 1e3);
+        .map(|bw| decode_weight_bytes(bench.model) as f64 / (bw * 1e9) * 1e3);
     for &kind in &cfg.policies {
         let policy = kind.with_tiles(tiles);
         bench.prefill_decode_profile(policy, floor_ms);
@@ -400,6 +403,7 @@ pub fn run(
             bench.continuations(policy, &samplers);
         }
     }
+    bench.model.set_sampler(Some(own_sampler));
     let mut report = bench.report;
     report.errors = bench.errors;
     report.seconds = started.elapsed().as_secs_f64();
@@ -474,7 +478,7 @@ fn empty_report(
 /// One bench run in progress: the model, its settings and prompt, what it measured so far and
 /// the errors of the measurements that failed.
 struct Bench<'a> {
-    model: &'a Decoder,
+    model: &'a mut Decoder,
     cfg: &'a BenchConfig,
     prompt: Vec<i64>,
     report: BenchReport,
@@ -485,7 +489,7 @@ struct Bench<'a> {
 impl Bench<'_> {
     /// The fused sampler and glue kernels against their references, where the device runs them.
     fn fused_checks(&mut self, tiles: BiTiles, vocab: i64) {
-        let (model, cfg, device) = (self.model, self.cfg, self.model.device());
+        let (model, cfg, device) = (&*self.model, self.cfg, self.model.device());
         if Sampler::Fused.check_device(device).is_ok() && !cfg.cont_batches.is_empty() {
             self.report.sampler_check = attempt(&mut self.errors, "fused sampler check", || {
                 sampling::check_fused(device, 64, vocab, cfg.seed)
@@ -514,7 +518,7 @@ impl Bench<'_> {
 
     /// Prefill of the prompt, then the decode steps and profiles of `policy` resumed from it.
     fn prefill_decode_profile(&mut self, policy: ExecPolicy, floor_ms: Option<f64>) {
-        let (model, cfg, prompt) = (self.model, self.cfg, &self.prompt);
+        let (model, cfg, prompt) = (&*self.model, self.cfg, &self.prompt);
         self.progress
             .start(&format!("{policy}: prefill {}", cfg.prompt));
         let what = format!("{policy} prefill");
@@ -578,9 +582,10 @@ impl Bench<'_> {
         }
     }
 
-    /// A rollout under `policy`, then its continuations per batch size, engine and sampler.
+    /// A rollout under `policy`, then its continuations per batch size, engine and sampler
+    /// (set on the model for each measurement).
     fn continuations(&mut self, policy: ExecPolicy, samplers: &[Sampler]) {
-        let (model, cfg, prompt) = (self.model, self.cfg, &self.prompt);
+        let (model, cfg, prompt) = (&*self.model, self.cfg, &self.prompt);
         self.progress.start(&format!(
             "{policy}: rollout of {} tokens",
             cfg.rollout_tokens
@@ -602,11 +607,11 @@ impl Bench<'_> {
                         sampler.name()
                     );
                     self.progress.start(&what);
+                    self.model.set_sampler(Some(sampler));
+                    let model = &*self.model;
                     if let Some(c) = setup.as_ref().and_then(|setup| {
                         attempt(&mut self.errors, &what, || {
-                            sampling::with_sampler(sampler, || {
-                                setup.run(model, policy, mode, b, cfg)
-                            })
+                            setup.run(model, policy, mode, b, cfg)
                         })
                     }) {
                         self.report.continuations.push(ContinuationResult {

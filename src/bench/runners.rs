@@ -30,7 +30,12 @@ pub fn prefill(
         sync(model.device());
         let t = Instant::now();
         let logits = model.forward(&ids, &mut cache, &policy, &LogitsAt::Last)?;
-        let _ = sampling::select(&logits.f_view([1, -1])?, Sampling::Greedy, &[])?;
+        let _ = sampling::select(
+            &logits.f_view([1, -1])?,
+            Sampling::Greedy,
+            &[],
+            model.sampler(),
+        )?;
         Ok(t.elapsed().as_secs_f64())
     };
     once()?; // warm-up

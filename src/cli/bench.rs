@@ -142,10 +142,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => bench::TargetFile::shipped()?,
     };
     let Chosen {
-        decoder: model,
+        decoder: mut model,
         what,
         shape,
-    } = a.model.load(run.dtype, device, run.exec.glue)?;
+    } = a.model.load(run.dtype, device, &run.exec)?;
     let cfg = BenchConfig {
         policies,
         tiles: Some(run.exec.tiles),
@@ -182,7 +182,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .expect("valid template"),
     );
     let mut bar = Bar(pb);
-    let mut report = bench::run(&model, &what, shape.as_deref(), &cfg, &mut bar)?;
+    let mut report = bench::run(&mut model, &what, shape.as_deref(), &cfg, &mut bar)?;
     bar.0.finish_and_clear();
 
     // Baselines: the files given (else the shipped ones), else the targets file's eager

@@ -44,7 +44,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dtype: Dtype::Bf16,
         policy: PolicyKind::Stock,
     })?;
-    let chosen = a.model.load(run.dtype, run.device, run.exec.glue)?;
+    let chosen = a.model.load(run.dtype, run.device, &run.exec)?;
     let cfg = NoiseConfig {
         prompt: a.prompt,
         gemm_max_rows: a.gemm_max_rows,

@@ -170,6 +170,7 @@ pub(super) fn load_model(
     )?;
     model.decoder.limit_context(!allow_extrapolation);
     model.decoder.set_glue(cfg.exec.glue);
+    model.decoder.set_sampler(cfg.exec.sampler);
     Ok(model)
 }
 

@@ -94,6 +94,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
     )?;
     model.decoder.limit_context(!a.allow_extrapolation);
     model.decoder.set_glue(cfg.exec.glue);
+    model.decoder.set_sampler(cfg.exec.sampler);
     let opts = EvalOptions {
         max_new_tokens: a.max_new_tokens.unwrap_or(task.max_new_tokens()),
         batch_size: a.batch_size,
@@ -151,6 +152,7 @@ fn run_spec(a: SpecArgs) -> anyhow::Result<()> {
     )?;
     model.decoder.limit_context(!a.allow_extrapolation);
     model.decoder.set_glue(cfg.exec.glue);
+    model.decoder.set_sampler(cfg.exec.sampler);
     let opts = EvalOptions {
         max_new_tokens: a
             .max_new_tokens

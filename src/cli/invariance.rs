@@ -161,7 +161,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         decoder: model,
         what,
         ..
-    } = a.model.load(cfg.dtype, cfg.device, cfg.exec.glue)?;
+    } = a.model.load(cfg.dtype, cfg.device, &cfg.exec)?;
     if a.bench {
         model.check_context(
             (a.bench_context + a.bench_steps + 2).max(a.bench_prefill),

@@ -2,7 +2,7 @@
 use super::run_args::registry_paths;
 use anyhow::{Context, bail};
 use kvcredit::Decoder;
-use kvcredit::exec::glue::Glue;
+use kvcredit::ExecSettings;
 use kvcredit::model::synthetic;
 use kvcredit::runtime::{self, Dtype, ModelSource};
 use tch::Device;
@@ -42,8 +42,13 @@ pub struct Chosen {
 
 impl ModelArgs {
     /// Load the chosen model in `dtype` on `device` (synthetic weights are drawn there), its
-    /// glue ops run by `glue` (`None`: the device's default).
-    pub fn load(&self, dtype: Dtype, device: Device, glue: Option<Glue>) -> anyhow::Result<Chosen> {
+    /// glue ops run and its tokens drawn as `exec` asks.
+    pub fn load(
+        &self,
+        dtype: Dtype,
+        device: Device,
+        exec: &ExecSettings,
+    ) -> anyhow::Result<Chosen> {
         let mut chosen = match (&self.model, &self.synthetic) {
             (Some(m), _) => Chosen {
                 decoder: runtime::load(
@@ -64,7 +69,8 @@ impl ModelArgs {
             (None, None) => bail!("give --model or --synthetic"),
         };
         chosen.decoder.limit_context(!self.allow_extrapolation);
-        chosen.decoder.set_glue(glue);
+        chosen.decoder.set_glue(exec.glue);
+        chosen.decoder.set_sampler(exec.sampler);
         Ok(chosen)
     }
 }

@@ -125,7 +125,6 @@ impl RunArgs {
         let sampler = env_choice(&env, "KVCREDIT_SAMPLER", "sampler", Sampler::parse)?;
         let glue = env_choice(&env, "KVCREDIT_GLUE", "glue", Glue::parse)?;
         let exec = ExecSettings::resolve(device, tiles.as_deref(), engine, sampler, glue)?;
-        kvcredit::sampling::set_default(exec.sampler);
         Ok((device, name, exec))
     }
 

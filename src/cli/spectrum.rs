@@ -80,6 +80,7 @@ impl WorkerModel {
             cfg.device,
         )?;
         model.decoder.set_glue(cfg.exec.glue);
+        model.decoder.set_sampler(cfg.exec.sampler);
         Ok((model, cfg))
     }
 }
@@ -217,6 +218,7 @@ fn setup(a: &SpecArgs) -> anyhow::Result<Setup> {
         cfg.device,
     )?;
     model.decoder.set_glue(cfg.exec.glue);
+    model.decoder.set_sampler(cfg.exec.sampler);
     spec.check_positions(&model.decoder)?;
     let out = a
         .out

@@ -14,7 +14,7 @@ use crate::exec::ExecPolicy;
 use crate::generate::check_finite;
 use crate::kv_cache::{self, HashPool, KvCache, Snapshot};
 use crate::model::{Decoder, LogitsAt};
-use crate::sampling::{self, NoiseKey, Sampling};
+use crate::sampling::{self, NoiseKey, Sampler, Sampling};
 use tch::{Device, Kind, Tensor};
 
 /// One generated token and what the model thought of it.
@@ -135,9 +135,10 @@ struct RowFacts {
 /// Per row of `logits` (`[B, V]`): the selected token ([`sampling::select`]), its
 /// [`sampling::step_info`] log-probability and margin and its [`alternatives`], computed on
 /// the device and read back with a single copy (the same ops, so the same values, as those
-/// functions). `None` when a logit is not finite.
+/// functions), the token drawn by `sampler`. `None` when a logit is not finite.
 fn step_facts(
     logits: &Tensor,
+    sampler: Sampler,
     p: &RolloutParams,
     keys: &[NoiseKey],
     excluded: &[i64],
@@ -147,7 +148,7 @@ fn step_facts(
     let words = Tensor::f_from_slice(&sampling::noise_words(keys))?
         .f_to_device(logits.device())?
         .f_view([2, b as i64, 1])?;
-    let chosen = sampling::select_on_device(logits, p.sampling, &words)?;
+    let chosen = sampling::select_on_device(logits, p.sampling, &words, sampler)?;
     let finite = logits
         .f_isfinite()?
         .f_all()?
@@ -229,6 +230,22 @@ pub fn rollouts(
     })
 }
 
+/// The special tokens that are not stop tokens (never candidates nor alternatives), and the
+/// same as an index tensor on `device` (`None` when there are none).
+fn excluded_tokens(p: &RolloutParams, device: Device) -> Result<(Vec<i64>, Option<Tensor>)> {
+    let excluded: Vec<i64> = p
+        .special_tokens
+        .iter()
+        .copied()
+        .filter(|t| !p.stop_tokens.contains(t))
+        .collect();
+    let idx = match excluded.is_empty() {
+        true => None,
+        false => Some(Tensor::f_from_slice(&excluded)?.f_to_device(device)?),
+    };
+    Ok((excluded, idx))
+}
+
 /// [`rollouts`]' decoding; candidate steps' K/V go to `hashes`, tagged (rollout, step).
 fn decode_rollouts(
     model: &Decoder,
@@ -247,16 +264,7 @@ fn decode_rollouts(
     if n == 0 {
         return Ok(vec![]);
     }
-    let excluded: Vec<i64> = p
-        .special_tokens
-        .iter()
-        .copied()
-        .filter(|t| !p.stop_tokens.contains(t))
-        .collect();
-    let excluded_idx = match excluded.is_empty() {
-        true => None,
-        false => Some(Tensor::f_from_slice(&excluded)?.f_to_device(model.device())?),
-    };
+    let (excluded, excluded_idx) = excluded_tokens(p, model.device())?;
     let mut caches = Vec::with_capacity(n);
     let mut first = Vec::with_capacity(n);
     for prompt in prompts {
@@ -290,7 +298,14 @@ fn decode_rollouts(
                 ..keys[i]
             })
             .collect();
-        let Some(facts) = step_facts(&logits, p, &row_keys, &excluded, excluded_idx.as_ref())?
+        let Some(facts) = step_facts(
+            &logits,
+            model.sampler(),
+            p,
+            &row_keys,
+            &excluded,
+            excluded_idx.as_ref(),
+        )?
         else {
             check_finite(&logits, &format!("rollout step {t}"))?;
             return Err(crate::Error::Invariant(format!(

@@ -316,7 +316,7 @@ impl<'m> Stepper<'m> {
             let words = Tensor::f_from_slice(&sampling::noise_words(keys))?
                 .f_to_device(self.model.device())?
                 .f_view([2, b as i64, 1])?;
-            sampling::select_checked(&logits, self.sampling, &words)?
+            sampling::select_checked(&logits, self.sampling, &words, self.model.sampler())?
         };
         if !finite {
             return Err(Error::NonFinite(
@@ -432,6 +432,6 @@ impl StaticStep<'_> {
         let logits = self
             .model
             .forward_static(&tokens, &positions, &mut view, self.policy)?;
-        sampling::select_and_check_on_device(&logits, self.sampling, &words)
+        sampling::select_and_check_on_device(&logits, self.sampling, &words, self.model.sampler())
     }
 }

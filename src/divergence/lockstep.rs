@@ -423,11 +423,21 @@ impl<'a> Lockstep<'a> {
             parts.push(c.f_reshape([-1])?);
         }
         if let Some(lo) = lo {
-            let t = sampling::select_on_device(lo, s.sampling, &words_for(&self.active_on)?)?;
+            let t = sampling::select_on_device(
+                lo,
+                s.sampling,
+                &words_for(&self.active_on)?,
+                s.model.sampler(),
+            )?;
             parts.push(t.f_to_kind(Kind::Double)?.f_reshape([-1])?);
         }
         if let (Some(lf), false) = (logits_off, self.forced) {
-            let t = sampling::select_on_device(lf, s.sampling, &words_for(&self.active_off)?)?;
+            let t = sampling::select_on_device(
+                lf,
+                s.sampling,
+                &words_for(&self.active_off)?,
+                s.model.sampler(),
+            )?;
             parts.push(t.f_to_kind(Kind::Double)?.f_reshape([-1])?);
         }
         Ok(Vec::try_from(

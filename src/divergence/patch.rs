@@ -125,8 +125,8 @@ pub fn run(
     };
     let m = m_of(&z)?;
     let m_off = m_of(&z_off)?[0];
-    let first = sampling::select(&z, Sampling::Greedy, &[])?;
-    let off_first = sampling::select(&z_off, Sampling::Greedy, &[])?[0];
+    let first = sampling::select(&z, Sampling::Greedy, &[], model.sampler())?;
+    let off_first = sampling::select(&z_off, Sampling::Greedy, &[], model.sampler())?[0];
     // Trajectory: every row continues greedily against its own (cache-ON) cache.
     let mut conts: Vec<Vec<i64>> = first.iter().map(|&t| vec![t]).collect();
     for _ in 1..k {
@@ -138,7 +138,12 @@ pub fn run(
             .f_view([rows as i64, 1])?
             .f_to_device(dev)?;
         let z = model.forward(&t, &mut batch, policy, &LogitsAt::Last)?;
-        let next = sampling::select(&z.f_view([rows as i64, -1])?, Sampling::Greedy, &[])?;
+        let next = sampling::select(
+            &z.f_view([rows as i64, -1])?,
+            Sampling::Greedy,
+            &[],
+            model.sampler(),
+        )?;
         for (c, t) in conts.iter_mut().zip(next) {
             c.push(t);
         }

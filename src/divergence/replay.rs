@@ -105,7 +105,12 @@ fn continue_greedy(
     let mut feed = Tensor::f_full([rows, 1], first, (Kind::Int64, dev))?;
     for _ in 0..k {
         let z = model.forward(&feed, &mut cache, policy, &LogitsAt::Last)?;
-        let next = sampling::select(&z.f_view([rows, -1])?, Sampling::Greedy, &[])?;
+        let next = sampling::select(
+            &z.f_view([rows, -1])?,
+            Sampling::Greedy,
+            &[],
+            model.sampler(),
+        )?;
         for (o, &t) in out.iter_mut().zip(&next) {
             o.push(t);
         }

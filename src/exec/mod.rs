@@ -336,9 +336,8 @@ pub struct ExecSettings {
 impl ExecSettings {
     /// The sampler kernel these settings run on `device` (`aten` or `fused`).
     pub fn sampler_name(&self, device: tch::Device) -> String {
-        self.sampler
-            .or_else(|| crate::sampling::Sampler::for_device(device).ok())
-            .map_or("aten", crate::sampling::Sampler::name)
+        crate::sampling::Sampler::resolve(self.sampler, device)
+            .name()
             .to_string()
     }
 

@@ -24,6 +24,7 @@ use crate::config::{ArchConfig, Dims, LayerKind};
 use crate::exec::glue::Glue;
 use crate::exec::{AttnScratch, ExecPolicy};
 use crate::kv_cache::{KvCache, KvShape, KvWrite};
+use crate::sampling::Sampler;
 use crate::{Error, Result};
 use attention::{Attention, LayerInputs, QkNorm};
 pub use hooks::Trace;
@@ -98,6 +99,8 @@ pub struct Decoder {
     limit_positions: bool,
     /// The glue ops' implementation (see [`Decoder::set_glue`]).
     glue: Glue,
+    /// The sampler that draws tokens from this decoder's logits (see [`Decoder::set_sampler`]).
+    sampler: Sampler,
 }
 
 impl Decoder {
@@ -163,6 +166,7 @@ impl Decoder {
             device,
             limit_positions: false,
             glue: Glue::resolve(None, device),
+            sampler: Sampler::resolve(None, device),
         })
     }
 
@@ -185,6 +189,18 @@ impl Decoder {
     /// The glue this decoder's forward passes run.
     pub fn glue(&self) -> Glue {
         self.glue
+    }
+
+    /// Draw sampled tokens from this decoder's logits with `sampler` (`None`: the device's
+    /// default, [`Sampler::resolve`]): the run's [`crate::ExecSettings::sampler`]. Both samplers
+    /// choose bitwise the same tokens.
+    pub fn set_sampler(&mut self, sampler: Option<Sampler>) {
+        self.sampler = Sampler::resolve(sampler, self.device);
+    }
+
+    /// The sampler that draws tokens from this decoder's logits.
+    pub fn sampler(&self) -> Sampler {
+        self.sampler
     }
 
     /// The most positions a sequence may use: `Some(`[`ArchConfig::context_length`]`)` while
