@@ -52,8 +52,8 @@ use crate::analysis::read::{
     self, ContinuationRow, EstimateRow, Key, Manifest, Pass, PivotRow, RolloutRow,
     read_continuations, read_estimates, read_manifest, read_pivots, read_rollouts,
 };
+use crate::credit::schema::ReplicaSchedule;
 use crate::exec::PolicyKind;
-use crate::io::schema::ReplicaSchedule;
 
 /// A `kvcredit check` rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -6,10 +6,10 @@ mod common;
 
 use kvcredit::credit::CampaignSpec;
 use kvcredit::credit::rollout::{self, RolloutParams};
+use kvcredit::credit::schema;
 use kvcredit::credit::spec::PivotSpec;
 use kvcredit::decode::engine::{self, Decoding, Job, Start};
 use kvcredit::io::parquet::read_batches;
-use kvcredit::io::schema;
 use kvcredit::runtime::{self, Dtype, LoadedModel, ModelSource};
 use kvcredit::sampling::{NoiseKey, Sampling};
 use kvcredit::{Error, ExecPolicy};
@@ -699,7 +699,7 @@ fn sigkill_and_resume(
 
 /// Every table's rows with the placement columns (chunk, row, batch_rows, fill) left out.
 fn tables_without_placement(run: &Path) -> Vec<(String, Vec<arrow_array::RecordBatch>)> {
-    let placement = kvcredit::io::schema::SCHEDULE_COLUMNS;
+    let placement = schema::SCHEDULE_COLUMNS;
     ["rollouts", "pivots", "continuations", "estimates"]
         .iter()
         .map(|t| {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use crate::io::schema::col;
+use crate::credit::schema::col;
 use crate::{Error, Result};
 
 use super::read::{CONTINUATIONS, Frame, Pass, is_batch_invariant};

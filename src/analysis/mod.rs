@@ -252,10 +252,9 @@ pub fn summarize_runs(runs: &[RunData], opts: &AnalyzeOptions) -> Result<Vec<Con
             if let Some(sp) = &m.spectrum {
                 meta.spectrum.get_or_insert_with(Default::default).add(sp);
             }
-            if let crate::io::schema::RecordedSpec::Full(spec) = &m.spec
-                && let Some(v) = spec.spectrum_pass().and_then(|p| p.variant().ok())
+            if let crate::credit::schema::RecordedSpec::Full(spec) = &m.spec
+                && let Some(label) = spec.spectrum_pass().and_then(|p| p.label().ok())
             {
-                let label = crate::spectrum::eval::variant_label(&v);
                 if let Some(was) = &meta.spectrum_setting {
                     same("spectrum setting", cfg, was, &label)?;
                 }

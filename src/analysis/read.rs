@@ -24,8 +24,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::{Error, Result};
 
-use crate::io::schema::col;
-pub use crate::io::schema::{
+use crate::credit::schema::col;
+pub use crate::credit::schema::{
     CONTINUATIONS, ESTIMATES, MANIFEST, Manifest, PIVOTS, Pass, PassCost, ROLLOUTS,
 };
 

@@ -50,7 +50,7 @@ use crate::{Error, Result};
 
 use super::identity::{FloorStatus, TokenIdentity};
 use super::read::{EstimateRow, Key, OutputCounts, Pass, PassCost};
-use crate::io::schema::SpectrumStats;
+use crate::credit::schema::SpectrumStats;
 
 /// The one definition of a critical set, as `docs/guide/concepts.md` and the report state it.
 pub const CRITICAL_SET_DEFINITION: &str = "`C^π(τ) = {(i, t, a) : |Â^π| ≥ τ}` over every \

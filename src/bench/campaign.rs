@@ -1,8 +1,8 @@
 //! `kvcredit bench campaign`: a credit campaign's throughput, per pass and for the whole run,
 //! from its manifest's `cost` and the run's wall time (timed around the run, or taken from the
 //! manifest's `started_at`/`finished_at` for an existing run folder).
+use crate::credit::schema::{ExecRecord, Manifest, Pass, PassCost, RecordedSpec};
 use crate::io::UtcTime;
-use crate::io::schema::{ExecRecord, Manifest, Pass, PassCost, RecordedSpec};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -194,7 +194,7 @@ impl CampaignBench {
                 s.passes.pool_problems,
                 Some(s.passes.batch_size),
                 passes_run.contains(&Pass::Replica).then(|| {
-                    if s.passes.replica_schedule == crate::io::schema::ReplicaSchedule::Same {
+                    if s.passes.replica_schedule == crate::credit::schema::ReplicaSchedule::Same {
                         s.passes.batch_size
                     } else {
                         s.passes.effective_replica_batch_size()

@@ -6,14 +6,15 @@ use super::pass::{self, PassContext, Prepared, share};
 use super::passes;
 use super::records::{self, JobId, PassAudit};
 use super::rollout::{self, RolloutParams};
+use super::schema::{ExecRecord, RecordedSpec};
 use super::spec::{CampaignSpec, Pass};
 use crate::decode::engine::{Decoding, EngineMode, Outcome, Stop};
 use crate::exec::{ExecSettings, PolicyKind};
 use crate::io::parquet::Table;
-use crate::io::schema::{ExecRecord, RecordedSpec, RunHeader, RunOrigin};
 use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;
 use crate::spectrum::eval;
+use crate::study::header::{RunHeader, RunOrigin};
 use crate::study::{
     commit_shard, lock_run, merge_table, prepare_shards, read_json, sync, table_hashes, write_json,
 };
@@ -25,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use crate::io::schema::{
+pub use super::schema::{
     Manifest, PassCost, PassNumerics, PassSchedule, PassState, ShardSpec, SpectrumStats, TABLES,
 };
 
@@ -417,7 +418,7 @@ pub fn merge_campaign(dirs: &[PathBuf], out: &Path) -> Result<Manifest> {
         .collect::<Result<_>>()?;
     check_mergeable(dirs, &manifests)?;
     let first = &manifests[0];
-    let crate::io::schema::RecordedSpec::Full(spec) = &first.spec else {
+    let RecordedSpec::Full(spec) = &first.spec else {
         return Err(Error::Spec(format!(
             "{}: the manifest does not record the full spec (an older run); it cannot be merged",
             first_dir.display()

@@ -11,6 +11,7 @@ pub(crate) mod pass;
 pub(crate) mod passes;
 pub mod records;
 pub mod rollout;
+pub mod schema;
 pub mod spec;
 
 pub use campaign::{Manifest, RunOptions, ShardSpec, finished_run, merge_campaign, run_campaign};

@@ -4,13 +4,13 @@
 //! snapshot checks). The plug-ins are in `credit::passes`.
 use super::records::{JobId, PassAudit};
 use super::rollout::{Pivot, Rollout};
+use super::schema::{PassCost, PassNumerics, SpectrumStats};
 use super::spec::{CampaignSpec, Pass, PassSpec};
 use crate::decode::engine::{
     self, Decoding, EngineOptions, Job, NumericalPath, Outcome, SnapshotChecks, Start,
 };
 use crate::decode::schedule::Batches;
 use crate::exec::ExecSettings;
-use crate::io::schema::{PassCost, PassNumerics, SpectrumStats};
 use crate::kv_cache::{KvCache, Snapshot};
 use crate::runtime::LoadedModel;
 use crate::sampling::NoiseKey;

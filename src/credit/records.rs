@@ -1,12 +1,12 @@
 //! The campaign's Parquet tables (schemas documented in the README): one builder per table.
 use super::estimate::Estimate;
 use super::rollout::{Pivot, Rollout};
+use super::schema::col;
 use super::spec::Pass;
 use crate::Result;
 use crate::decode::engine::{NumericalPath, Outcome, Placement};
 use crate::io::hex;
 use crate::io::parquet::{Column, Table};
-use crate::io::schema::col;
 use crate::runtime::LoadedModel;
 use crate::tasks::Grade;
 use std::collections::BTreeMap;

@@ -333,6 +333,12 @@ impl SpectrumPass {
         })
     }
 
+    /// `policy/quantizer/b` of the compression setting, as SpectrumKV's `shared_with` column
+    /// writes it.
+    pub fn label(&self) -> Result<String> {
+        Ok(crate::spectrum::eval::variant_label(&self.variant()?))
+    }
+
     /// Why these settings cannot run, if they cannot.
     fn problem(&self) -> Option<String> {
         let policy = match self.tier_policy() {

@@ -10,12 +10,13 @@ use super::patch::{self, PatchOutcome};
 use super::replay;
 use super::spec::{DivergenceSpec, LayerSet, PatchSpec, ReplaySpec, strategy_label};
 use crate::decode::engine::{EngineMode, Stop};
+use crate::exec::ExecRecord;
 use crate::exec::{ExecPolicy, ExecSettings};
 use crate::io::parquet::{Column, Table};
-use crate::io::schema::{ExecRecord, RunHeader, RunOrigin};
 use crate::model::Decoder;
 use crate::runtime::{self, Dtype, LoadedModel, ModelSource};
 use crate::sampling::{NoiseKey, Sampling};
+use crate::study::header::{RunHeader, RunOrigin};
 use crate::study::{
     commit_shard, lock_run, merge_table, now_rfc3339, prepare_shards, read_json, sync,
     table_hashes, write_json,
@@ -42,7 +43,7 @@ pub struct Manifest {
     /// The task: name, grader, prompt and data hash (absent in runs written before it was
     /// recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task: Option<crate::io::schema::TaskRecord>,
+    pub task: Option<crate::tasks::spec::TaskRecord>,
     /// TF32 for fp32 matmuls: libtorch's default (`allow_tf32` for cuBLAS off) is never
     /// changed by kvcredit.
     pub tf32: bool,

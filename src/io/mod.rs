@@ -1,7 +1,6 @@
-//! Output plumbing: atomic file writes, Parquet tables, and the shared record schema.
+//! Output plumbing: atomic file writes, Parquet tables and shard digests.
 pub mod integrity;
 pub mod parquet;
-pub mod schema;
 
 use crate::{Error, Result};
 use std::path::Path;

@@ -10,10 +10,11 @@ use super::eval::{self, NiahRow, PplOptions, PplRow, TextNorm, Variant};
 use super::spec::{ProbeSpec, SpectrumSpec};
 use super::ttft::{TtftRow, TtftRun, ttft_table};
 use crate::exec::ExecPolicy;
+use crate::exec::ExecRecord;
 use crate::io::integrity::verify_shard_file;
 use crate::io::parquet::{Column, Table};
-use crate::io::schema::{ExecRecord, RunHeader, RunOrigin};
 use crate::runtime::{Dtype, LoadedModel};
+use crate::study::header::{RunHeader, RunOrigin};
 use crate::study::progress::{bar, unit_line};
 use crate::study::{
     RunLock, commit_shard, lock_run, now_rfc3339, prepare_dir, read_json, table_hashes, write_json,

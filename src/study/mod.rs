@@ -1,6 +1,6 @@
 //! The runtime the studies (credit campaigns, divergence studies, SpectrumKV grids) run on:
 //! spec loading ([`spec`]), JSON manifests headed by one
-//! [`RunHeader`](crate::io::schema::RunHeader), atomic per-unit shards, resume, merge,
+//! [`RunHeader`](header::RunHeader), atomic per-unit shards, resume, merge,
 //! progress ([`progress`]) and device synchronization.
 //!
 //! A run folder holds `manifest.json` and `shards/<unit>/` folders; a shard is written in a
@@ -8,6 +8,7 @@
 //! skips it; its tables' digests ([`crate::io::integrity::SHARD_HASHES`]) are verified before
 //! they are merged. Leftover temporary folders of an interrupted run are removed on the next start.
 pub mod bounds;
+pub mod header;
 pub mod progress;
 pub mod spec;
 

@@ -208,7 +208,7 @@ pub fn run_campaign_file(
     spec_path: &Path,
     model: &kvcredit::runtime::LoadedModel,
     out: &Path,
-) -> kvcredit::io::schema::Manifest {
+) -> kvcredit::credit::schema::Manifest {
     let (spec, sha) = kvcredit::credit::CampaignSpec::load(spec_path).unwrap();
     kvcredit::credit::run_campaign(
         &spec,
