@@ -169,8 +169,7 @@ pub(super) fn load_model(
         cfg.device,
     )?;
     model.decoder.limit_context(!allow_extrapolation);
-    model.decoder.set_glue(cfg.exec.glue);
-    model.decoder.set_sampler(cfg.exec.sampler);
+    model.decoder.use_settings(&cfg.exec);
     Ok(model)
 }
 

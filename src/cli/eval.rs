@@ -93,8 +93,7 @@ pub fn run(cmd: Cmd) -> anyhow::Result<()> {
         cfg.device,
     )?;
     model.decoder.limit_context(!a.allow_extrapolation);
-    model.decoder.set_glue(cfg.exec.glue);
-    model.decoder.set_sampler(cfg.exec.sampler);
+    model.decoder.use_settings(&cfg.exec);
     let opts = EvalOptions {
         max_new_tokens: a.max_new_tokens.unwrap_or(task.max_new_tokens()),
         batch_size: a.batch_size,
@@ -151,8 +150,7 @@ fn run_spec(a: SpecArgs) -> anyhow::Result<()> {
         cfg.device,
     )?;
     model.decoder.limit_context(!a.allow_extrapolation);
-    model.decoder.set_glue(cfg.exec.glue);
-    model.decoder.set_sampler(cfg.exec.sampler);
+    model.decoder.use_settings(&cfg.exec);
     let opts = EvalOptions {
         max_new_tokens: a
             .max_new_tokens

@@ -53,8 +53,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let source = ModelSource::resolve(&a.model, &registry_paths())?;
     let mut model = runtime::load(&source, cfg.dtype, cfg.device)?;
     model.decoder.limit_context(!a.allow_extrapolation);
-    model.decoder.set_glue(cfg.exec.glue);
-    model.decoder.set_sampler(cfg.exec.sampler);
+    model.decoder.use_settings(&cfg.exec);
     let prompt: Vec<i64> = match (&a.prompt, &a.ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {

@@ -69,8 +69,7 @@ impl ModelArgs {
             (None, None) => bail!("give --model or --synthetic"),
         };
         chosen.decoder.limit_context(!self.allow_extrapolation);
-        chosen.decoder.set_glue(exec.glue);
-        chosen.decoder.set_sampler(exec.sampler);
+        chosen.decoder.use_settings(exec);
         Ok(chosen)
     }
 }

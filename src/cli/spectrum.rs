@@ -79,8 +79,7 @@ impl WorkerModel {
             cfg.dtype,
             cfg.device,
         )?;
-        model.decoder.set_glue(cfg.exec.glue);
-        model.decoder.set_sampler(cfg.exec.sampler);
+        model.decoder.use_settings(&cfg.exec);
         Ok((model, cfg))
     }
 }
@@ -217,8 +216,7 @@ fn setup(a: &SpecArgs) -> anyhow::Result<Setup> {
         cfg.dtype,
         cfg.device,
     )?;
-    model.decoder.set_glue(cfg.exec.glue);
-    model.decoder.set_sampler(cfg.exec.sampler);
+    model.decoder.use_settings(&cfg.exec);
     spec.check_positions(&model.decoder)?;
     let out = a
         .out

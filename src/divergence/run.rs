@@ -124,8 +124,7 @@ pub fn run_study(spec: &DivergenceSpec, spec_sha256: &str, opts: &RunOptions) ->
         }
         let load = |dtype| -> Result<runtime::LoadedModel> {
             let mut model = runtime::load(&source, dtype, device)?;
-            model.decoder.set_glue(settings.glue);
-            model.decoder.set_sampler(settings.sampler);
+            model.decoder.use_settings(&settings);
             Ok(model)
         };
         let model = load(dtype)?;

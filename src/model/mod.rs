@@ -203,6 +203,13 @@ impl Decoder {
         self.sampler
     }
 
+    /// Take the glue and the sampler of a run's resolved settings ([`Self::set_glue`],
+    /// [`Self::set_sampler`]): what every command does with a model it loads.
+    pub fn use_settings(&mut self, exec: &crate::exec::ExecSettings) {
+        self.set_glue(exec.glue);
+        self.set_sampler(exec.sampler);
+    }
+
     /// The most positions a sequence may use: `Some(`[`ArchConfig::context_length`]`)` while
     /// [`Self::limit_context`] is on, else `None`.
     pub fn context_limit(&self) -> Option<usize> {
