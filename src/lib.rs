@@ -41,6 +41,8 @@ pub mod io;
 #[cfg(feature = "studies")]
 pub mod registry;
 #[cfg(feature = "studies")]
+pub mod report;
+#[cfg(feature = "studies")]
 pub mod runtime;
 #[cfg(feature = "studies")]
 pub mod seed;

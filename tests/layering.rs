@@ -461,7 +461,9 @@ const LAYERS: [(&str, &[&str]); 7] = [
     ("decode", &["decode", "generate"]),
     (
         "study runtime and io",
-        &["io", "registry", "chat", "tasks", "runtime", "study"],
+        &[
+            "io", "registry", "chat", "tasks", "runtime", "study", "report",
+        ],
     ),
     (
         "studies, their analyses and reports",
@@ -481,13 +483,7 @@ const LAYERS: [(&str, &[&str]); 7] = [
 
 /// Imports between top-level modules that break the layering, each with where it is and where
 /// the named item belongs. The list only shrinks: an import that is gone must leave it.
-const LAYERING_PENDING: [(&str, &str, &str); 1] = [(
-    "spectrum",
-    "analysis",
-    "spectrum/report.rs, spectrum/figures.rs: the shared plot and Frame plumbing \
-     (analysis::plot, analysis::read::Frame) belongs below the studies; with it, \
-     analysis -> credit -> spectrum -> analysis is a cycle",
-)];
+const LAYERING_PENDING: [(&str, &str, &str); 0] = [];
 
 /// The files without their test code (`*tests.rs` files, `#[cfg(test)] mod` blocks): what the
 /// library itself is built from.

@@ -16,7 +16,8 @@ use std::path::Path;
 use crate::credit::schema::col;
 use crate::{Error, Result};
 
-use super::read::{CONTINUATIONS, Frame, Pass, is_batch_invariant};
+use super::read::{CONTINUATIONS, Pass, is_batch_invariant};
+use crate::io::frame::Frame;
 
 /// Continuations of one pass joined to exact's on `(problem, pivot_pos, alt_rank, branch,
 /// sample)`, and how many of them have exactly exact's token ids.

@@ -7,11 +7,8 @@
 //! treatment pass the configuration ran (refeed, spectrum: one code path, the pass a
 //! parameter), and writes `summary.parquet` (refeed) and `summary-spectrum.parquet`
 //! ([`table`]), `report.md` ([`report`]) and two figures per treatment as PNG and SVG
-//! ([`plot`]).
-//!
-//! [`plot`] (the figure trait, PNG + SVG rendering, axes, palette) and [`read`]'s Parquet
-//! `Frame` are the report plumbing the other studies share:
-//! [`crate::divergence::report`] and [`crate::spectrum::report`] draw and read through them.
+//! ([`plot`]), through the plumbing the studies share ([`crate::report::figure`],
+//! [`crate::io::frame`]).
 //!
 //! ```no_run
 //! use kvcredit::analysis::{analyze, AnalyzeOptions};

@@ -26,9 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use super::schema::{
-    Manifest, PassCost, PassNumerics, PassSchedule, PassState, ShardSpec, SpectrumStats, TABLES,
-};
+pub use super::schema::{Manifest, PassCost, PassNumerics, ShardSpec, SpectrumStats, TABLES};
 
 /// Per-shard bookkeeping, stored next to the shard's tables.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! The divergence study's tables as the report reads them: per-cell counts from
 //! `pairs.parquet`, teacher-forced metrics, patch, replay and drift rows, and the statistics
 //! over them (exact McNemar, paired bootstrap of ratios) that the report and its figures share.
-use crate::analysis::read::Frame;
+use crate::io::frame::Frame;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

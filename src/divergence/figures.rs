@@ -5,7 +5,7 @@
 //! as PNG + SVG through [`render`]; a figure whose table is absent (or holds nothing it could
 //! draw) is skipped.
 use super::analysis::{Cells, Drift, Forced, PatchRow, ReplayRow, Tables};
-use crate::analysis::plot::{
+use crate::report::figure::{
     CategoryAxis, DrawResult, Figure, PALETTE, draw_legend, render, short,
 };
 use crate::stats::wilson;

@@ -1,4 +1,6 @@
-//! Output plumbing: atomic file writes, Parquet tables and shard digests.
+//! Output plumbing: atomic file writes, Parquet tables (written, and read back by column name)
+//! and shard digests.
+pub mod frame;
 pub mod integrity;
 pub mod parquet;
 

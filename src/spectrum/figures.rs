@@ -1,7 +1,7 @@
 //! Figures of `kvcredit spectrum report`, drawn with the plotting machinery of
-//! [`crate::analysis::plot`] (each written as PNG and SVG by its `render`): PPL Δ% vs the
+//! [`crate::report::figure`] (each written as PNG and SVG by its `render`): PPL Δ% vs the
 //! budget per model, NIAH accuracy by depth per model, and the TTFT stage stacks.
-use crate::analysis::plot::{CategoryAxis, DrawResult, Figure, PALETTE, short};
+use crate::report::figure::{CategoryAxis, DrawResult, Figure, PALETTE, short};
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;

@@ -15,8 +15,8 @@ use super::figures::{
     TTFT_STEM, TtftBar, TtftFigure, TtftPanel,
 };
 use super::grid;
-use crate::analysis::plot::render;
-use crate::analysis::read::Frame;
+use crate::io::frame::Frame;
+use crate::report::figure::render;
 use crate::stats;
 use crate::{Error, Result};
 use std::fmt::Write;
