@@ -18,6 +18,7 @@ declare -A WHERE=(
   [divergence]="one CUDA GPU, ~1 h for the four models (H200)"
   [spectrum]="one CUDA GPU, ~10 min (H200) once the 1.5B model is cached"
   [spectrum-grids]="one CUDA GPU, ~1.5 h per model (H200; the packing runs on the CPU)"
+  [spectrum-gpu]="one CUDA GPU, ~5 min (H100) once the three models are cached"
   [spectrum-cpu]="the CPU, ~2.5 h on 2 cores (one process per core)"
   [throughput]="one CUDA GPU with transformers installed, ~3 min"
   [new-architectures]="one CUDA GPU, ~2 min"

@@ -1511,6 +1511,21 @@ fn report_on_a_tiny_cpu_grid_pairs_the_baselines() {
         md.contains("Perplexity protocol: WikiText-2 test text `lf`"),
         "{md}"
     );
+    // The merged tables without the shards the report reads: refused, not an empty report.
+    std::fs::remove_dir_all(run.join("shards").join("niah")).unwrap();
+    let (code, _, err) = common::kvcredit(&[
+        "spectrum",
+        "report",
+        run.to_str().unwrap(),
+        "--out",
+        dir.join("report-2").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("niah.manifest.json but no shards/niah/") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    assert!(!dir.join("report-2").join("report.md").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

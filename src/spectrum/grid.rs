@@ -216,7 +216,8 @@ fn finish(run: &mut Opened, out: &Path, names: &[&str]) -> Result<()> {
 }
 
 /// Rows of the finished units of grid `grid` in the run folder `dir`, in unit order; `None`
-/// when the folder holds no run of that grid.
+/// when the folder holds no run of that grid. A run whose shards are gone (a results folder
+/// that keeps only the merged tables) is an error, not an empty grid.
 pub fn read_rows<R: DeserializeOwned>(dir: &Path, grid: &str) -> Result<Option<Vec<R>>> {
     if !manifest_path(dir, grid).exists() {
         return Ok(None);
@@ -228,7 +229,13 @@ pub fn read_rows<R: DeserializeOwned>(dir: &Path, grid: &str) -> Result<Option<V
             .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
             .map(|e| e.path())
             .collect(),
-        Err(_) => Vec::new(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::Output(format!(
+                "{}: {grid}.manifest.json but no shards/{grid}/: the report reads a grid's shards, which this folder does not keep",
+                dir.display()
+            )));
+        }
+        Err(e) => return Err(Error::io(&shards, e)),
     };
     names.sort();
     let mut rows = Vec::new();
